@@ -1,0 +1,37 @@
+# Two commands: `make demo` and `make test`. Both create .venv and install the project
+# into it when missing (and again when pyproject.toml changes), quietly otherwise.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.scopebench-installed
+BENCHOPT := $(VENV)/bin/benchopt
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-fast lint clean-outputs
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing scopebench and its dependencies into $(VENV) (first time: a few minutes)"
+	@$(PY) -m pip install -q --disable-pip-version-check -U pip
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+# pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
+test: $(STAMP)
+	@$(PY) -m pytest tests src/scopebench --doctest-modules $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+test-fast: $(STAMP)
+	@$(PY) -m pytest tests src/scopebench --doctest-modules -m "not slow" $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	@$(PY) scripts/demo.py
+
+lint: $(STAMP)
+	@$(VENV)/bin/ruff check src tests benchmarks scripts && $(VENV)/bin/black --check -q src tests benchmarks scripts
+
+clean-outputs:
+	@find . -path ./.venv -prune -o -path '*/outputs/*' ! -name .gitkeep -type f -print -delete

@@ -1,0 +1,88 @@
+"""The light backends: ``null`` (no-op) and ``custom`` (wall clock + peak memory)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+from scopebench.profiler.base import Profiler
+from scopebench.profiler.device import peak_rss_mb
+
+__all__ = ["NullProfiler", "CustomProfiler"]
+
+_NULL_CONTEXT = nullcontext()
+
+
+class NullProfiler(Profiler):
+    """Records nothing, synchronises nothing, writes nothing.
+
+    Regions are a shared ``nullcontext`` and :meth:`iterate` is a plain loop, so a solver
+    costs the same as without a profiler (``benchmarks/profiler_overhead.py``).
+    """
+
+    def track_step(self, name: str):
+        return _NULL_CONTEXT
+
+    def end_iteration(self) -> None:
+        self.iteration += 1
+
+    def iterate(self, callback=None):
+        from scopebench.dist.reduce import broadcast_flag, group_active
+
+        distributed = group_active()
+        while True:
+            go = callback() if (self.rank == 0 and callback is not None) else (self.rank == 0 or None)
+            if distributed:
+                go = broadcast_flag(go, str(self.device))
+            if not go:
+                return
+            yield self.iteration
+            self.iteration += 1
+
+    def get_current_metrics(self) -> dict[str, Any]:
+        return {}
+
+    def finalize(self):
+        return []
+
+
+class CustomProfiler(Profiler):
+    """Wall clock around regions; on CUDA, synchronisation and peak allocated memory.
+
+    Per recorded iteration: ``total_time_sec``, ``callback_time_sec``,
+    ``untracked_time_sec = total - callback - sum(regions)``, ``max_gpu_mb``,
+    ``max_rss_mb`` (process peak RSS, since start), and per region
+    ``<region>_time_sec`` (summed over the region's occurrences) and
+    ``<region>_max_gpu_mb``. GPU memory fields are 0 on CPU.
+    """
+
+    region_time_key = "{}_time_sec"
+
+    def _start_iteration(self, i: int) -> None:
+        self._region_mem: dict[str, float] = {}
+        self._iter_peak_mb = 0.0
+
+    def _enter_region(self, name: str) -> Any:
+        self.ops.synchronize()
+        # Fold the peak so far into the iteration's before the reset erases it.
+        self._iter_peak_mb = max(self._iter_peak_mb, self.ops.max_memory_mb())
+        self.ops.reset_peak_memory()
+        return None
+
+    def _exit_region(self, name: str, token: Any) -> None:
+        self.ops.synchronize()
+        peak = self.ops.max_memory_mb()
+        self._iter_peak_mb = max(self._iter_peak_mb, peak)
+        self._region_mem[name] = max(self._region_mem.get(name, 0.0), peak)
+
+    def _iteration_metrics(self, i: int, total_sec: float) -> dict[str, Any]:
+        metrics: dict[str, Any] = {
+            "callback_time_sec": self._callback_sec,
+            "untracked_time_sec": max(0.0, total_sec - self._callback_sec - sum(self._region_wall.values())),
+            "max_gpu_mb": max(self._iter_peak_mb, self.ops.max_memory_mb()),
+            "max_rss_mb": peak_rss_mb(),
+        }
+        for name, sec in self._region_wall.items():
+            metrics[f"{name}_time_sec"] = sec
+            metrics[f"{name}_max_gpu_mb"] = self._region_mem.get(name, 0.0)
+        return metrics

@@ -1,0 +1,135 @@
+"""Validated profiler settings and the seven ``profiler_*`` solver parameters."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MODES", "ProfilerConfig", "PROFILER_DEFAULTS", "normalize_mode"]
+
+#: Accepted spellings of each backend. YAML ``null`` arrives as ``None``.
+MODES = ("null", "custom", "torch", "nvidia")
+_NULL_ALIASES = (None, "null", "none", "None", "off")
+
+#: Solver parameter name -> default (DESIGN.md, "Profiler contract").
+PROFILER_DEFAULTS: dict[str, Any] = {
+    "profiler_mode": "custom",
+    "profiler_warmup": 0,
+    "profiler_active": 0,
+    "profiler_save_file": False,
+    "profiler_per_step": True,
+    "profiler_repeat": 1,
+    "profiler_trace_dir": None,
+}
+
+
+def normalize_mode(mode: Any) -> str:
+    """Canonical backend name.
+
+    :Examples:
+        >>> normalize_mode(None), normalize_mode("Custom")
+        ('null', 'custom')
+    """
+    if mode in _NULL_ALIASES:
+        return "null"
+    if isinstance(mode, str) and mode.lower() in MODES:
+        return mode.lower()
+    raise ValueError(f"profiler_mode must be one of null, custom, torch, nvidia, got {mode!r}")
+
+
+def _check_count(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be a non-negative integer, got {value!r} ({type(value).__name__})")
+    if value < 0:
+        raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _check_flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
+def _check_writable_dir(key: str, value: Any) -> Path:
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ValueError(f"{key} must be a directory path, got {value!r}")
+    path = Path(value).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"{key}={str(value)!r} cannot be created: {err.strerror}") from None
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{key}={str(value)!r} is not a writable directory")
+    return path
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfilerConfig:
+    """What to record, when, and where to write it. Validated when built."""
+
+    mode: str = "custom"
+    """Backend: ``null`` (no-op), ``custom`` (wall clock + peak memory), ``torch``
+    (torch.profiler), ``nvidia`` (NVTX ranges + CUDA profiler capture range)."""
+    warmup: int = 0
+    """Iterations run before recording starts."""
+    active: int = 0
+    """Iterations recorded after warm-up; 0 records every remaining iteration."""
+    save_file: bool = False
+    """Write each rank's rows to ``<output_dir>/<run-name>_gpu_metrics.csv``."""
+    per_step: bool = True
+    """torch backend: one profiler cycle per iteration (True) or one scheduled cycle
+    over the window (False)."""
+    repeat: int = 1
+    """torch scheduled mode: number of ``active``-long cycles, 0 = forever."""
+    trace_dir: Path | None = field(default=None)
+    """torch scheduled mode: directory of the Chrome trace ``rank_<rank>.pt.trace.json``."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", normalize_mode(self.mode))
+        _check_count("profiler_warmup", self.warmup)
+        _check_count("profiler_active", self.active)
+        _check_count("profiler_repeat", self.repeat)
+        _check_flag("profiler_save_file", self.save_file)
+        _check_flag("profiler_per_step", self.per_step)
+        if self.trace_dir is not None:
+            if self.mode != "torch":
+                raise ValueError(
+                    f"profiler_trace_dir is only used by profiler_mode=torch, got profiler_mode={self.mode!r}"
+                )
+            if self.per_step:
+                raise ValueError(
+                    "profiler_trace_dir needs profiler_per_step=false: per-step mode resets "
+                    "the torch profiler every iteration, so there is no single trace to export"
+                )
+            object.__setattr__(self, "trace_dir", _check_writable_dir("profiler_trace_dir", self.trace_dir))
+
+    @classmethod
+    def from_params(cls, **params: Any) -> ProfilerConfig:
+        """Build from solver parameters named ``profiler_*`` (unknown keys rejected)."""
+        unknown = sorted(set(params) - set(PROFILER_DEFAULTS))
+        if unknown:
+            raise ValueError(f"unknown profiler parameter(s) {unknown}; expected {sorted(PROFILER_DEFAULTS)}")
+        merged = {**PROFILER_DEFAULTS, **params}
+        return cls(**{key.removeprefix("profiler_"): value for key, value in merged.items()})
+
+    def in_window(self, iteration: int) -> bool:
+        """Whether 0-based ``iteration`` is recorded.
+
+        Recorded when ``iteration >= warmup`` and (``active == 0`` or
+        ``iteration < warmup + active``); the torch scheduled mode extends the window to
+        ``repeat`` back-to-back cycles (``repeat == 0``: forever).
+
+        :Examples:
+            >>> cfg = ProfilerConfig(warmup=2, active=3)
+            >>> [i for i in range(8) if cfg.in_window(i)]
+            [2, 3, 4]
+        """
+        if self.mode == "null" or iteration < self.warmup:
+            return False
+        if self.active == 0:
+            return True
+        cycles = self.repeat if (self.mode == "torch" and not self.per_step) else 1
+        return cycles == 0 or iteration < self.warmup + self.active * cycles

@@ -1,0 +1,37 @@
+"""Solver-side glue: the seven ``profiler_*`` parameters, without importing benchopt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from scopebench.profiler.config import PROFILER_DEFAULTS, ProfilerConfig
+
+__all__ = ["ProfiledSolverMixin"]
+
+
+class ProfiledSolverMixin:
+    """Mix into a benchopt ``BaseSolver`` to get the profiler parameters and builders.
+
+    ``class Solver(ProfiledSolverMixin, BaseSolver)`` with
+    ``parameters = {**ProfiledSolverMixin.parameters, ...}``. Call
+    :meth:`validate_profiler` in ``set_objective`` so bad values fail before any work.
+    """
+
+    parameters: dict[str, list[Any]] = {key: [value] for key, value in PROFILER_DEFAULTS.items()}
+
+    def profiler_kwargs(self) -> dict[str, Any]:
+        """The seven ``profiler_*`` values of this solver, as plain keyword arguments."""
+        return {key: getattr(self, key, default) for key, default in PROFILER_DEFAULTS.items()}
+
+    def validate_profiler(self) -> ProfilerConfig:
+        """Validated :class:`ProfilerConfig` of this solver (``ValueError`` if invalid)."""
+        self.profiler_config = ProfilerConfig.from_params(**self.profiler_kwargs())
+        return self.profiler_config
+
+    def build_profiler(self, device: Any = "cpu", name: str = "run", output_dir: str | Path = "outputs"):
+        """A fresh profiler for one run of this solver."""
+        from scopebench.profiler import profiler_from_config
+
+        config = getattr(self, "profiler_config", None) or self.validate_profiler()
+        return profiler_from_config(config, device=device, name=name, output_dir=output_dir)

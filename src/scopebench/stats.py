@@ -1,0 +1,161 @@
+"""The one definition of the summary statistics used everywhere in scopebench.
+
+Every table, report and benchmark script that summarises a list of samples calls
+:func:`summarize` (or the small functions below), so "p95" means the same thing in
+the console, the HTML report and the README.
+
+Conventions:
+    * Percentiles use **linear interpolation between closest ranks** (numpy's default
+      ``method="linear"``, type 7 of Hyndman & Fan): for sorted samples
+      ``x_0 <= ... <= x_{n-1}`` the q-th percentile is read at fractional index
+      ``h = (n - 1) * q / 100`` and interpolated between ``x_floor(h)`` and
+      ``x_ceil(h)``.
+    * ``std`` is the sample standard deviation (``ddof=1``); it is ``0.0`` for a
+      single sample.
+    * The confidence interval of the mean is the Student-t interval
+      ``mean ± t_{1-α/2, n-1} · std / sqrt(n)``; for one sample it collapses to the mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+__all__ = ["Summary", "mean", "median", "percentile", "std", "confidence_interval", "summarize"]
+
+
+def _as_list(samples: Iterable[float]) -> list[float]:
+    values = [float(x) for x in samples]
+    if not values:
+        raise ValueError("expected at least one sample, got an empty sequence")
+    if any(math.isnan(x) for x in values):
+        raise ValueError(f"expected finite samples, got NaN in {values[:8]}")
+    return values
+
+
+def mean(samples: Iterable[float]) -> float:
+    """Arithmetic mean ``sum(x) / n``.
+
+    :Examples:
+        >>> mean([1.0, 2.0, 6.0])
+        3.0
+    """
+    values = _as_list(samples)
+    return math.fsum(values) / len(values)
+
+
+def percentile(samples: Iterable[float], q: float) -> float:
+    """The q-th percentile with linear interpolation between closest ranks.
+
+    Args:
+        samples: The values.
+        q: Percentile in [0, 100].
+
+    :Examples:
+        >>> percentile([1.0, 2.0, 3.0, 4.0], 50)
+        2.5
+        >>> percentile(range(1, 101), 95)
+        95.05
+    """
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"expected a percentile q in [0, 100], got {q!r}")
+    values = sorted(_as_list(samples))
+    h = (len(values) - 1) * q / 100.0
+    lo = math.floor(h)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (h - lo) * (values[hi] - values[lo])
+
+
+def median(samples: Iterable[float]) -> float:
+    """The 50th percentile (mean of the two middle values for an even count).
+
+    :Examples:
+        >>> median([3.0, 1.0, 2.0])
+        2.0
+    """
+    return percentile(samples, 50.0)
+
+
+def std(samples: Iterable[float]) -> float:
+    """Sample standard deviation ``sqrt(sum((x - mean)^2) / (n - 1))``; 0 for n = 1.
+
+    :Examples:
+        >>> round(std([1.0, 2.0, 3.0, 4.0]), 6)
+        1.290994
+    """
+    values = _as_list(samples)
+    if len(values) == 1:
+        return 0.0
+    m = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((x - m) ** 2 for x in values) / (len(values) - 1))
+
+
+def _t_quantile(p: float, dof: int) -> float:
+    # scipy is a dependency of scikit-image, so it is always installed with scopebench.
+    from scipy.stats import t
+
+    return float(t.ppf(p, dof))
+
+
+def confidence_interval(samples: Iterable[float], level: float = 0.95) -> tuple[float, float]:
+    """Student-t confidence interval of the mean, ``mean ± t · std / sqrt(n)``.
+
+    :Examples:
+        >>> confidence_interval([2.0])
+        (2.0, 2.0)
+        >>> lo, hi = confidence_interval([1.0, 2.0, 3.0])
+        >>> round(lo, 4), round(hi, 4)
+        (-0.4841, 4.4841)
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"expected a confidence level in (0, 1), got {level!r}")
+    values = _as_list(samples)
+    m = mean(values)
+    if len(values) == 1:
+        return (m, m)
+    half = _t_quantile(0.5 + level / 2.0, len(values) - 1) * std(values) / math.sqrt(len(values))
+    return (m - half, m + half)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Summary of one series of samples (all in the samples' own unit)."""
+
+    count: int
+    mean: float
+    median: float
+    p95: float
+    p99: float
+    std: float
+    min: float
+    max: float
+    ci_low: float
+    ci_high: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def summarize(samples: Sequence[float] | Iterable[float], level: float = 0.95) -> Summary:
+    """All the statistics of this module for one series.
+
+    :Examples:
+        >>> s = summarize([1.0, 2.0, 3.0, 4.0])
+        >>> s.count, s.mean, s.median, s.min, s.max
+        (4, 2.5, 2.5, 1.0, 4.0)
+    """
+    values = _as_list(samples)
+    lo, hi = confidence_interval(values, level)
+    return Summary(
+        count=len(values),
+        mean=mean(values),
+        median=median(values),
+        p95=percentile(values, 95.0),
+        p99=percentile(values, 99.0),
+        std=std(values),
+        min=min(values),
+        max=max(values),
+        ci_low=lo,
+        ci_high=hi,
+    )

@@ -1,0 +1,66 @@
+"""Local spawn of real gloo workers: success, early death, late failure, teardown."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from scopebench.dist import DistSession, broadcast_flag, gather_objects
+
+pytestmark = pytest.mark.slow
+
+
+def test_spawn_joins_group_and_tears_it_down(worker_path):
+    with DistSession(2, worker="dist.workers:sum_ranks") as info:
+        assert (info.rank, info.world_size, info.source) == (0, 2, "spawn")
+        value = torch.tensor([1.0])
+        dist.all_reduce(value)
+        assert value.item() == 3.0  # 1 (rank 0) + 2 (rank 1)
+    assert not dist.is_initialized()
+
+
+def test_worker_dead_before_joining_is_reported_fast(worker_path):
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"died before joining(.|\n)*cannot be imported \(on purpose\)"):
+        DistSession(2, worker="dist.broken_worker_module:anything", timeout_sec=60).start()
+    # detection is bounded by the worker's own start-up (python + torch import), not the timeout
+    assert time.monotonic() - start < 30
+    assert not dist.is_initialized()
+
+
+def test_worker_failing_after_join_fails_the_close(worker_path):
+    session = DistSession(2, worker="dist.workers:fail_after_join", timeout_sec=60)
+    session.start()
+    value = torch.tensor([1.0])
+    dist.all_reduce(value)
+    with pytest.raises(RuntimeError, match="worker failed after the collective"):
+        session.close()
+    assert not dist.is_initialized()
+
+
+def test_helpers_without_group_are_identity():
+    assert broadcast_flag(True) is True
+    assert gather_objects({"a": 1}) == [{"a": 1}]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"nproc": 0}, "nproc must be a positive integer, got 0"),
+        ({"nproc": 2}, "needs worker='module:function', got None"),
+        ({"nproc": 2, "worker": "m:f", "worker_kwargs": {"t": torch.ones(1)}}, "JSON-serialisable"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        DistSession(**kwargs)
+
+
+def test_nproc_disagreeing_with_launcher(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match="nproc=2 disagrees with the launcher's world size 4"):
+        DistSession(2)

@@ -1,0 +1,63 @@
+"""Bad profiler settings get one clear error before any work."""
+
+from __future__ import annotations
+
+import pytest
+
+from scopebench.profiler import PROFILER_DEFAULTS, ProfiledSolverMixin, ProfilerConfig, create_profiler
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"mode": "fast"}, r"profiler_mode must be one of null, custom, torch, nvidia, got 'fast'"),
+        ({"mode": "custom", "warmup": -1}, r"profiler_warmup must be a non-negative integer, got -1"),
+        ({"mode": "custom", "active": -2}, r"profiler_active must be a non-negative integer, got -2"),
+        ({"mode": "custom", "active": 2.5}, r"profiler_active must be a non-negative integer, got 2.5 \(float\)"),
+        ({"mode": "custom", "active": "3"}, r"profiler_active must be a non-negative integer, got '3' \(str\)"),
+        ({"mode": "custom", "warmup": True}, r"profiler_warmup must be a non-negative integer"),
+        ({"mode": "custom", "repeat": -1}, r"profiler_repeat"),
+        ({"mode": "custom", "save_file": "yes"}, r"profiler_save_file must be true or false"),
+    ],
+)
+def test_bad_values_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        create_profiler(device="cpu", name="x", **kwargs)
+
+
+def test_unwritable_trace_dir_is_refused(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match=r"profiler_trace_dir=.*a_file/traces.*cannot be created"):
+        create_profiler("torch", "cpu", "x", per_step=False, trace_dir=blocker / "traces")
+
+
+def test_trace_dir_needs_torch_mode(tmp_path):
+    with pytest.raises(ValueError, match="profiler_trace_dir is only used by profiler_mode=torch"):
+        ProfilerConfig(mode="custom", trace_dir=tmp_path)
+
+
+def test_null_spellings():
+    for spelling in (None, "null", "none"):
+        assert ProfilerConfig(mode=spelling).mode == "null"
+
+
+def test_solver_mixin_defaults_and_validation():
+    assert ProfiledSolverMixin.parameters == {k: [v] for k, v in PROFILER_DEFAULTS.items()}
+    assert PROFILER_DEFAULTS["profiler_mode"] == "custom"
+
+    class FakeSolver(ProfiledSolverMixin):
+        profiler_mode = "torch"
+        profiler_active = -1
+
+    with pytest.raises(ValueError, match="profiler_active"):
+        FakeSolver().validate_profiler()
+    solver = FakeSolver()
+    solver.profiler_active = 2
+    assert solver.validate_profiler().active == 2
+    assert solver.profiler_kwargs()["profiler_mode"] == "torch"
+
+
+def test_unknown_parameter_is_refused():
+    with pytest.raises(ValueError, match="unknown profiler parameter"):
+        ProfilerConfig.from_params(profiler_mdoe="custom")

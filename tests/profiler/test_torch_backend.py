@@ -1,0 +1,87 @@
+"""torch backend on the CPU: per-step metrics, scheduled mode, Chrome trace."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from scopebench.profiler import create_profiler
+from scopebench.profiler.torch_backend import _union_length
+
+
+def _matmuls(prof, n=3):
+    calls = {"n": 0}
+    seen = []
+
+    def callback():
+        if calls["n"]:
+            seen.append(prof.get_current_metrics())
+        calls["n"] += 1
+        return calls["n"] <= n
+
+    a = torch.randn(128, 128)
+    for _ in prof.iterate(callback):
+        with prof.track_step("forward"):
+            b = a @ a
+        with prof.track_step("update"):
+            a = torch.tanh(b)
+    return seen
+
+
+def test_per_step_reports_region_cpu_time(tmp_path):
+    prof = create_profiler("torch", "cpu", "ts", save_file=True, output_dir=tmp_path)
+    seen = _matmuls(prof)
+    files = prof.finalize()
+    assert len(seen) == 3
+    for m in seen:
+        assert m["forward_cpu_sec"] > 0 and m["update_cpu_sec"] > 0
+        assert m["forward_cuda_sec"] == 0.0
+        assert m["forward_comm_sec"] == 0.0 and m["comm_sync_sec"] == 0.0
+        assert m["total_time_sec"] >= m["forward_cpu_sec"] + m["update_cpu_sec"]
+        assert m["profiler_overhead_sec"] > 0
+    ops_file = next(p for p in files if p.name.endswith("_torch_ops.csv"))
+    with open(ops_file) as fh:
+        rows = list(csv.DictReader(fh))
+    assert {"iter", "region", "operator", "cpu_sec", "cuda_sec", "self_cuda_sec", "mem_mb", "self_mem_mb", "count"} <= set(rows[0])
+    mm = [r for r in rows if r["operator"] in ("aten::mm", "aten::matmul") and r["region"] == "forward"]
+    assert {r["iter"] for r in mm} == {"0", "1", "2"}
+
+
+def test_scheduled_mode_writes_chrome_trace_with_regions(tmp_path):
+    trace_dir = tmp_path / "traces"
+    prof = create_profiler(
+        "torch", "cpu", "sched", warmup=1, active=2, per_step=False, trace_dir=trace_dir,
+        save_file=True, output_dir=tmp_path,
+    )
+    seen = _matmuls(prof, n=5)
+    prof.finalize()
+    assert [bool(m) for m in seen] == [False, True, True, False, False]
+    assert set(seen[1]) >= {"total_time_sec", "max_gpu_mb"}
+    assert "forward_cpu_sec" not in seen[1]
+    trace = json.loads((trace_dir / "rank_0.pt.trace.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"forward", "update"} <= names
+    ops = next(tmp_path.glob("sched_*_torch_ops.csv"))
+    with open(ops) as fh:
+        assert {r["iter"] for r in csv.DictReader(fh)} == {"agg"}
+
+
+def test_scheduled_repeat_makes_one_trace_per_cycle(tmp_path):
+    prof = create_profiler("torch", "cpu", "rep", active=1, repeat=2, per_step=False, trace_dir=tmp_path)
+    seen = _matmuls(prof, n=4)
+    prof.finalize()
+    assert [bool(m) for m in seen] == [True, True, False, False]
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["rank_0.cycle1.pt.trace.json", "rank_0.pt.trace.json"]
+
+
+def test_trace_dir_with_per_step_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="profiler_trace_dir.*profiler_per_step"):
+        create_profiler("torch", "cpu", "x", trace_dir=tmp_path, per_step=True)
+
+
+def test_union_length_does_not_double_count_nested_events():
+    assert _union_length([(0, 10), (2, 5), (20, 25)]) == 15
+    assert _union_length([]) == 0

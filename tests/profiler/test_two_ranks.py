@@ -1,0 +1,57 @@
+"""Two real gloo processes started by the test: communication, skew, per-rank files."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from scopebench.dist import DistSession
+
+pytestmark = pytest.mark.slow
+
+
+def _run_two_ranks(mode, tmp_path, slow_rank=-1, extra_sec=0.0, iterations=4):
+    from profiler.workloads import comm_loop
+
+    kwargs = dict(
+        mode=mode, iterations=iterations, slow_rank=slow_rank, extra_sec=extra_sec,
+        save_file=True, output_dir=str(tmp_path),
+    )
+    seen = []
+    with DistSession(2, worker="profiler.workloads:comm_loop", worker_kwargs=kwargs, timeout_sec=120):
+        prof = comm_loop(seen=seen, **kwargs)
+    return seen, prof
+
+
+def test_all_reduce_is_attributed_to_its_region_and_straggler_named(tmp_path, worker_path):
+    seen, _ = _run_two_ranks("torch", tmp_path, slow_rank=1, extra_sec=0.03)
+    assert len(seen) == 4
+    for m in seen[1:]:
+        # rank 0 waits in the all-reduce for rank 1's longer compute
+        assert m["sync_comm_sec"] >= 0.02, m
+        assert m["compute_comm_sec"] == 0.0
+        assert m["sync_comm_sec_rank0"] > m["sync_comm_sec_rank1"]
+        assert m["straggler_rank"] == 1
+        assert m["comm_cuda_sec"] >= m["sync_comm_sec"]
+
+
+def test_rank_skew_shows_the_slow_rank(tmp_path, worker_path):
+    seen, _ = _run_two_ranks("custom", tmp_path, slow_rank=1, extra_sec=0.04)
+    for m in seen[1:]:
+        # max over ranks: rank 1's slower compute, though rank 0 computed less
+        assert m["compute_time_sec"] >= 0.045, m
+        assert m["compute_rank_skew_pct"] >= 50.0, m
+        assert "rank_skew_pct" in m and "sync_rank_skew_pct" in m
+
+
+def test_per_rank_csvs_do_not_overwrite_each_other(tmp_path, worker_path):
+    _, prof = _run_two_ranks("custom", tmp_path)
+    files = sorted(tmp_path.glob("comm_test_*_gpu_metrics.csv"))
+    assert [f.name.rsplit("_", 3)[-3] for f in files] == ["rank0", "rank1"]
+    # one run id shared by both ranks
+    assert len({f.name.replace("_rank0_", "_").replace("_rank1_", "_") for f in files}) == 1
+    for rank, path in enumerate(files):
+        with open(path) as fh:
+            rows = list(csv.DictReader(fh))
+        assert [r["rank"] for r in rows] == [str(rank)] * 4

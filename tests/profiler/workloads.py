@@ -1,0 +1,47 @@
+"""Workloads run by the profiler tests, on rank 0 and in spawned workers."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from scopebench.profiler import create_profiler
+
+SLEEP_SEC = 0.01
+
+
+def comm_loop(
+    mode: str,
+    iterations: int,
+    slow_rank: int = -1,
+    extra_sec: float = 0.0,
+    save_file: bool = False,
+    output_dir: str = "outputs",
+    seen: list | None = None,
+):
+    """Two regions: ``compute`` sleeps (longer on ``slow_rank``), ``sync`` all-reduces.
+
+    Rank 0 stops after ``iterations`` iterations and the other ranks follow the
+    broadcast decision; rank 0 appends the metrics each callback sees to ``seen``.
+    Returns the finalized profiler.
+    """
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    count = {"n": 0}
+
+    def callback():
+        if count["n"] and seen is not None:
+            seen.append(prof.get_current_metrics())
+        count["n"] += 1
+        return count["n"] <= iterations
+
+    prof = create_profiler(mode, "cpu", "comm_test", save_file=save_file, output_dir=output_dir)
+    with prof:
+        for _ in prof.iterate(callback if rank == 0 else None):
+            with prof.track_step("compute"):
+                time.sleep(SLEEP_SEC + (extra_sec if rank == slow_rank else 0.0))
+            with prof.track_step("sync"):
+                value = torch.ones(1000)
+                dist.all_reduce(value)
+    return prof
