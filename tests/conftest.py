@@ -17,3 +17,23 @@ def worker_path(monkeypatch):
     current = os.environ.get("PYTHONPATH", "")
     monkeypatch.setenv("PYTHONPATH", tests_dir + (os.pathsep + current if current else ""))
     return tests_dir
+
+
+def run_benchopt_test(benchmark: Path) -> str:
+    """``benchopt test <benchmark> --skip-install`` with this venv's pytest; returns its log.
+
+    benchopt starts ``pytest`` from PATH, so the venv's ``bin`` goes first.
+    """
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchopt", "test", str(benchmark), "--skip-install"],
+        capture_output=True, text=True, env=env, timeout=900, stdin=subprocess.DEVNULL,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert " passed" in log and " failed" not in log, log[-4000:]
+    return log

@@ -1,0 +1,53 @@
+"""Pi05Train: AdamW training steps of the pi05 policy, one benchopt iteration per step."""
+
+from pathlib import Path
+
+from benchopt import BaseSolver
+from benchopt.stopping_criterion import NoCriterion
+
+from scopebench.profiler import ProfiledSolverMixin
+
+OUTPUTS = Path(__file__).resolve().parents[1] / "outputs"
+
+
+class Solver(ProfiledSolverMixin, BaseSolver):
+    name = "Pi05Train"
+    sampling_strategy = "callback"
+    stopping_criterion = NoCriterion(strategy="callback")
+    parameters = {
+        **ProfiledSolverMixin.parameters,
+        "preset": ["tiny"],
+        "batch_size": [4],
+        "learning_rate": [1e-3],
+        "grad_clip": [1.0],
+        "num_workers": [0],
+    }
+
+    def get_next(self, stop_val):
+        return stop_val + 1
+
+    def set_objective(self, dataset, eval_batch, seed):
+        import torch
+
+        from scopebench.policy.steps import TrainStep, policy_for_dataset
+
+        self.validate_profiler()
+        torch.manual_seed(seed)
+        self.model = policy_for_dataset(self.preset, dataset)
+        self.step = TrainStep(
+            self.model, dataset, batch_size=self.batch_size, learning_rate=self.learning_rate,
+            grad_clip=self.grad_clip, num_workers=self.num_workers, seed=seed,
+        )
+        self.metrics = {}
+
+    def run(self, callback):
+        with self.build_profiler(device="cpu", name="pi05_train", output_dir=OUTPUTS) as prof:
+            self.prof = prof
+            for _ in prof.iterate(callback):
+                self.step(prof)
+
+    def get_result(self):
+        metrics = self.prof.get_current_metrics() if hasattr(self, "prof") else {}
+        if "total_time_sec" in metrics:
+            metrics["samples_per_sec"] = self.batch_size / metrics["total_time_sec"]
+        return dict(model=self.model, **metrics)

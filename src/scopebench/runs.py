@@ -1,0 +1,99 @@
+"""Run a benchmark with ``benchopt run`` and fail loudly when any solver failed.
+
+``benchopt run`` exits 0 even when a solver raised: the failure only shows as an
+``error`` status line in its output and as missing rows in the parquet. Tests, the demo
+and CI go through :func:`run_benchopt`, which checks both.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["BenchoptRun", "run_benchopt", "FAILED_STATUSES"]
+
+FAILED_STATUSES = ("error", "diverged", "not installed", "interrupted")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass(frozen=True)
+class BenchoptRun:
+    """One finished ``benchopt run``."""
+
+    parquet: Path
+    """The results file."""
+    log: str
+    """Everything benchopt printed (colours removed)."""
+    wall_sec: float
+    """Wall-clock time of the whole command, imports included."""
+
+
+def _failed_lines(log: str) -> list[str]:
+    bad = []
+    for line in log.splitlines():
+        stripped = line.strip()
+        if "Traceback (most recent call last)" in stripped:
+            bad.append(stripped)
+        elif any(stripped.endswith(f": {status}") for status in FAILED_STATUSES):
+            bad.append(stripped)
+    return bad
+
+
+def run_benchopt(
+    benchmark: str | Path,
+    config: str | Path | None = None,
+    *,
+    output: str | Path | None = None,
+    extra_args: list[str] | None = None,
+    timeout_sec: float = 900.0,
+    env: dict[str, str] | None = None,
+) -> BenchoptRun:
+    """``benchopt run <benchmark> --config <config> --no-cache --no-plot``, checked.
+
+    Args:
+        benchmark: Benchmark folder.
+        config: YAML run config (``configs/...``).
+        output: Parquet path; default ``<benchmark>/outputs/scopebench_<time>.parquet``.
+        extra_args: More ``benchopt run`` arguments.
+        timeout_sec: Bound on the whole command.
+        env: Extra environment variables.
+
+    Raises:
+        RuntimeError: benchopt failed, a solver errored, or no parquet was written; the
+            message carries the end of benchopt's output.
+    """
+    benchmark = Path(benchmark)
+    if not (benchmark / "objective.py").is_file():
+        raise ValueError(f"{benchmark} is not a benchmark folder (no objective.py)")
+    if output is None:
+        output = benchmark / "outputs" / f"scopebench_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}.parquet"
+    output = Path(output).resolve()
+    cmd = [sys.executable, "-m", "benchopt", "run", str(benchmark), "--no-cache", "--no-plot", "--no-display"]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    cmd += ["--output", str(output), *(extra_args or [])]
+    start = time.perf_counter()
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_sec,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
+    wall = time.perf_counter() - start
+    log = _ANSI.sub("", proc.stdout + proc.stderr)
+    problems = _failed_lines(log)
+    if proc.returncode != 0 or problems or not output.is_file():
+        reason = (
+            f"exit code {proc.returncode}" if proc.returncode != 0
+            else f"{len(problems)} failure line(s): {problems[:3]}" if problems
+            else f"no results file at {output}"
+        )
+        raise RuntimeError(f"benchopt run of {benchmark} failed ({reason}):\n{log[-4000:]}")
+    return BenchoptRun(parquet=output, log=log, wall_sec=wall)
