@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-
 from conftest import REPO, run_benchopt_test
+
 from scopebench.runs import run_benchopt
 
 pytestmark = pytest.mark.slow

@@ -15,6 +15,7 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+
 import torch
 
 from scopebench.policy.data import SyntheticRobotConfig, write_synthetic_dataset

@@ -1,0 +1,120 @@
+"""GPU checks of the code paths a CPU machine cannot exercise (run by scripts/gpu_check.sh).
+
+What: on a CUDA machine, (1) the custom profiler synchronises and reports a non-zero
+peak of allocated memory per region, and a larger region gets a larger peak; (2) the
+torch profiler reports CUDA time inside a region; (3) the nvidia backend emits NVTX
+ranges through torch and calls cudaProfilerStart/Stop without error; (4) the tiny pi05
+policy trains one step and samples actions on the GPU; (5) a deepinv PnP step runs on
+the GPU. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
+status is 1 if any check failed, 77 if CUDA is absent.
+
+Run: ``bash scripts/gpu_check.sh`` (under five minutes on one GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import torch
+
+
+def _report(name, fn):
+    try:
+        info = fn() or {}
+        ok = bool(info.pop("ok", True))
+    except Exception as err:  # one failing check must not hide the others
+        info, ok = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-1500:]}, False
+    print(json.dumps({"check": name, "ok": ok, **info}), flush=True)
+    return ok
+
+
+def custom_memory():
+    from scopebench.profiler import create_profiler
+
+    prof = create_profiler("custom", "cuda", "gpu_check")
+    with prof.track_step("small"):
+        a = torch.randn(256, 256, device="cuda")
+        _ = a @ a
+    with prof.track_step("large"):
+        b = torch.randn(4096, 4096, device="cuda")
+        _ = b @ b
+    prof.end_iteration()
+    m = prof.get_current_metrics()
+    ok = m["large_max_gpu_mb"] > m["small_max_gpu_mb"] > 0 and m["max_gpu_mb"] >= m["large_max_gpu_mb"]
+    return {"ok": ok, "metrics": m}
+
+
+def torch_cuda_time():
+    from scopebench.profiler import create_profiler
+
+    prof = create_profiler("torch", "cuda", "gpu_check")
+    with prof.track_step("mm"):
+        b = torch.randn(2048, 2048, device="cuda")
+        for _ in range(10):
+            b = torch.tanh(b @ b)
+    prof.end_iteration()
+    prof.finalize()
+    m = prof.get_current_metrics()
+    return {"ok": m["mm_cuda_sec"] > 0, "mm_cuda_sec": m["mm_cuda_sec"], "mm_cpu_sec": m["mm_cpu_sec"]}
+
+
+def nvidia_markers():
+    from scopebench.profiler import create_profiler
+
+    prof = create_profiler("nvidia", "cuda", "gpu_check", warmup=1, active=2)
+    calls = iter([True, True, True, True, False])
+    for _ in prof.iterate(lambda: next(calls)):
+        with prof.track_step("work"):
+            torch.randn(512, 512, device="cuda").sum().item()
+    prof.finalize()
+    return {"ok": prof.markers.capture_active, "total_time_sec": prof.get_current_metrics().get("total_time_sec")}
+
+
+def policy_step():
+    from scopebench.policy import make_policy
+
+    model = make_policy("tiny").cuda()
+    cfg = model.config
+    B = 2
+    obs = {
+        "images": torch.rand(B, cfg.num_cameras, 3, cfg.vision.image_size, cfg.vision.image_size, device="cuda"),
+        "prompt_ids": torch.randint(0, cfg.vocab_size, (B, cfg.prompt_max_length), device="cuda"),
+        "prompt_mask": torch.ones(B, cfg.prompt_max_length, dtype=torch.bool, device="cuda"),
+        "state": torch.rand(B, cfg.state_dim, device="cuda") * 2 - 1,
+        "actions": torch.rand(B, cfg.chunk_size, cfg.action_dim, device="cuda") * 2 - 1,
+        "action_is_pad": torch.zeros(B, cfg.chunk_size, dtype=torch.bool, device="cuda"),
+    }
+    loss, _ = model(obs)
+    loss.backward()
+    with torch.no_grad():
+        actions = model.sample_actions(obs, num_steps=4)
+    return {"ok": bool(torch.isfinite(loss)) and tuple(actions.shape) == (B, cfg.chunk_size, cfg.action_dim),
+            "loss": float(loss.detach())}
+
+
+def pnp_step():
+    import deepinv as dinv
+
+    x = torch.rand(1, 3, 64, 64, device="cuda")
+    physics = dinv.physics.BlurFFT(img_size=(3, 64, 64), filter=dinv.physics.blur.gaussian_blur(1.0), device="cuda")
+    y = physics(x)
+    z = y - 0.5 * physics.A_adjoint(physics.A(y) - y)
+    out = dinv.optim.prior.TVPrior().prox(z, gamma=0.05)
+    return {"ok": bool(torch.isfinite(out).all()), "device": str(out.device)}
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print(json.dumps({"check": "cuda", "ok": False, "error": "CUDA is not available"}))
+        return 77
+    print(json.dumps({"check": "device", "ok": True, "name": torch.cuda.get_device_name(0),
+                      "torch": torch.__version__}), flush=True)
+    checks = [custom_memory, torch_cuda_time, nvidia_markers, policy_step, pnp_step]
+    results = [_report(fn.__name__, fn) for fn in checks]
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
