@@ -36,11 +36,10 @@ class Solver(ProfiledSolverMixin, BaseSolver):
         self.actions = torch.zeros_like(eval_batch["actions"])
 
     def run(self, callback):
-        with self.build_profiler(device="cpu", name="pi05_inference", output_dir=OUTPUTS) as prof:
-            self.prof = prof
-            for _ in prof.iterate(callback):
-                self.actions = self.step(prof)
+        def chunk(prof):
+            self.actions = self.step(prof)
+
+        self.run_profiled(callback, chunk, name="pi05_inference", output_dir=OUTPUTS)
 
     def get_result(self):
-        metrics = self.prof.get_current_metrics() if hasattr(self, "prof") else {}
-        return dict(actions=self.actions, **metrics)
+        return dict(actions=self.actions, **self.current_metrics())

@@ -38,16 +38,12 @@ class Solver(ProfiledSolverMixin, BaseSolver):
             self.model, dataset, batch_size=self.batch_size, learning_rate=self.learning_rate,
             grad_clip=self.grad_clip, num_workers=self.num_workers, seed=seed,
         )
-        self.metrics = {}
 
     def run(self, callback):
-        with self.build_profiler(device="cpu", name="pi05_train", output_dir=OUTPUTS) as prof:
-            self.prof = prof
-            for _ in prof.iterate(callback):
-                self.step(prof)
+        self.run_profiled(callback, self.step, name="pi05_train", output_dir=OUTPUTS)
 
     def get_result(self):
-        metrics = self.prof.get_current_metrics() if hasattr(self, "prof") else {}
+        metrics = self.current_metrics()
         if "total_time_sec" in metrics:
             metrics["samples_per_sec"] = self.batch_size / metrics["total_time_sec"]
         return dict(model=self.model, **metrics)

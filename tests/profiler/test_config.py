@@ -61,3 +61,27 @@ def test_solver_mixin_defaults_and_validation():
 def test_unknown_parameter_is_refused():
     with pytest.raises(ValueError, match="unknown profiler parameter"):
         ProfilerConfig.from_params(profiler_mdoe="custom")
+
+
+def test_solver_mixin_run_profiled(tmp_path):
+    class FakeSolver(ProfiledSolverMixin):
+        profiler_mode = "custom"
+        profiler_warmup = 1
+        profiler_save_file = True
+
+    solver = FakeSolver()
+    assert solver.current_metrics() == {}
+    seen, calls = [], iter(range(4))
+
+    def callback():
+        seen.append(solver.current_metrics())
+        return next(calls) < 3
+
+    def step(prof):
+        with prof.track_step("work"):
+            pass
+
+    solver.run_profiled(callback, step, name="fake", output_dir=tmp_path)
+    assert [bool(m) for m in seen] == [False, False, True, True]
+    assert "work_time_sec" in solver.current_metrics()
+    assert len(list(tmp_path.glob("fake_*_rank0_gpu_metrics.csv"))) == 1

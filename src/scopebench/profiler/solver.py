@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +36,27 @@ class ProfiledSolverMixin:
 
         config = getattr(self, "profiler_config", None) or self.validate_profiler()
         return profiler_from_config(config, device=device, name=name, output_dir=output_dir)
+
+    def run_profiled(
+        self,
+        callback: Callable[[], bool] | None,
+        step: Callable[[Any], Any],
+        *,
+        device: Any = "cpu",
+        name: str = "run",
+        output_dir: str | Path = "outputs",
+    ) -> None:
+        """The whole ``Solver.run``: ``step(profiler)`` once per iteration until told to stop.
+
+        The profiler stays reachable as ``self.profiler`` so that ``get_result`` can
+        return :meth:`current_metrics`; its files are written when the loop ends.
+        """
+        with self.build_profiler(device=device, name=name, output_dir=output_dir) as prof:
+            self.profiler = prof
+            for _ in prof.iterate(callback):
+                step(prof)
+
+    def current_metrics(self) -> dict[str, Any]:
+        """Metrics of the last finished iteration (``{}`` before the first or outside the window)."""
+        prof = getattr(self, "profiler", None)
+        return prof.get_current_metrics() if prof is not None else {}
