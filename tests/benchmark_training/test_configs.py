@@ -1,0 +1,56 @@
+"""Every run config of benchmark_training expands into runs the solver accepts."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from conftest import REPO
+
+from scopebench.imaging.train import SOLVER_PARAMS, configs_from_params
+from scopebench.imaging.training_data import TrainingDataSpec
+
+BENCH = REPO / "benchmark_training"
+CONFIGS = sorted((BENCH / "configs").rglob("*.yml"))
+
+
+@pytest.fixture(scope="module")
+def benchmark():
+    from benchopt.benchmark import Benchmark
+
+    return Benchmark(BENCH)
+
+
+def expand(benchmark, config):
+    from benchopt.benchmark import _list_parametrized_classes
+
+    solvers = _list_parametrized_classes(*benchmark.check_solver_patterns(config["solver"]))
+    datasets = _list_parametrized_classes(*benchmark.check_dataset_patterns(config["dataset"]))
+    return [d for d, _ in datasets], [s for s, _ in solvers]
+
+
+def test_the_named_configs_exist():
+    names = {str(p.relative_to(BENCH / "configs")) for p in CONFIGS}
+    assert {"quickstart.yml", "synthetic_unrolled.yml"} <= names
+    for name in ("batch_size", "checkpointing", "comm_time", "strong_scaling", "weak_scaling"):
+        assert f"experiments/{name}.yml" in names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(BENCH / "configs")))
+def test_config_expands_into_valid_runs(benchmark, path):
+    config = yaml.safe_load(path.read_text())
+    assert config["n-repetitions"] >= 1 and config["max-runs"] >= 1
+    datasets, solvers = expand(benchmark, config)
+    assert datasets and solvers
+    for dataset in datasets:
+        spec = TrainingDataSpec(**{key: getattr(dataset, key) for key in type(dataset).parameters})
+        for solver in solvers:
+            solver.validate_profiler()
+            configs_from_params(spec, **{key: getattr(solver, key) for key in SOLVER_PARAMS})
+            assert solver.skip(data=None, data_params={}) == (False, None), str(solver)
+
+
+def test_scaling_grids_couple_ranks_with_the_distributed_model(benchmark):
+    config = yaml.safe_load((BENCH / "configs" / "experiments" / "strong_scaling.yml").read_text())
+    _, solvers = expand(benchmark, config)
+    pairs = [(s.nproc_per_node, s.distribute_model, s.slurm_ntasks_per_node) for s in solvers]
+    assert pairs == [(1, False, 1), (1, True, 1), (2, True, 2), (4, True, 4)]
