@@ -1,0 +1,82 @@
+"""Unused-parameter audit: which parameters a forward+backward leaves without a gradient.
+
+DDP with ``find_unused_parameters=False`` fails on a parameter that requires a gradient
+but gets none; with ``True`` it walks the autograd graph every step to find them. Run
+this audit once on a real batch: if ``unused`` is empty, the flag can be turned off.
+Typical finding on pi05: with ``ce_weight=0`` the discrete head, the prefix's final norm
+and the last prefix layer's output path are unused, because only the prefix keys and
+values feed the action expert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+
+@dataclass
+class ParameterAudit:
+    """Parameter names by category after one forward+backward."""
+
+    unused: list[str] = field(default_factory=list)
+    """``requires_grad`` but ``grad is None``: what DDP would reject."""
+    frozen: list[str] = field(default_factory=list)
+    """``requires_grad`` is False."""
+    used: list[str] = field(default_factory=list)
+    """Received a gradient (including all-zero ones)."""
+    zero_grad: list[str] = field(default_factory=list)
+    """Subset of ``used`` whose gradient is exactly zero (only when asked for)."""
+    numel: dict[str, int] = field(default_factory=dict)
+    """Elements per parameter name."""
+
+    def count(self, category: str) -> int:
+        """Elements in a category (``unused``, ``frozen``, ``used``, ``zero_grad``)."""
+        return sum(self.numel[name] for name in getattr(self, category))
+
+    def format(self) -> str:
+        """A readable report, one section per category."""
+        lines = []
+        for category in ("unused", "frozen", "zero_grad"):
+            names = getattr(self, category)
+            lines.append(f"== {category}: {len(names)} tensors, {self.count(category):,} params")
+            lines += [f"  - {name}  ({self.numel[name]:,})" for name in names]
+        lines.append(f"== used: {len(self.used)} tensors, {self.count('used'):,} params")
+        if not self.unused:
+            lines.append("no unused parameter: DDP can run with find_unused_parameters=False")
+        return "\n".join(lines)
+
+
+def find_unused_parameters(model: nn.Module, batch: Mapping, include_zero_grad: bool = False) -> ParameterAudit:
+    """Run one forward+backward of ``model(batch)`` and sort parameters by gradient.
+
+    Args:
+        model: a module whose ``forward(batch)`` returns ``loss`` or ``(loss, ...)``.
+        batch: a preprocessed training batch.
+        include_zero_grad: also list used parameters whose gradient is all zeros
+            (reached by the graph but given no learning signal on this batch).
+
+    Returns:
+        A :class:`ParameterAudit`. Gradients are cleared again afterwards.
+    """
+    model.zero_grad(set_to_none=True)
+    out = model(batch)
+    loss = out[0] if isinstance(out, (tuple, list)) else out
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+        raise TypeError(f"expected model(batch) to return a scalar loss, got {type(loss).__name__}")
+    loss.backward()
+    audit = ParameterAudit()
+    for name, param in model.named_parameters():
+        audit.numel[name] = param.numel()
+        if not param.requires_grad:
+            audit.frozen.append(name)
+        elif param.grad is None:
+            audit.unused.append(name)
+        else:
+            audit.used.append(name)
+            if include_zero_grad and not bool(param.grad.any()):
+                audit.zero_grad.append(name)
+    model.zero_grad(set_to_none=True)
+    return audit
