@@ -1,0 +1,196 @@
+"""Inference overhead: what does scopebench add to a plug-and-play iteration?
+
+What it measures: the same TV (or random-weight DRUNet) PnP iteration on the same
+blurred image, run two ways:
+
+* ``bare``: a plain Python loop over deepinv objects built by hand (``Blur``, ``L2``,
+  the denoiser), ``x = D(x - gamma * grad f(x))``, no benchopt, no profiler;
+* ``scopebench``: the engine the benchopt ``PnP`` solver uses
+  (:func:`scopebench.imaging.runner.build_engine`) inside ``profiler.iterate`` with the
+  ``custom`` backend (regions ``gradient`` and ``denoise`` timed every iteration).
+
+A step is the interval between two consecutive iterations (between two callback calls
+for scopebench), so profiler bookkeeping is included. The two loops alternate in rounds
+so that drift on a shared machine hits both alike; the ratio is median(scopebench) /
+median(bare). Goal: at most 1.05.
+
+With ``--quickstart`` it also times ``benchopt run benchmark_inference/. --config
+benchmark_inference/configs/quickstart.yml`` end to end in a fresh process (imports
+included; goal: under 20 s on 2 CPU cores).
+
+Why: the benchmark is only useful if measuring does not change what is measured.
+
+Run: ``.venv/bin/python benchmarks/inference_overhead.py [--image-size 128]
+[--denoiser tv|drunet] [--rounds 5 --steps 10] [--quickstart]`` (one process; one
+intra-op thread unless ``--threads``).
+
+Output: human-readable lines, then one JSON object on the last line::
+
+    {"image_size": int, "denoiser": str, "rounds": int, "steps_per_round": int,
+     "threads": int, "bare": {"median_ms": float, "p95_ms": float},
+     "scopebench": {"median_ms": float, "p95_ms": float},
+     "ratio": float, "quickstart_sec": float | null}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from scopebench.stats import summarize
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def bare_loop(image_size: int, denoiser: str, sigma: float, gamma: float):
+    """A generator of step times (s) for a loop over hand-built deepinv objects."""
+    import deepinv as dinv
+    from deepinv.physics.functional import gaussian_blur
+
+    from scopebench.imaging.images import natural_image
+
+    x_true = natural_image(image_size)
+    physics = dinv.physics.Blur(filter=gaussian_blur(sigma=(2.0, 2.0)), padding="circular")
+    gen = torch.Generator().manual_seed(10_000)
+    with torch.no_grad():
+        clean = physics.A(x_true)
+        y = clean + 0.03 * torch.randn(clean.shape, generator=gen)
+    fidelity = dinv.optim.L2()
+    if denoiser == "tv":
+        den = dinv.models.TVDenoiser(n_it_max=50, crit=1e-6)
+    else:
+        torch.manual_seed(0)
+        den = dinv.models.DRUNet(3, 3, pretrained=None).eval()
+    x = physics.A_adjoint(y)
+
+    def steps(n: int) -> list[float]:
+        nonlocal x
+        out = []
+        with torch.no_grad():
+            last = time.perf_counter()
+            for _ in range(n):
+                z = x - gamma * fidelity.grad(x, y, physics)
+                x = den(z, sigma)
+                now = time.perf_counter()
+                out.append(now - last)
+                last = now
+        return out
+
+    return steps
+
+
+def scopebench_loop(image_size: int, denoiser: str, sigma: float):
+    """Step times (s) of the benchopt solver's engine inside the custom profiler's loop."""
+    from scopebench.imaging.runner import build_engine, run_loop
+    from scopebench.profiler import create_profiler
+
+    config = {"denoiser": denoiser, "denoiser_sigma": sigma, "device": "cpu"}
+    if denoiser != "tv":
+        config["pretrained"] = "none"
+    spec = {"kind": "simulated", "image_size": image_size, "operator": "blur", "noise_level": 0.03}
+    engine = build_engine(spec, config)
+
+    def steps(n: int) -> list[float]:
+        stamps: list[float] = []
+
+        def callback() -> bool:
+            stamps.append(time.perf_counter())
+            return len(stamps) <= n
+
+        with create_profiler(
+            "custom", "cpu", "inference_overhead", output_dir=REPO / "benchmark_inference/outputs"
+        ) as prof:
+            run_loop(engine, prof, callback)
+        return [b - a for a, b in zip(stamps, stamps[1:])]
+
+    return steps, engine.gamma
+
+
+def time_quickstart() -> float:
+    """Wall time of the quickstart in a fresh process (imports included)."""
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"inference_quickstart_{os.getpid()}.parquet"
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchopt",
+            "run",
+            str(REPO / "benchmark_inference"),
+            "--config",
+            str(REPO / "benchmark_inference/configs/quickstart.yml"),
+            "--no-cache",
+            "--no-plot",
+            "--no-display",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    elapsed = time.perf_counter() - start
+    out.unlink(missing_ok=True)
+    if proc.returncode != 0 or "Traceback" in proc.stdout + proc.stderr:
+        raise RuntimeError("quickstart failed:\n" + (proc.stdout + proc.stderr)[-3000:])
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--image-size", type=int, default=128)
+    parser.add_argument("--denoiser", choices=("tv", "drunet"), default="tv")
+    parser.add_argument("--sigma", type=float, default=0.01)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per round and loop (>= 20 in all)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quickstart", action="store_true", help="also time the benchopt quickstart end to end")
+    args = parser.parse_args()
+    if args.rounds * args.steps < 20:
+        parser.error("need at least 20 measured steps per loop (rounds x steps)")
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(args.threads)
+
+    ours, gamma = scopebench_loop(args.image_size, args.denoiser, args.sigma)
+    bare = bare_loop(args.image_size, args.denoiser, args.sigma, gamma)
+    bare(2), ours(2)  # warm-up, never reported
+    times: dict[str, list[float]] = {"bare": [], "scopebench": []}
+    for _ in range(args.rounds):
+        times["bare"] += bare(args.steps)
+        times["scopebench"] += ours(args.steps)
+    stats = {mode: summarize(values) for mode, values in times.items()}
+    ratio = stats["scopebench"].median / stats["bare"].median
+    for mode, s in stats.items():
+        print(f"{mode:10s} median {s.median * 1e3:8.3f} ms   p95 {s.p95 * 1e3:8.3f} ms   n={len(times[mode])}")
+    print(f"ratio scopebench / bare = {ratio:.4f} (goal <= 1.05)")
+    quickstart = time_quickstart() if args.quickstart else None
+    if quickstart is not None:
+        print(f"benchopt quickstart end to end: {quickstart:.1f} s (goal < 20 s)")
+    print(
+        json.dumps(
+            {
+                "image_size": args.image_size,
+                "denoiser": args.denoiser,
+                "rounds": args.rounds,
+                "steps_per_round": args.steps,
+                "threads": args.threads,
+                **{m: {"median_ms": s.median * 1e3, "p95_ms": s.p95 * 1e3} for m, s in stats.items()},
+                "ratio": ratio,
+                "quickstart_sec": quickstart,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Which process layouts can run a reconstruction, decided before anything starts.
+
+:func:`check_topology` returns ``None`` when a layout works and otherwise one sentence
+naming the parameters that disagree, so a benchopt solver can decline the combination
+(``skip``) instead of crashing, or hanging, half-way through a grid.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+
+__all__ = ["Topology", "check_topology", "count_patches", "gres_gpu_count"]
+
+
+def gres_gpu_count(gres: str | None) -> int | None:
+    """GPUs per node requested by a SLURM ``--gres`` string, ``None`` when it names none.
+
+    :Examples:
+        >>> gres_gpu_count("gpu:4"), gres_gpu_count("gpu:a100:2"), gres_gpu_count(None)
+        (4, 2, None)
+    """
+    if gres is None:
+        return None
+    if not isinstance(gres, str):
+        raise ValueError(f"slurm_gres must be a string such as 'gpu:4', got {gres!r}")
+    match = re.search(r"gpu(?::[A-Za-z0-9_\-]+)?:(\d+)", gres)
+    return int(match.group(1)) if match else None
+
+
+def count_patches(shape: tuple[int, ...], patch_size: int, overlap: int) -> int:
+    """Number of tiles deepinv's tiling strategy cuts a signal of ``shape`` into.
+
+    ``shape`` is the full ``(B, C, *spatial)`` shape; every spatial axis is tiled.
+
+    :Examples:
+        >>> count_patches((1, 3, 64, 64), 32, 8)
+        4
+    """
+    from deepinv.distributed.strategies.utils import tiling_splitting_strategy
+
+    dims = tuple(range(-(len(shape) - 2), 0))
+    slices, _ = tiling_splitting_strategy(shape, patch_size=patch_size, overlap=overlap, tiling_dims=dims)
+    return len(slices)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    """Processes of a run and how the work is split across them."""
+
+    nproc_per_node: int = 1
+    """Processes per node (local spawn, torchrun or SLURM tasks)."""
+    slurm_nodes: int = 1
+    """Nodes; more than one needs a SLURM (or torchrun) launch."""
+    slurm_ntasks_per_node: int | None = None
+    """SLURM tasks per node; when set, must equal ``nproc_per_node``."""
+    slurm_gres: str | None = None
+    """SLURM generic resources, e.g. ``gpu:4`` (one GPU per task)."""
+
+    def __post_init__(self) -> None:
+        for key in ("nproc_per_node", "slurm_nodes"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        n = self.slurm_ntasks_per_node
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"slurm_ntasks_per_node must be a positive integer or null, got {n!r}")
+        gres_gpu_count(self.slurm_gres)
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.slurm_nodes
+
+
+def check_topology(
+    topology: Topology,
+    *,
+    distribute_physics: bool,
+    distribute_denoiser: bool,
+    num_operators: int,
+    signal_shape: tuple[int, ...],
+    patch_size: int | None,
+    overlap: int,
+    launcher_world_size: int | None = None,
+    compile_mode: str = "none",
+) -> str | None:
+    """``None`` if the layout can run, else why not (naming the parameters).
+
+    Args:
+        topology: Requested processes.
+        distribute_physics: Split the operators across ranks.
+        distribute_denoiser: Split the denoiser's tiles across ranks.
+        num_operators: Operators of the problem.
+        signal_shape: ``(B, C, *spatial)`` of the reconstruction.
+        patch_size: Tile side, ``None`` for no tiling.
+        overlap: Halo of each tile.
+        launcher_world_size: World size announced by torchrun / SLURM, ``None`` when the
+            run starts as a single process (then ranks are spawned locally).
+        compile_mode: ``none``, ``denoiser``, ``physics`` or ``both``.
+    """
+    world = topology.world_size
+    gpus = gres_gpu_count(topology.slurm_gres)
+    ntasks = topology.slurm_ntasks_per_node
+    if ntasks is not None and ntasks != topology.nproc_per_node:
+        return f"slurm_ntasks_per_node={ntasks} disagrees with nproc_per_node={topology.nproc_per_node}"
+    if gpus is not None and gpus != (ntasks or topology.nproc_per_node):
+        return (
+            f"slurm_gres={topology.slurm_gres!r} gives {gpus} GPU(s) per node but "
+            f"slurm_ntasks_per_node={ntasks or topology.nproc_per_node} tasks would share them (one GPU per task)"
+        )
+    if launcher_world_size is None and topology.slurm_nodes > 1:
+        return (
+            f"slurm_nodes={topology.slurm_nodes} needs a SLURM or torchrun launch; this run is a single local process"
+        )
+    if launcher_world_size is not None and launcher_world_size not in (1, world):
+        return (
+            f"the launcher started {launcher_world_size} processes but nproc_per_node x slurm_nodes = "
+            f"{topology.nproc_per_node} x {topology.slurm_nodes} = {world}"
+        )
+    flags = [
+        name
+        for name, on in (("distribute_physics", distribute_physics), ("distribute_denoiser", distribute_denoiser))
+        if on
+    ]
+    if world == 1 and flags:
+        return f"{' and '.join(flags)} need(s) more than one process, got nproc_per_node={topology.nproc_per_node}"
+    if world > 1 and not flags:
+        return (
+            f"nproc_per_node={topology.nproc_per_node} (world size {world}) without distribute_physics or "
+            "distribute_denoiser: the extra ranks would only repeat rank 0's work"
+        )
+    if distribute_physics and num_operators < world:
+        return f"distribute_physics with {world} processes needs at least {world} operators, the problem has {num_operators}"
+    spatial = signal_shape[2:]
+    if patch_size is not None:
+        if patch_size >= min(spatial):
+            return f"patch_size={patch_size} must be smaller than the signal's side {min(spatial)}"
+        if 2 * overlap >= min(spatial):
+            return f"overlap={overlap} is too large for a signal of side {min(spatial)}"
+    if distribute_denoiser:
+        if patch_size is None:
+            return "distribute_denoiser needs patch_size (the denoiser is split into tiles across ranks)"
+        patches = count_patches(tuple(signal_shape), patch_size, overlap)
+        if patches < world:
+            return (
+                f"distribute_denoiser with {world} processes needs at least {world} tiles; "
+                f"patch_size={patch_size} cuts the signal {tuple(spatial)} into {patches}"
+            )
+    if compile_mode != "none" and shutil.which("cc") is None and shutil.which("gcc") is None:
+        return f"compile={compile_mode!r} needs a C compiler for torch.compile's CPU backend; none was found"
+    return None

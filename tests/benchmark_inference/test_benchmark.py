@@ -1,0 +1,120 @@
+"""benchmark_inference end to end: benchopt's own checks, the quickstart's columns, and
+bad parameters failing with one clear message and nothing left in ``outputs/``."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_benchopt_test
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmark_inference"
+OUTPUTS = BENCH / "outputs"
+
+pytestmark = pytest.mark.slow
+
+
+def benchopt_run(config: Path, output: Path) -> str:
+    """``benchopt run`` without cache or plots; returns its log with colours removed."""
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchopt",
+            "run",
+            str(BENCH),
+            "--config",
+            str(config),
+            "--no-cache",
+            "--no-plot",
+            "--no-display",
+            "--output",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    return re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr).replace("\r", "\n")
+
+
+def test_benchopt_test_passes():
+    run_benchopt_test(BENCH)
+
+
+def test_quickstart_writes_every_backend_columns(tmp_path):
+    import pandas as pd
+
+    before = sorted(OUTPUTS.iterdir())
+    log = benchopt_run(BENCH / "configs" / "quickstart.yml", tmp_path / "quickstart.parquet")
+    assert "Traceback" not in log, log[-3000:]
+    assert log.count("done (not enough run)") == 4, log[-3000:]
+    df = pd.read_parquet(tmp_path / "quickstart.parquet")
+    mode = df["p_solver_profiler_mode"].fillna("null")
+    # benchopt exits 0 even when a solver fails: every backend must have all its rows.
+    assert sorted(mode.unique()) == ["custom", "null", "nvidia", "torch"]
+    assert (df.groupby(mode)["stop_val"].max() == 4).all()
+
+    def present(m, column):
+        return column in df and df.loc[mode == m, column].notna().any()
+
+    for column in (
+        "objective_gradient_time_sec",
+        "objective_denoise_time_sec",
+        "objective_total_time_sec",
+        "objective_callback_time_sec",
+    ):
+        assert present("custom", column), column
+    for column in ("objective_gradient_cpu_sec", "objective_denoise_cpu_sec", "objective_total_time_sec"):
+        assert present("torch", column), column
+    assert present("nvidia", "objective_total_time_sec")
+    assert not present("null", "objective_total_time_sec")
+    for column in (
+        "objective_psnr",
+        "objective_ssim",
+        "objective_mse",
+        "objective_device_name",
+        "objective_torch_version",
+        "objective_deepinv_version",
+        "objective_scopebench_version",
+    ):
+        assert df[column].notna().all(), column
+    assert (df["objective_value"] == -df["objective_psnr"]).all()
+    # The row at stop_val = k scores k iterations: TV-PnP keeps improving.
+    custom = df[mode == "custom"].sort_values("stop_val")
+    assert custom["objective_psnr"].is_monotonic_increasing
+    assert sorted(OUTPUTS.iterdir()) == before
+
+
+def test_bad_parameters_fail_cleanly(tmp_path):
+    config = tmp_path / "bad.yml"
+    config.write_text(
+        "dataset:\n  - simulated[image_size=32]\n"
+        "solver:\n"
+        "  - PnP[denoiser=drunet]\n"
+        "  - PnP[init_method=random]\n"
+        "  - PnP[distribute_denoiser=true,patch_size=16]\n"
+        "  - Denoiser[nproc_per_node=8,distribute_denoiser=true,patch_size=16]\n"
+        "max-runs: 2\n"
+    )
+    before = sorted(OUTPUTS.iterdir())
+    log = benchopt_run(config, tmp_path / "bad.parquet")
+    assert "ValueError: denoiser='drunet' needs weights and none can be downloaded here" in log
+    assert "ValueError: init_method must be one of ['zeros', 'adjoint', 'pseudo_inverse'], got 'random'" in log
+    assert "distribute_denoiser need(s) more than one process, got nproc_per_node=1" in log
+    assert (
+        "distribute_denoiser with 8 processes needs at least 8 tiles; patch_size=16 cuts the signal (32, 32) into 4"
+        in log
+    )
+    # Errors are raised by scopebench's validation, before torch runs anything.
+    assert "site-packages/torch" not in log and "site-packages/deepinv" not in log
+    assert sorted(OUTPUTS.iterdir()) == before

@@ -1,0 +1,99 @@
+"""Denoisers build offline; weights files are read with their architecture; bad input fails early."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scopebench.imaging import DenoiserConfig, build_denoiser, denoiser_unavailable, load_state_dict
+
+
+def _drunet(**kw):
+    import deepinv as dinv
+
+    return dinv.models.DRUNet(pretrained=None, **kw).eval()
+
+
+def test_learned_denoiser_without_weights_is_refused_with_the_fix():
+    with pytest.raises(
+        ValueError, match="denoiser='drunet' needs weights and none can be downloaded here: set denoiser_weights"
+    ):
+        DenoiserConfig(name="drunet")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"name": "unet"}, "denoiser must be one of"),
+        ({"name": "tv", "weights": "w.pth"}, "denoiser='tv' has no weights"),
+        ({"name": "dncnn", "weights": "/nonexistent/w.pth"}, "denoiser_weights='/nonexistent/w.pth' is not a file"),
+        ({"name": "tv", "sigma": 0}, "denoiser_sigma must be a positive number, got 0"),
+        ({"name": "tv", "pretrained": "download"}, "pretrained must be 'auto' or 'none', got 'download'"),
+    ],
+)
+def test_bad_denoiser_configs(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DenoiserConfig(**kwargs)
+
+
+def test_random_weights_are_identical_whatever_the_global_seed():
+    torch.manual_seed(1)
+    a = build_denoiser(DenoiserConfig(name="dncnn", pretrained="none"), channels=1)
+    torch.manual_seed(2)
+    b = build_denoiser(DenoiserConfig(name="dncnn", pretrained="none"), channels=1)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+@pytest.mark.parametrize("suffix, prefix", [(".safetensors", ""), (".pth", "denoiser."), (".pt", "module.")])
+def test_weights_file_round_trip_reads_the_architecture(tmp_path, suffix, prefix):
+    model = _drunet(in_channels=3, out_channels=3, nc=(8, 16, 32, 64), nb=1)
+    state = {prefix + k: v.contiguous() for k, v in model.state_dict().items()}
+    path = tmp_path / f"w{suffix}"
+    if suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file(state, str(path))
+    else:
+        torch.save({"state_dict": state} if prefix else state, path)
+    loaded = build_denoiser(DenoiserConfig(name="drunet", weights=str(path)), channels=3)
+    x = torch.rand(1, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(loaded(x, 0.05), model(x, 0.05))
+    assert set(load_state_dict(path)) >= {k.removeprefix("module.") for k in state}
+
+
+def test_weights_for_other_channels_are_refused(tmp_path):
+    path = tmp_path / "gray.pth"
+    torch.save(_drunet(in_channels=1, out_channels=1, nc=(8, 16, 32, 64), nb=1).state_dict(), path)
+    with pytest.raises(ValueError, match="hold a 2-D drunet for 1 channel"):
+        build_denoiser(DenoiserConfig(name="drunet", weights=str(path)), channels=3)
+
+
+def test_missing_optional_package_is_reported(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bm3d" else real(name, *a))
+    assert denoiser_unavailable("bm3d") == "denoiser='bm3d' needs the optional package 'bm3d', which is not installed"
+    with pytest.raises(ValueError, match="needs the optional package 'bm3d'"):
+        build_denoiser(DenoiserConfig(name="bm3d"), channels=3)
+    assert denoiser_unavailable("tv") is None
+
+
+def test_volumes_get_3d_denoisers_and_2d_only_ones_are_refused():
+    net = build_denoiser(DenoiserConfig(name="dncnn", pretrained="none"), channels=1, spatial_dims=3)
+    assert next(net.parameters()).ndim == 5
+    with pytest.raises(ValueError, match="denoiser='median' only handles 2-D images"):
+        build_denoiser(DenoiserConfig(name="median"), channels=1, spatial_dims=3)
+
+
+@pytest.mark.parametrize("name", ["dncnn", "drunet"])
+def test_weights_written_by_benchmark_training_load_here(tmp_path, name):
+    unrolled = pytest.importorskip("scopebench.imaging.unrolled")
+    spec = unrolled.DenoiserSpec(denoiser=name, channels=16)
+    net = unrolled.build_denoiser(spec).eval()
+    path = unrolled.save_denoiser_weights(tmp_path / f"{name}.safetensors", net, spec)
+    ours = build_denoiser(DenoiserConfig(name=name, weights=str(path)), channels=3)
+    x = torch.rand(1, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(ours(x, 0.05), net(x, 0.05))
