@@ -6,6 +6,11 @@ process group announced in its environment, imports the target named in
 keyword arguments of ``SCOPEBENCH_WORKER_KWARGS``. The target runs the same loop as rank
 0 without the benchopt callback (``profiler.iterate(None)`` follows rank 0's decisions).
 Exit status 0 on success; a traceback and status 1 on failure, which rank 0 reports.
+
+After the target returned and the group is destroyed, the worker leaves with
+``os._exit``: a rank that imported deepinv otherwise aborts now and then in a native
+destructor at interpreter exit ("terminate called without an active exception"), after
+all its work succeeded, and rank 0 would report a failed worker.
 """
 
 from __future__ import annotations
@@ -33,4 +38,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
