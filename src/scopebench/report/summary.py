@@ -7,7 +7,7 @@ from typing import Any
 
 from scopebench.stats import summarize
 
-__all__ = ["read_results", "phase_table", "format_phase_table", "PHASE_SUFFIXES"]
+__all__ = ["read_results", "phase_table", "format_phase_table", "short_labels", "PHASE_SUFFIXES"]
 
 #: Per-region time columns, by backend: custom wall time, torch CPU time.
 PHASE_SUFFIXES = ("_time_sec", "_cpu_sec")
@@ -27,6 +27,28 @@ def read_results(path: str | Path):
         raise ValueError(f"results file {str(path)!r} is not a readable parquet file: {err}") from None
 
 
+def short_labels(names: list[str]) -> dict[str, str]:
+    """``Name[k=v,...]`` labels reduced to the parameters that differ between runs.
+
+    :Examples:
+        >>> short_labels(["PnP[a=1,mode=custom]", "PnP[a=1,mode=torch]", "Denoiser[a=1]"])
+        {'PnP[a=1,mode=custom]': 'PnP[mode=custom]', 'PnP[a=1,mode=torch]': 'PnP[mode=torch]', 'Denoiser[a=1]': 'Denoiser'}
+    """
+
+    def parse(name: str) -> tuple[str, dict[str, str]]:
+        base, _, rest = name.partition("[")
+        pairs = [p.split("=", 1) for p in rest.rstrip("]").split(",") if "=" in p]
+        return base, dict(pairs)
+
+    parsed = {name: parse(name) for name in names}
+    labels = {}
+    for name, (base, params) in parsed.items():
+        siblings = [p for b, p in parsed.values() if b == base]
+        keep = [k for k, v in params.items() if any(other.get(k) != v for other in siblings)]
+        labels[name] = f"{base}[{','.join(f'{k}={params[k]}' for k in keep)}]" if keep else base
+    return labels
+
+
 def phase_table(df) -> list[dict[str, Any]]:
     """One row per (solver, phase): statistics over the recorded iterations.
 
@@ -37,6 +59,7 @@ def phase_table(df) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     if "objective_total_time_sec" not in df.columns:
         return rows
+    labels = short_labels([str(n) for n in df["solver_name"].unique()])
     for solver, group in df.groupby("solver_name", sort=False):
         group = group[group["objective_total_time_sec"].notna()]
         if group.empty:
@@ -53,7 +76,7 @@ def phase_table(df) -> list[dict[str, Any]]:
             s = summarize(values)
             rows.append(
                 {
-                    "solver": solver,
+                    "solver": labels[str(solver)],
                     "phase": phase,
                     "n": s.count,
                     "mean_ms": s.mean * 1e3,
@@ -69,11 +92,14 @@ def format_phase_table(rows: list[dict[str, Any]]) -> str:
     """Fixed-width text of :func:`phase_table` rows."""
     if not rows:
         return "no profiled iterations in these results"
-    lines = [f"{'solver':<40} {'phase':<28} {'n':>4} {'mean ms':>10} {'median ms':>10} {'p95 ms':>10} {'share':>7}"]
+    width = max(len("solver"), *(len(str(r["solver"])) for r in rows))
+    phase_width = max(len("phase"), *(len(r["phase"]) for r in rows))
+    header = f"{'solver':<{width}} {'phase':<{phase_width}} {'n':>4} {'mean ms':>10} {'median ms':>10} {'p95 ms':>10} {'share':>7}"
+    lines = [header]
     for r in rows:
         share = f"{r['share_pct']:6.1f}%" if r["share_pct"] is not None else "      -"
         lines.append(
-            f"{str(r['solver'])[:40]:<40} {r['phase']:<28} {r['n']:>4} {r['mean_ms']:>10.3f} "
+            f"{str(r['solver']):<{width}} {r['phase']:<{phase_width}} {r['n']:>4} {r['mean_ms']:>10.3f} "
             f"{r['median_ms']:>10.3f} {r['p95_ms']:>10.3f} {share:>7}"
         )
     return "\n".join(lines)
