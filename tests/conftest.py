@@ -11,6 +11,22 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
+def one_thread():
+    """Run a test on one intra-op thread, then restore the setting.
+
+    The models in tests are too small to gain from a second thread, and on a busy
+    2-core machine two OpenMP threads wait on each other (a 200-step training test took
+    50 s instead of 2 s).
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def worker_path(monkeypatch):
     """Make ``tests/`` importable by spawned workers (they inherit the environment)."""
     tests_dir = str(Path(__file__).resolve().parent)

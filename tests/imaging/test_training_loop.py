@@ -14,16 +14,11 @@ from scopebench.imaging.training_run import TrainingRun
 from scopebench.imaging.unrolled import DenoiserSpec, UnrolledConfig
 from scopebench.profiler import create_profiler
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 QUICKSTART = dict(image_size=32, operator="blur", noise_level=0.03, n_train=64, n_val=8, seed=0)
 ARCH = UnrolledConfig(n_unrolled=3, denoiser=DenoiserSpec(denoiser="dncnn", channels=16, in_channels=3, out_channels=3))
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -16,14 +16,6 @@ def tiny() -> Pi05Policy:
 
 
 @pytest.fixture(autouse=True)
-def single_thread():
-    """Run the tiny models on one thread.
-
-    Their ops are too small to gain from a second thread, and on a busy machine two
-    OpenMP threads wait on each other: the 200-step training test took 50 s instead of
-    2 s with two threads on a loaded 2-core machine.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def single_thread(one_thread):
+    """Every policy test on one thread (see ``tests/conftest.py``)."""
     yield
-    torch.set_num_threads(before)
