@@ -73,15 +73,16 @@ def ssim(x: torch.Tensor, ref: torch.Tensor, peak: float = 1.0, window: int = 11
     b = ref.detach().double()
     channels = a.shape[1]
     g = _gaussian_window(window, sigma, a.dtype, a.device)
-    kernel = (g[:, None] * g[None, :]).expand(channels, 1, window, window)
-
-    def blur(t: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.conv2d(t, kernel, groups=channels)
-
-    mu_a, mu_b = blur(a), blur(b)
-    var_a = blur(a * a) - mu_a**2
-    var_b = blur(b * b) - mu_b**2
-    cov = blur(a * b) - mu_a * mu_b
+    # The Gaussian window is separable: two 1-D passes over the five moment maps at once
+    # cost a tenth of one 2-D pass per map (this runs in every benchopt callback).
+    stack = torch.cat([a, b, a * a, b * b, a * b], dim=1)  # (B, 5C, H, W)
+    groups = stack.shape[1]
+    blurred = torch.nn.functional.conv2d(stack, g.view(1, 1, window, 1).expand(groups, 1, window, 1), groups=groups)
+    blurred = torch.nn.functional.conv2d(blurred, g.view(1, 1, 1, window).expand(groups, 1, 1, window), groups=groups)
+    mu_a, mu_b, e_aa, e_bb, e_ab = blurred.split(channels, dim=1)
+    var_a = e_aa - mu_a**2
+    var_b = e_bb - mu_b**2
+    cov = e_ab - mu_a * mu_b
     c1, c2 = (0.01 * peak) ** 2, (0.03 * peak) ** 2
     num = (2 * mu_a * mu_b + c1) * (2 * cov + c2)
     den = (mu_a**2 + mu_b**2 + c1) * (var_a + var_b + c2)
