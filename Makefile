@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.scopebench-installed
 BENCHOPT := $(VENV)/bin/benchopt
 PYTEST_ARGS ?=
+LINT_PATHS := src tests benchmarks scripts objective.py solvers datasets benchmark_inference benchmark_training
 
 .PHONY: install demo test test-fast lint clean-outputs
 
@@ -31,7 +32,7 @@ demo: $(STAMP)
 	@$(PY) scripts/demo.py
 
 lint: $(STAMP)
-	@$(VENV)/bin/ruff check src tests benchmarks scripts && $(VENV)/bin/black --check -q src tests benchmarks scripts
+	@$(VENV)/bin/ruff check $(LINT_PATHS) && $(VENV)/bin/black --check -q $(LINT_PATHS)
 
 clean-outputs:
 	@find . -path ./.venv -prune -o -path '*/outputs/*' ! -name .gitkeep -type f -print -delete

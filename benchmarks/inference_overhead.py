@@ -132,7 +132,9 @@ def time_quickstart(threads: int) -> float:
 
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"inference_quickstart_{os.getpid()}.parquet"
     try:
-        run = run_benchopt(REPO / "benchmark_inference", REPO / "benchmark_inference/configs/quickstart.yml", output=out)
+        run = run_benchopt(
+            REPO / "benchmark_inference", REPO / "benchmark_inference/configs/quickstart.yml", output=out
+        )
     finally:
         out.unlink(missing_ok=True)
     return run.wall_sec
@@ -165,7 +167,9 @@ def inside_benchopt(image_size: int, denoiser: str, sigma: float, steps: int, th
         path = Path(tmp) / "overhead.yml"
         path.write_text(yaml.safe_dump(config))
         run = run_benchopt(
-            REPO / "benchmark_inference", path, output=Path(tmp) / "overhead.parquet",
+            REPO / "benchmark_inference",
+            path,
+            output=Path(tmp) / "overhead.parquet",
             env={"OMP_NUM_THREADS": str(threads)},
         )
         df = pd.read_parquet(run.parquet)

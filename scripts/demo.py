@@ -28,7 +28,10 @@ def main(names: list[str]) -> int:
         bench = (ROOT / name).resolve()
         config = bench / "configs" / "quickstart.yml"
         label = "policy (repository root)" if bench == ROOT else name
-        print(f"== {label}: benchopt run {bench.relative_to(ROOT) if bench != ROOT else '.'} --config {config.relative_to(ROOT)}", flush=True)
+        print(
+            f"== {label}: benchopt run {bench.relative_to(ROOT) if bench != ROOT else '.'} --config {config.relative_to(ROOT)}",
+            flush=True,
+        )
         try:
             run = run_benchopt(bench, config)
         except (RuntimeError, ValueError) as err:

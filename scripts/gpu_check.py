@@ -90,8 +90,10 @@ def policy_step():
     loss.backward()
     with torch.no_grad():
         actions = model.sample_actions(obs, num_steps=4)
-    return {"ok": bool(torch.isfinite(loss)) and tuple(actions.shape) == (B, cfg.chunk_size, cfg.action_dim),
-            "loss": float(loss.detach())}
+    return {
+        "ok": bool(torch.isfinite(loss)) and tuple(actions.shape) == (B, cfg.chunk_size, cfg.action_dim),
+        "loss": float(loss.detach()),
+    }
 
 
 def pnp_step():
@@ -109,8 +111,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"check": "cuda", "ok": False, "error": "CUDA is not available"}))
         return 77
-    print(json.dumps({"check": "device", "ok": True, "name": torch.cuda.get_device_name(0),
-                      "torch": torch.__version__}), flush=True)
+    print(
+        json.dumps({"check": "device", "ok": True, "name": torch.cuda.get_device_name(0), "torch": torch.__version__}),
+        flush=True,
+    )
     checks = [custom_memory, torch_cuda_time, nvidia_markers, policy_step, pnp_step]
     results = [_report(fn.__name__, fn) for fn in checks]
     return 0 if all(results) else 1

@@ -35,8 +35,13 @@ class Solver(ProfiledSolverMixin, BaseSolver):
         torch.manual_seed(seed)
         self.model = policy_for_dataset(self.preset, dataset)
         self.step = TrainStep(
-            self.model, dataset, batch_size=self.batch_size, learning_rate=self.learning_rate,
-            grad_clip=self.grad_clip, num_workers=self.num_workers, seed=seed,
+            self.model,
+            dataset,
+            batch_size=self.batch_size,
+            learning_rate=self.learning_rate,
+            grad_clip=self.grad_clip,
+            num_workers=self.num_workers,
+            seed=seed,
         )
 
     def run(self, callback):

@@ -47,7 +47,11 @@ def run_benchopt_test(benchmark: Path) -> str:
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     proc = subprocess.run(
         [sys.executable, "-m", "benchopt", "test", str(benchmark), "--skip-install"],
-        capture_output=True, text=True, env=env, timeout=900, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        stdin=subprocess.DEVNULL,
     )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]

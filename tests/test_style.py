@@ -13,7 +13,9 @@ def test_heavy_packages_are_not_imported_at_module_level():
     ruff = Path(sys.executable).parent / "ruff"
     proc = subprocess.run(
         [str(ruff), "check", "--select", "TID253", "--no-cache", "src", "benchmarks", "scripts"],
-        cwd=REPO, capture_output=True, text=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

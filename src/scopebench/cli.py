@@ -28,7 +28,11 @@ def _info() -> dict:
 
     import scopebench
 
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
+    device = (
+        torch.cuda.get_device_name(0)
+        if torch.cuda.is_available()
+        else f"cpu ({platform.processor() or platform.machine()})"
+    )
     versions = {"scopebench": scopebench.__version__, "torch": torch.__version__, "python": platform.python_version()}
     from importlib.metadata import PackageNotFoundError, version
 

@@ -91,9 +91,9 @@ def run_benchopt(
     problems = _failed_lines(log)
     if proc.returncode != 0 or problems or not output.is_file():
         reason = (
-            f"exit code {proc.returncode}" if proc.returncode != 0
-            else f"{len(problems)} failure line(s): {problems[:3]}" if problems
-            else f"no results file at {output}"
+            f"exit code {proc.returncode}"
+            if proc.returncode != 0
+            else f"{len(problems)} failure line(s): {problems[:3]}" if problems else f"no results file at {output}"
         )
         raise RuntimeError(f"benchopt run of {benchmark} failed ({reason}):\n{log[-4000:]}")
     return BenchoptRun(parquet=output, log=log, wall_sec=wall)

@@ -29,7 +29,6 @@ def test_same_parameters_rebuild_the_same_set_bit_for_bit():
         ("denoising_3d", (5, 1, 16, 16, 16), (5, 1, 16, 16, 16)),
     ],
 )
-
 def test_shapes_and_noise_added_at_the_measurement_size(operator, x_shape, y_shape):
     data = build_training_data(image_size=16, operator=operator, noise_level=0.1, n_train=5, n_val=2)
     assert tuple(data.x_train.shape) == x_shape and tuple(data.y_train.shape) == y_shape

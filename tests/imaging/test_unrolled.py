@@ -21,7 +21,6 @@ from scopebench.imaging.unrolled import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
 @pytest.fixture(scope="module")
 def data():
     return build_training_data(image_size=32, n_train=8, n_val=2)

@@ -48,8 +48,16 @@ def test_call_order_start_at_window_begin_stop_after_last():
     prof = NvidiaProfiler(ProfilerConfig(mode="nvidia", warmup=1, active=2), markers=rec)
     _loop(prof, 5)
     assert rec.calls == [
-        "start", "push:iter_1", "push:denoise", "pop", "pop",
-        "push:iter_2", "push:denoise", "pop", "pop", "stop",
+        "start",
+        "push:iter_1",
+        "push:denoise",
+        "pop",
+        "pop",
+        "push:iter_2",
+        "push:denoise",
+        "pop",
+        "pop",
+        "stop",
     ]
 
 

@@ -45,7 +45,17 @@ def test_per_step_reports_region_cpu_time(tmp_path):
     ops_file = next(p for p in files if p.name.endswith("_torch_ops.csv"))
     with open(ops_file) as fh:
         rows = list(csv.DictReader(fh))
-    assert {"iter", "region", "operator", "cpu_sec", "cuda_sec", "self_cuda_sec", "mem_mb", "self_mem_mb", "count"} <= set(rows[0])
+    assert {
+        "iter",
+        "region",
+        "operator",
+        "cpu_sec",
+        "cuda_sec",
+        "self_cuda_sec",
+        "mem_mb",
+        "self_mem_mb",
+        "count",
+    } <= set(rows[0])
     mm = [r for r in rows if r["operator"] in ("aten::mm", "aten::matmul") and r["region"] == "forward"]
     assert {r["iter"] for r in mm} == {"0", "1", "2"}
 
@@ -53,8 +63,15 @@ def test_per_step_reports_region_cpu_time(tmp_path):
 def test_scheduled_mode_writes_chrome_trace_with_regions(tmp_path):
     trace_dir = tmp_path / "traces"
     prof = create_profiler(
-        "torch", "cpu", "sched", warmup=1, active=2, per_step=False, trace_dir=trace_dir,
-        save_file=True, output_dir=tmp_path,
+        "torch",
+        "cpu",
+        "sched",
+        warmup=1,
+        active=2,
+        per_step=False,
+        trace_dir=trace_dir,
+        save_file=True,
+        output_dir=tmp_path,
     )
     seen = _matmuls(prof, n=5)
     prof.finalize()

@@ -15,8 +15,12 @@ def _run_two_ranks(mode, tmp_path, slow_rank=-1, extra_sec=0.0, iterations=4):
     from profiler.workloads import comm_loop
 
     kwargs = dict(
-        mode=mode, iterations=iterations, slow_rank=slow_rank, extra_sec=extra_sec,
-        save_file=True, output_dir=str(tmp_path),
+        mode=mode,
+        iterations=iterations,
+        slow_rank=slow_rank,
+        extra_sec=extra_sec,
+        save_file=True,
+        output_dir=str(tmp_path),
     )
     seen = []
     with DistSession(2, worker="profiler.workloads:comm_loop", worker_kwargs=kwargs, timeout_sec=120):

@@ -17,14 +17,16 @@ def results(tmp_path):
     for mode in ("custom", "null"):
         for k, total in enumerate([None, 0.010, 0.020, 0.030]):
             recorded = mode == "custom" and total is not None
-            rows.append({
-                "solver_name": f"PnP[denoiser=tv,profiler_mode={mode}]",
-                "stop_val": k,
-                "objective_value": -20.0,
-                "objective_total_time_sec": total if recorded else None,
-                "objective_denoise_time_sec": total / 2 if recorded else None,
-                "objective_callback_time_sec": 0.001 if recorded else None,
-            })
+            rows.append(
+                {
+                    "solver_name": f"PnP[denoiser=tv,profiler_mode={mode}]",
+                    "stop_val": k,
+                    "objective_value": -20.0,
+                    "objective_total_time_sec": total if recorded else None,
+                    "objective_denoise_time_sec": total / 2 if recorded else None,
+                    "objective_callback_time_sec": 0.001 if recorded else None,
+                }
+            )
     path = tmp_path / "r.parquet"
     pd.DataFrame(rows).to_parquet(path)
     return path

@@ -83,8 +83,17 @@ class TrainStep:
         seed: sampler seed.
     """
 
-    def __init__(self, model: Pi05Policy, dataset: RobotDataset, *, batch_size: int, learning_rate: float,
-                 grad_clip: float = 1.0, num_workers: int = 0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: Pi05Policy,
+        dataset: RobotDataset,
+        *,
+        batch_size: int,
+        learning_rate: float,
+        grad_clip: float = 1.0,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
         if learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
         if grad_clip < 0:
@@ -94,8 +103,9 @@ class TrainStep:
         self.grad_clip = grad_clip
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=learning_rate)
-        self.loader = make_dataloader(dataset, batch_size, seed=seed, num_workers=num_workers,
-                                      persistent_workers=num_workers > 0)
+        self.loader = make_dataloader(
+            dataset, batch_size, seed=seed, num_workers=num_workers, persistent_workers=num_workers > 0
+        )
         self._iter = iter(self.loader)
         self.last_loss: float | None = None
         self.batch_size = batch_size
@@ -178,7 +188,6 @@ def validation_loss(model: Pi05Policy, batch: Mapping, stats: Mapping | None, se
         loss, _ = model(obs, noise=noise, time=times)
     model.train(was_training)
     return float(loss)
-
 
 
 def policy_for_dataset(preset: str, dataset: RobotDataset, **overrides):

@@ -82,7 +82,9 @@ def phase_table(df) -> list[dict[str, Any]]:
                     "mean_ms": s.mean * 1e3,
                     "median_ms": s.median * 1e3,
                     "p95_ms": s.p95 * 1e3,
-                    "share_pct": (s.mean / total_mean * 100.0) if (total_mean > 0 and stem not in _NOT_PHASES) else None,
+                    "share_pct": (
+                        (s.mean / total_mean * 100.0) if (total_mean > 0 and stem not in _NOT_PHASES) else None
+                    ),
                 }
             )
     return rows
