@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BenchoptRun", "run_benchopt", "FAILED_STATUSES"]
+__all__ = ["BenchoptRun", "benchopt_run", "run_benchopt", "FAILED_STATUSES"]
 
 FAILED_STATUSES = ("error", "diverged", "not installed", "interrupted")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -44,6 +44,48 @@ def _failed_lines(log: str) -> list[str]:
     return bad
 
 
+def benchopt_run(
+    benchmark: str | Path,
+    config: str | Path | None = None,
+    *,
+    output: str | Path | None = None,
+    extra_args: list[str] | None = None,
+    timeout_sec: float = 900.0,
+    env: dict[str, str] | None = None,
+) -> tuple[int, BenchoptRun]:
+    """``benchopt run <benchmark> --config <config> --no-cache --no-plot``, unchecked.
+
+    For callers that expect failures (tests of error messages); everyone else wants
+    :func:`run_benchopt`. Arguments as there.
+
+    Returns:
+        benchopt's exit code and the run (``parquet`` may not exist).
+    """
+    benchmark = Path(benchmark)
+    if not (benchmark / "objective.py").is_file():
+        raise ValueError(f"{benchmark} is not a benchmark folder (no objective.py)")
+    if output is None:
+        output = benchmark / "outputs" / f"scopebench_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}.parquet"
+    output = Path(output).resolve()
+    cmd = [sys.executable, "-m", "benchopt", "run", str(benchmark), "--no-cache", "--no-plot", "--no-display"]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    cmd += ["--output", str(output), *(extra_args or [])]
+    start = time.perf_counter()
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_sec,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
+    wall = time.perf_counter() - start
+    # Progress lines end in carriage returns; make each its own line.
+    log = _ANSI.sub("", proc.stdout + proc.stderr).replace("\r", "\n")
+    return proc.returncode, BenchoptRun(parquet=output, log=log, wall_sec=wall)
+
+
 def run_benchopt(
     benchmark: str | Path,
     config: str | Path | None = None,
@@ -67,33 +109,13 @@ def run_benchopt(
         RuntimeError: benchopt failed, a solver errored, or no parquet was written; the
             message carries the end of benchopt's output.
     """
-    benchmark = Path(benchmark)
-    if not (benchmark / "objective.py").is_file():
-        raise ValueError(f"{benchmark} is not a benchmark folder (no objective.py)")
-    if output is None:
-        output = benchmark / "outputs" / f"scopebench_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}.parquet"
-    output = Path(output).resolve()
-    cmd = [sys.executable, "-m", "benchopt", "run", str(benchmark), "--no-cache", "--no-plot", "--no-display"]
-    if config is not None:
-        cmd += ["--config", str(config)]
-    cmd += ["--output", str(output), *(extra_args or [])]
-    start = time.perf_counter()
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=timeout_sec,
-        env={**os.environ, **(env or {})},
-        stdin=subprocess.DEVNULL,
-    )
-    wall = time.perf_counter() - start
-    log = _ANSI.sub("", proc.stdout + proc.stderr)
-    problems = _failed_lines(log)
-    if proc.returncode != 0 or problems or not output.is_file():
+    code, run = benchopt_run(benchmark, config, output=output, extra_args=extra_args, timeout_sec=timeout_sec, env=env)
+    problems = _failed_lines(run.log)
+    if code != 0 or problems or not run.parquet.is_file():
         reason = (
-            f"exit code {proc.returncode}"
-            if proc.returncode != 0
-            else f"{len(problems)} failure line(s): {problems[:3]}" if problems else f"no results file at {output}"
+            f"exit code {code}"
+            if code != 0
+            else f"{len(problems)} failure line(s): {problems[:3]}" if problems else f"no results file at {run.parquet}"
         )
-        raise RuntimeError(f"benchopt run of {benchmark} failed ({reason}):\n{log[-4000:]}")
-    return BenchoptRun(parquet=output, log=log, wall_sec=wall)
+        raise RuntimeError(f"benchopt run of {benchmark} failed ({reason}):\n{run.log[-4000:]}")
+    return run

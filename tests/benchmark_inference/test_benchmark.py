@@ -3,48 +3,18 @@ bad parameters failing with one clear message and nothing left in ``outputs/``."
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import run_benchopt_test
+
+from scopebench.runs import benchopt_run, run_benchopt
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmark_inference"
 OUTPUTS = BENCH / "outputs"
 
 pytestmark = pytest.mark.slow
-
-
-def benchopt_run(config: Path, output: Path) -> str:
-    """``benchopt run`` without cache or plots; returns its log with colours removed."""
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchopt",
-            "run",
-            str(BENCH),
-            "--config",
-            str(config),
-            "--no-cache",
-            "--no-plot",
-            "--no-display",
-            "--output",
-            str(output),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-    )
-    return re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr).replace("\r", "\n")
 
 
 def test_benchopt_test_passes():
@@ -55,8 +25,7 @@ def test_quickstart_writes_every_backend_columns(tmp_path):
     import pandas as pd
 
     before = sorted(OUTPUTS.iterdir())
-    log = benchopt_run(BENCH / "configs" / "quickstart.yml", tmp_path / "quickstart.parquet")
-    assert "Traceback" not in log, log[-3000:]
+    log = run_benchopt(BENCH, BENCH / "configs" / "quickstart.yml", output=tmp_path / "quickstart.parquet").log
     assert log.count("done (not enough run)") == 4, log[-3000:]
     df = pd.read_parquet(tmp_path / "quickstart.parquet")
     mode = df["p_solver_profiler_mode"].fillna("null")
@@ -107,7 +76,8 @@ def test_bad_parameters_fail_cleanly(tmp_path):
         "max-runs: 2\n"
     )
     before = sorted(OUTPUTS.iterdir())
-    log = benchopt_run(config, tmp_path / "bad.parquet")
+    _, run = benchopt_run(BENCH, config, output=tmp_path / "bad.parquet")
+    log = run.log
     assert "ValueError: denoiser='drunet' needs weights and none can be downloaded here" in log
     assert "ValueError: init_method must be one of ['zeros', 'adjoint', 'pseudo_inverse'], got 'random'" in log
     assert "distribute_denoiser need(s) more than one process, got nproc_per_node=1" in log
