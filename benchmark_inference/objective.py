@@ -25,8 +25,8 @@ class Objective(BaseObjective):
         return dict(spec=self.spec)
 
     def evaluate_result(self, x, **metrics):
+        from scopebench.environment import environment_metrics
         from scopebench.imaging import quality_metrics
-        from scopebench.imaging.runner import environment_metrics
 
         scores = quality_metrics(x.to(self.x_true.device), self.x_true)
         return dict(value=-scores["psnr"], **scores, **metrics, **environment_metrics(x.device))

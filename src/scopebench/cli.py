@@ -18,29 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 
 
 def _info() -> dict:
-    import platform
-
     import torch
 
-    import scopebench
+    from scopebench.environment import device_name, package_version
 
-    device = (
-        torch.cuda.get_device_name(0)
-        if torch.cuda.is_available()
-        else f"cpu ({platform.processor() or platform.machine()})"
-    )
-    versions = {"scopebench": scopebench.__version__, "torch": torch.__version__, "python": platform.python_version()}
-    from importlib.metadata import PackageNotFoundError, version
-
-    for name in ("deepinv", "benchopt"):
-        try:
-            versions[name] = version(name)
-        except PackageNotFoundError:
-            versions[name] = None
+    versions = {name: package_version(name) for name in ("scopebench", "deepinv", "benchopt")}
+    versions.update(torch=torch.__version__, python=platform.python_version())
+    device = device_name("cuda" if torch.cuda.is_available() else "cpu")
     return {"versions": versions, "device": device, "cpu_count": torch.get_num_threads()}
 
 

@@ -17,7 +17,6 @@ from scopebench.imaging.problems import build_problem
 __all__ = [
     "WORKER_TARGET",
     "build_engine",
-    "environment_metrics",
     "reconstruct",
     "run_loop",
     "run_worker",
@@ -93,31 +92,6 @@ def run_worker(
             run_loop(engine, prof, None)
     finally:
         engine.close()
-
-
-def environment_metrics(device: Any) -> dict[str, str]:
-    """Versions of torch, deepinv and scopebench and the device name, as strings."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    import deepinv
-    import torch
-
-    try:
-        scopebench_version = version("scopebench")
-    except PackageNotFoundError:
-        scopebench_version = "unknown"
-    device = torch.device(device)
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = f"cpu ({platform.processor() or platform.machine()})"
-    return {
-        "torch_version": torch.__version__,
-        "deepinv_version": deepinv.__version__,
-        "scopebench_version": scopebench_version,
-        "device_name": name,
-    }
 
 
 def reconstruct(
