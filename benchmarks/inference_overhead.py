@@ -126,7 +126,7 @@ def scopebench_loop(image_size: int, denoiser: str, sigma: float):
     return steps, engine.gamma
 
 
-def time_quickstart(threads: int) -> float:
+def time_quickstart() -> float:
     """Wall time of the quickstart in a fresh process (imports included)."""
     from scopebench.runs import run_benchopt
 
@@ -217,7 +217,7 @@ def main() -> None:
         f"ratio to bare = {inside_ratio:.4f} (goal <= 1.05), to bare_scored = {scored_ratio:.4f}; "
         f"with benchopt's scoring callback {inside_total * 1e3:8.3f} ms"
     )
-    quickstart = time_quickstart(args.threads) if args.quickstart else None
+    quickstart = time_quickstart() if args.quickstart else None
     if quickstart is not None:
         print(f"benchopt quickstart end to end: {quickstart:.1f} s (goal < 20 s)")
     print(

@@ -27,15 +27,7 @@ class NullProfiler(Profiler):
         self.iteration += 1
 
     def iterate(self, callback=None):
-        from scopebench.dist.reduce import broadcast_flag, group_active
-
-        distributed = group_active()
-        while True:
-            go = callback() if (self.rank == 0 and callback is not None) else (self.rank == 0 or None)
-            if distributed:
-                go = broadcast_flag(go, str(self.device))
-            if not go:
-                return
+        while self._should_continue(callback):
             yield self.iteration
             self.iteration += 1
 

@@ -157,8 +157,7 @@ class Profiler:
         """
         while True:
             start = time.perf_counter()
-            go = callback() if (self.rank == 0 and callback is not None) else (self.rank == 0 or None)
-            go = broadcast_flag(go, str(self.device))
+            go = self._should_continue(callback)
             callback_sec = time.perf_counter() - start
             if not go:
                 return
@@ -166,6 +165,12 @@ class Profiler:
             self._callback_sec = callback_sec
             yield self.iteration
             self.end_iteration()
+
+    def _should_continue(self, callback: Callable[[], bool] | None) -> bool:
+        """Rank 0's decision (its callback's, or go on without one), on every rank."""
+        rank = self.rank
+        go = callback() if (rank == 0 and callback is not None) else (rank == 0 or None)
+        return broadcast_flag(go, str(self.device))
 
     def finalize(self) -> list[Path]:
         """Stop the backend and write this rank's files (once); returns their paths."""
