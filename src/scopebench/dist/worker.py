@@ -20,6 +20,7 @@ import json
 import os
 import sys
 
+from scopebench.allocator import keep_freed_memory
 from scopebench.dist.launch import WORKER_KWARGS_ENV, WORKER_TARGET_ENV, DistSession
 
 
@@ -32,6 +33,7 @@ def main() -> int:
     kwargs = json.loads(os.environ.get(WORKER_KWARGS_ENV, "{}"))
     # Import before joining, so a broken import is reported as a dead worker at once.
     func = getattr(importlib.import_module(module_name), func_name)
+    keep_freed_memory()
     with DistSession():
         func(**kwargs)
     return 0

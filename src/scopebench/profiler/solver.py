@@ -26,7 +26,14 @@ class ProfiledSolverMixin:
         return {key: getattr(self, key, default) for key, default in PROFILER_DEFAULTS.items()}
 
     def validate_profiler(self) -> ProfilerConfig:
-        """Validated :class:`ProfilerConfig` of this solver (``ValueError`` if invalid)."""
+        """Validated :class:`ProfilerConfig` of this solver (``ValueError`` if invalid).
+
+        Every solver calls this first in ``set_objective``, so it is also where the solver's
+        process gets the allocator settings of :func:`scopebench.allocator.keep_freed_memory`.
+        """
+        from scopebench.allocator import keep_freed_memory
+
+        keep_freed_memory()
         self.profiler_config = ProfilerConfig.from_params(**self.profiler_kwargs())
         return self.profiler_config
 

@@ -1,0 +1,1 @@
+"""Subcommands of ``scopebench`` (registered in :data:`scopebench.cli.COMMANDS`)."""
