@@ -9,7 +9,7 @@ BENCHOPT := $(VENV)/bin/benchopt
 PYTEST_ARGS ?=
 LINT_PATHS := src tests benchmarks scripts objective.py solvers datasets benchmark_inference benchmark_training
 
-.PHONY: install demo test test-fast lint clean-outputs
+.PHONY: install system-packages demo test test-fast lint clean-outputs
 
 install: $(STAMP)
 
@@ -20,8 +20,12 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
+# Chromium (HTML report test) and a single-node SLURM (cluster tests), from apt when missing.
+system-packages:
+	@scripts/install_system_packages.sh
+
 # pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
-test: $(STAMP)
+test: $(STAMP) system-packages
 	@$(PY) -m pytest tests src/scopebench --doctest-modules $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
