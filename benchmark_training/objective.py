@@ -30,7 +30,8 @@ class Objective(BaseObjective):
         return dict(data=self.data, data_params=self.data_params)
 
     def evaluate_result(self, model, train_loss, step, batch_size, grad_norm=None, **metrics):
-        from scopebench.imaging.train import evaluate_reconstruction, samples_per_sec
+        from scopebench.imaging.train import evaluate_reconstruction
+        from scopebench.stats import samples_per_sec
 
         scores = dict(value=train_loss, train_loss=train_loss, step=step, grad_norm=grad_norm)
         scores["samples_per_sec"] = samples_per_sec(batch_size, metrics)

@@ -48,7 +48,9 @@ class Solver(ProfiledSolverMixin, BaseSolver):
         self.run_profiled(callback, self.step, name="pi05_train", output_dir=OUTPUTS)
 
     def get_result(self):
+        from scopebench.stats import samples_per_sec
+
         metrics = self.current_metrics()
         if "total_time_sec" in metrics:
-            metrics["samples_per_sec"] = self.batch_size / metrics["total_time_sec"]
+            metrics["samples_per_sec"] = samples_per_sec(self.batch_size, metrics)
         return dict(model=self.model, **metrics)

@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
-__all__ = ["Summary", "mean", "median", "percentile", "std", "confidence_interval", "summarize"]
+__all__ = ["Summary", "mean", "median", "percentile", "std", "confidence_interval", "samples_per_sec", "summarize"]
 
 
 def _as_list(samples: Iterable[float]) -> list[float]:
@@ -159,3 +160,25 @@ def summarize(samples: Sequence[float] | Iterable[float], level: float = 0.95) -
         ci_low=lo,
         ci_high=hi,
     )
+
+
+def samples_per_sec(batch_size: int, metrics: dict[str, Any]) -> float | None:
+    """Throughput of one step: ``batch_size / (total_time_sec - callback_time_sec)``.
+
+    The one definition of ``samples_per_sec`` in every benchmark: the step without the
+    benchopt scoring callback (which ``total_time_sec`` includes). Pass the global batch
+    (all ranks) for a global rate.
+
+    ``None`` when the step was not recorded (outside the profiler's window, or no timer).
+
+    :Examples:
+        >>> samples_per_sec(8, {"total_time_sec": 0.5, "callback_time_sec": 0.1})
+        20.0
+        >>> samples_per_sec(8, {}) is None
+        True
+    """
+    total = metrics.get("total_time_sec")
+    if total is None:
+        return None
+    step = total - metrics.get("callback_time_sec", 0.0)
+    return batch_size / step if step > 0 else None

@@ -42,7 +42,6 @@ __all__ = [
     "UnrolledTrainer",
     "configs_from_params",
     "evaluate_reconstruction",
-    "samples_per_sec",
 ]
 
 REGIONS = ("forward", "backward", "optimizer_step")
@@ -347,21 +346,3 @@ def evaluate_reconstruction(
                 for key, value in quality_metrics(x_hat[i : i + 1], xs[i : i + 1]).items():
                     scores[key].append(value)
     return {f"val_{key}": (sum(values) / len(values) if values else None) for key, values in scores.items()}
-
-
-def samples_per_sec(batch_size: int, metrics: dict[str, Any]) -> float | None:
-    """Training throughput of one step: ``batch_size / (total_time_sec - callback_time_sec)``.
-
-    ``None`` when the step was not recorded (outside the profiler's window, or no timer).
-
-    :Examples:
-        >>> samples_per_sec(8, {"total_time_sec": 0.5, "callback_time_sec": 0.1})
-        20.0
-        >>> samples_per_sec(8, {}) is None
-        True
-    """
-    total = metrics.get("total_time_sec")
-    if total is None:
-        return None
-    step = total - metrics.get("callback_time_sec", 0.0)
-    return batch_size / step if step > 0 else None
