@@ -57,3 +57,28 @@ def run_benchopt_test(benchmark: Path) -> str:
     assert proc.returncode == 0, log[-4000:]
     assert " passed" in log and " failed" not in log, log[-4000:]
     return log
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A folder nobody can write to, not even root: a read-only tmpfs (root) or mode 0500.
+
+    chmod alone does not stop root, who runs CI here, so as root the folder is a
+    read-only mount, unmounted at the end.
+    """
+    import subprocess
+
+    path = tmp_path / "read_only"
+    path.mkdir()
+    mounted = False
+    if os.geteuid() == 0:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], check=True)
+        mounted = True
+    else:
+        path.chmod(0o500)
+    assert not os.access(path, os.W_OK), f"could not make {path} read-only"
+    yield path
+    if mounted:
+        subprocess.run(["umount", str(path)], check=True)
+    else:
+        path.chmod(0o700)

@@ -32,6 +32,20 @@ def test_unwritable_trace_dir_is_refused(tmp_path):
         create_profiler("torch", "cpu", "x", per_step=False, trace_dir=blocker / "traces")
 
 
+def test_validating_a_trace_dir_creates_nothing(tmp_path):
+    ProfilerConfig(mode="torch", per_step=False, trace_dir=tmp_path / "a" / "b")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_only_output_folders_are_refused_before_any_work(read_only_dir):
+    with pytest.raises(ValueError, match=r"profiler_trace_dir=.*read_only/traces.*not a writable directory"):
+        ProfilerConfig(mode="torch", per_step=False, trace_dir=read_only_dir / "traces")
+    config = ProfilerConfig(mode="custom", save_file=True)
+    with pytest.raises(ValueError, match=r"profiler_save_file=.*read_only.*not a writable directory"):
+        config.check_outputs(read_only_dir)
+    ProfilerConfig(mode="custom", save_file=False).check_outputs(read_only_dir)  # nothing to write: fine
+
+
 def test_trace_dir_needs_torch_mode(tmp_path):
     with pytest.raises(ValueError, match="profiler_trace_dir is only used by profiler_mode=torch"):
         ProfilerConfig(mode="custom", trace_dir=tmp_path)

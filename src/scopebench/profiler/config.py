@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MODES", "ProfilerConfig", "PROFILER_DEFAULTS", "normalize_mode"]
+__all__ = ["MODES", "ProfilerConfig", "PROFILER_DEFAULTS", "check_writable_dir", "normalize_mode"]
 
 #: Accepted spellings of each backend. YAML ``null`` arrives as ``None``.
 MODES = ("null", "custom", "torch", "nvidia")
@@ -53,16 +53,23 @@ def _check_flag(key: str, value: Any) -> bool:
     return value
 
 
-def _check_writable_dir(key: str, value: Any) -> Path:
+def check_writable_dir(key: str, value: Any) -> Path:
+    """``value`` as a path whose folder exists and is writable, or can be created.
+
+    Nothing is created: the nearest existing ancestor must be a writable folder (so a
+    configuration that is validated and then skipped leaves no empty folders behind).
+    Raises ``ValueError`` naming ``key`` and the path.
+    """
     if not isinstance(value, (str, os.PathLike)) or not str(value):
         raise ValueError(f"{key} must be a directory path, got {value!r}")
     path = Path(value).expanduser()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"{key}={str(value)!r} cannot be created: {err.strerror}") from None
-    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(f"{key}={str(value)!r} is not a writable directory")
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe != path and not probe.is_dir():
+        raise ValueError(f"{key}={str(value)!r} cannot be created: {str(probe)!r} is not a directory")
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{key}={str(value)!r} is not a writable directory ({str(probe)!r} is read-only)")
     return path
 
 
@@ -104,7 +111,18 @@ class ProfilerConfig:
                     "profiler_trace_dir needs profiler_per_step=false: per-step mode resets "
                     "the torch profiler every iteration, so there is no single trace to export"
                 )
-            object.__setattr__(self, "trace_dir", _check_writable_dir("profiler_trace_dir", self.trace_dir))
+            object.__setattr__(self, "trace_dir", check_writable_dir("profiler_trace_dir", self.trace_dir))
+
+    def check_outputs(self, output_dir: str | Path | None) -> None:
+        """Refuse, before any work, a run whose files could not be written at the end.
+
+        Checks ``output_dir`` when ``save_file`` is on (the error names
+        ``profiler_save_file``) and ``trace_dir`` (named ``profiler_trace_dir``).
+        """
+        if self.save_file and output_dir is not None:
+            check_writable_dir("profiler_save_file", output_dir)
+        if self.trace_dir is not None:
+            check_writable_dir("profiler_trace_dir", self.trace_dir)
 
     @classmethod
     def from_params(cls, **params: Any) -> ProfilerConfig:

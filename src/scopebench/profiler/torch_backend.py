@@ -148,6 +148,7 @@ class TorchProfiler(Profiler):
             if self._cycle > 0:
                 name = name.replace(".pt.trace", f".cycle{self._cycle}.pt.trace")
             path = Path(self.config.trace_dir) / name
+            path.parent.mkdir(parents=True, exist_ok=True)  # validated as creatable, created on first use
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             prof.export_chrome_trace(str(tmp))
             os.replace(tmp, path)
