@@ -64,3 +64,16 @@ def test_nproc_disagreeing_with_launcher(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(ValueError, match="nproc=2 disagrees with the launcher's world size 4"):
         DistSession(2)
+
+
+def test_local_nproc_above_the_cores_is_refused_with_the_numbers():
+    import os
+
+    from scopebench.dist import check_local_nproc
+
+    cores = os.cpu_count()
+    assert check_local_nproc("nproc_per_node", cores) == cores
+    with pytest.raises(ValueError, match=rf"nproc_per_node=255 exceeds the {cores} CPU cores"):
+        check_local_nproc("nproc_per_node", 255)
+    with pytest.raises(ValueError, match=r"nproc_per_node must be an integer >= 1, got 'two'"):
+        check_local_nproc("nproc_per_node", "two")

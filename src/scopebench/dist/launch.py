@@ -27,7 +27,7 @@ from pathlib import Path
 
 from scopebench.dist.info import SPAWN_ENV, DistInfo, get_dist_info
 
-__all__ = ["DistSession", "WORKER_TARGET_ENV", "WORKER_KWARGS_ENV", "default_backend"]
+__all__ = ["DistSession", "WORKER_TARGET_ENV", "WORKER_KWARGS_ENV", "check_local_nproc", "default_backend"]
 
 WORKER_TARGET_ENV = "SCOPEBENCH_WORKER_TARGET"
 WORKER_KWARGS_ENV = "SCOPEBENCH_WORKER_KWARGS"
@@ -42,6 +42,29 @@ def default_backend(device: str = "cpu") -> str:
     if str(device).startswith("cuda") and torch.cuda.is_available() and dist.is_nccl_available():
         return "nccl"
     return "gloo"
+
+
+def check_local_nproc(key: str, nproc: object, device: str = "cpu") -> int:
+    """Validate a number of processes to start on this machine (``nproc_per_node``...).
+
+    A positive integer; on the CPU without a launcher it may not exceed the machine's
+    logical cores (each rank needs a core, and a typo such as 255 would start 254 workers
+    of a gigabyte each). Under torchrun or SLURM the launcher decides and only the type is
+    checked.
+
+    Raises:
+        ValueError: naming ``key``, the value and the limit.
+    """
+    from scopebench.validate import integer
+
+    nproc = integer(key, nproc, low=1)
+    cores = os.cpu_count() or 1
+    if not get_dist_info().is_distributed and not str(device).startswith("cuda") and nproc > cores:
+        raise ValueError(
+            f"{key}={nproc} exceeds the {cores} CPU cores of this machine: each local rank needs a core; "
+            f"use at most {cores}, or start the ranks with torchrun or SLURM"
+        )
+    return nproc
 
 
 class DistSession:
