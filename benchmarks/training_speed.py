@@ -42,9 +42,8 @@ import time
 
 import torch
 
-from scopebench.imaging.train import REGIONS, TrainConfig, UnrolledTrainer
-from scopebench.imaging.training_data import build_training_data
-from scopebench.imaging.unrolled import DenoiserSpec, UnrolledConfig
+from scopebench.imaging.common.denoisers import DenoiserSpec
+from scopebench.imaging.training import REGIONS, TrainConfig, UnrolledConfig, UnrolledTrainer, build_training_data
 from scopebench.profiler import create_profiler
 from scopebench.stats import summarize
 
