@@ -29,7 +29,7 @@ SPAWN_ENV = {
     "store_port": "SCOPEBENCH_STORE_PORT",
     "store_file": "SCOPEBENCH_STORE_FILE",
     "run_dir": "SCOPEBENCH_RUN_DIR",
-    "parent_pid": "SCOPEBENCH_PARENT_PID",
+    "lifeline": "SCOPEBENCH_LIFELINE_FD",
     "timeout": "SCOPEBENCH_GROUP_TIMEOUT_SEC",
 }
 

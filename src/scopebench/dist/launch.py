@@ -15,11 +15,13 @@
 
 Faults (DESIGN.md, "Ranks and launch"): every collective is bounded by the group timeout
 (``group_timeout_sec``: :data:`LOCAL_TIMEOUT_SEC` for a local spawn,
-:data:`LAUNCHER_TIMEOUT_SEC` under torchrun or SLURM), ranks record their last finished
-iteration in the store, and when a local run fails rank 0 names each spawned rank that
-died, stopped or fell behind, with its exit code or signal and the tail of its log
-(:mod:`scopebench.dist.faults`). Spawned ranks exit, and remove the temporary folder,
-when rank 0 dies.
+:data:`LAUNCHER_TIMEOUT_SEC` under torchrun or SLURM; joining waits at least
+:data:`LOCAL_TIMEOUT_SEC`, the time a Python process needs to import torch on a busy
+machine), ranks record their last finished iteration in the store, and when a local run
+fails rank 0 names each spawned rank that died, stopped or fell behind, with its exit
+code or signal and the tail of its log (:mod:`scopebench.dist.faults`). Each spawned rank
+holds the read end of a pipe whose write end only rank 0 holds (its "lifeline"): when
+rank 0 dies the pipe closes, and the workers remove the temporary folder and exit.
 
 A group that existed before the session (created by the caller) is reused and left alone.
 """
@@ -181,6 +183,7 @@ class DistSession:
         """The spawn's private temporary folder (store, workers' logs); ``None`` otherwise."""
         self._procs: list[subprocess.Popen] = []
         self._logs: list[Path] = []
+        self._lifeline: int | None = None
         self._store = None
         self._reported = False  # a RankFailure already names the culprits
         if self.info.is_distributed and nproc not in (1, self.info.world_size):
@@ -255,6 +258,9 @@ class DistSession:
         if self._store is not None:
             _PROGRESS = None
         self._store = None
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
         if self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             self.run_dir = None
@@ -312,35 +318,40 @@ class DistSession:
         store = self._open_store(store_file, self.nproc)
         store.set("backend", self.backend)
         network = _loopback_env()
-        for rank in range(1, self.nproc):
-            env = dict(os.environ)
-            env.update(network)
-            env.update(
-                {
-                    SPAWN_ENV["rank"]: str(rank),
-                    SPAWN_ENV["world_size"]: str(self.nproc),
-                    SPAWN_ENV["store_file"]: store_file,
-                    SPAWN_ENV["run_dir"]: str(self.run_dir),
-                    SPAWN_ENV["parent_pid"]: str(os.getpid()),
-                    SPAWN_ENV["timeout"]: str(self.timeout_sec),
-                    WORKER_TARGET_ENV: self.worker,
-                    WORKER_KWARGS_ENV: json.dumps(self.worker_kwargs),
-                }
-            )
-            for key in (SPAWN_ENV["store_addr"], SPAWN_ENV["store_port"]):
-                env.pop(key, None)
-            log = self.run_dir / f"rank_{rank}.log"
-            self._logs.append(log)
-            with open(log, "wb") as fh:
-                self._procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "scopebench.dist.worker"],
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=fh,
-                        stderr=subprocess.STDOUT,
-                    )
+        lifeline, self._lifeline = os.pipe()
+        try:
+            for rank in range(1, self.nproc):
+                env = dict(os.environ)
+                env.update(network)
+                env.update(
+                    {
+                        SPAWN_ENV["rank"]: str(rank),
+                        SPAWN_ENV["world_size"]: str(self.nproc),
+                        SPAWN_ENV["store_file"]: store_file,
+                        SPAWN_ENV["run_dir"]: str(self.run_dir),
+                        SPAWN_ENV["lifeline"]: str(lifeline),
+                        SPAWN_ENV["timeout"]: str(self.timeout_sec),
+                        WORKER_TARGET_ENV: self.worker,
+                        WORKER_KWARGS_ENV: json.dumps(self.worker_kwargs),
+                    }
                 )
+                for key in (SPAWN_ENV["store_addr"], SPAWN_ENV["store_port"]):
+                    env.pop(key, None)
+                log = self.run_dir / f"rank_{rank}.log"
+                self._logs.append(log)
+                with open(log, "wb") as fh:
+                    self._procs.append(
+                        subprocess.Popen(
+                            [sys.executable, "-m", "scopebench.dist.worker"],
+                            env=env,
+                            stdin=subprocess.DEVNULL,
+                            stdout=fh,
+                            stderr=subprocess.STDOUT,
+                            pass_fds=(lifeline,),
+                        )
+                    )
+        finally:
+            os.close(lifeline)  # the workers hold it now; rank 0 keeps only the write end
         self._wait_for_workers(store)
         with _environ(network):
             dist.init_process_group(self.backend, store=store, rank=0, world_size=self.nproc, timeout=self._timeout())
@@ -348,7 +359,8 @@ class DistSession:
 
     def _wait_for_workers(self, store) -> None:
         keys = [f"ready/{rank}" for rank in range(1, self.nproc)]
-        deadline = time.monotonic() + self.timeout_sec
+        limit = max(self.timeout_sec, LOCAL_TIMEOUT_SEC)
+        deadline = time.monotonic() + limit
         while not store.check(keys):
             dead = [self._report(i).describe(self.timeout_sec) for i, p in enumerate(self._procs) if p.poll() is not None]
             if dead:
@@ -356,9 +368,7 @@ class DistSession:
                 raise RankFailure("local worker(s) died before joining the process group:\n" + "\n".join(dead))
             if time.monotonic() > deadline:
                 missing = [key.split("/")[1] for key in keys if not store.check([key])]
-                raise TimeoutError(
-                    f"rank(s) {', '.join(missing)} did not join within group_timeout_sec={self.timeout_sec:g} s"
-                )
+                raise TimeoutError(f"rank(s) {', '.join(missing)} did not join within {limit:g} s")
             time.sleep(_POLL_SEC)
 
     # -- workers -------------------------------------------------------------------
