@@ -10,6 +10,21 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need CUDA: on a machine without it they are skipped, with the reason.
+
+    ``scripts/gpu_check.sh`` runs exactly these tests (``pytest -m gpu``) on a GPU machine.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (marked gpu; run by scripts/gpu_check.sh on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def one_thread():
     """Run a test on one intra-op thread, then restore the setting.

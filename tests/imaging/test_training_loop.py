@@ -44,7 +44,9 @@ def counting_callback(run, steps, on_step=None):
 
 
 def test_sixty_quickstart_steps_lower_the_loss_and_raise_validation_psnr(tmp_path):
-    run = TrainingRun(data_params=QUICKSTART, unrolled=ARCH, train=TrainConfig(batch_size=4), nproc=1, output_dir=tmp_path)
+    run = TrainingRun(
+        data_params=QUICKSTART, unrolled=ARCH, train=TrainConfig(batch_size=4), nproc=1, output_dir=tmp_path
+    )
     run.start()
     data = run.trainer.data
     losses, psnr = [], {}

@@ -217,7 +217,11 @@ def build_denoiser(config: DenoiserConfig, channels: int, spatial_dims: int = 2)
             )
     else:
         spec = DenoiserSpec(
-            denoiser=config.name, in_channels=channels, out_channels=channels, dim=spatial_dims, **DEEPINV_SIZES[config.name]
+            denoiser=config.name,
+            in_channels=channels,
+            out_channels=channels,
+            dim=spatial_dims,
+            **DEEPINV_SIZES[config.name],
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)

@@ -76,7 +76,9 @@ def _file_problem(path: str, size: int, mtime_ns: int) -> str | None:
     try:  # the pre-zip torch.save format
         torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several unrelated types for a bad file
-        return f"is truncated or corrupt: neither a zip archive of torch.save nor its older format ({type(err).__name__})"
+        return (
+            f"is truncated or corrupt: neither a zip archive of torch.save nor its older format ({type(err).__name__})"
+        )
     return None
 
 
