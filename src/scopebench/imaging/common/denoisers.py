@@ -31,6 +31,7 @@ __all__ = [
     "CLASSICAL",
     "DENOISERS",
     "LEARNED",
+    "ONLY_2D",
     "DenoiserConfig",
     "DenoiserSpec",
     "build_denoiser",
@@ -44,7 +45,7 @@ PRETRAINED = ("auto", "none")
 #: Optional package each denoiser needs (import name), where deepinv imports it lazily.
 _REQUIRES = {"bm3d": "bm3d", "wavelet": "ptwt"}
 #: Denoisers deepinv implements for 2-D images only.
-_ONLY_2D = ("median", "bm3d", "wavelet")
+ONLY_2D = ("median", "bm3d", "wavelet")
 #: Default depth of a trained network: conv layers of DnCNN, residual blocks per scale of
 #: DRUNet (small, for CPU training).
 DEFAULT_DEPTH = {"dncnn": 6, "drunet": 1}
@@ -202,7 +203,7 @@ def build_denoiser(config: DenoiserConfig, channels: int, spatial_dims: int = 2)
     reason = denoiser_unavailable(config.name)
     if reason:
         raise ValueError(reason)
-    if config.name in _ONLY_2D and spatial_dims != 2:
+    if config.name in ONLY_2D and spatial_dims != 2:
         raise ValueError(f"denoiser={config.name!r} only handles 2-D images, got a {spatial_dims}-D signal")
     if config.name in CLASSICAL:
         return _classical(config.name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scopebench.imaging.common.denoisers import denoiser_unavailable
+from scopebench.imaging.common.denoisers import ONLY_2D, denoiser_unavailable
 from scopebench.imaging.inference.engine import ReconstructionConfig
 from scopebench.imaging.inference.problems import describe_problem
 from scopebench.imaging.inference.run import PnPRun
@@ -71,7 +71,7 @@ class PnPSolverMixin(ProfiledSolverMixin):
         params = dict(spec)
         kind = params.pop("kind")
         shape, num_operators = describe_problem(kind, **params)
-        if len(shape) == 5 and config.denoiser in ("median", "bm3d", "wavelet"):
+        if len(shape) == 5 and config.denoiser in ONLY_2D:
             return True, f"denoiser={config.denoiser!r} only handles 2-D images; {kind} is a volume"
         info = get_dist_info()
         reason = check_topology(
