@@ -4,11 +4,10 @@ deepinv's unfolded PGD (``n_unrolled`` iterations) with a learnable DnCNN / DRUN
 learnable step sizes / noise levels, Adam with two parameter groups (``learning_rate``
 for the step sizes and noise levels, ``model_learning_rate`` for the denoiser). One
 benchopt iteration = one optimizer step, regions ``forward``, ``backward``,
-``optimizer_step``. With ``distribute_model`` the denoiser is tiled over the ranks by
-``deepinv.distributed``; ranks come from torchrun / SLURM or are spawned locally
-(``nproc_per_node``). Set-up is untimed and reported as ``setup_time_sec``. The trained
-denoiser is saved to ``outputs/unrolled_pnp_<run id>_denoiser.safetensors`` (see
-``scopebench.imaging.common.weights.load_denoiser_weights``).
+``optimizer_step``. With ``distribute_model`` the denoiser is tiled over the ranks
+(torchrun / SLURM, or spawned locally: ``nproc_per_node``). Set-up is untimed and reported
+as ``setup_time_sec``. The trained denoiser goes to
+``outputs/unrolled_pnp_<run id>_denoiser.safetensors`` (``load_denoiser_weights`` reads it).
 """
 
 from pathlib import Path

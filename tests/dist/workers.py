@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+import scopebench.profiler  # noqa: F401  (imported before joining: set-up fits a short group timeout)
 from scopebench.dist.run import RankRun
 
 
