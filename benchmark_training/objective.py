@@ -22,15 +22,16 @@ class Objective(BaseObjective):
     parameters = {"eval_every": [10]}
 
     def set_data(self, data, data_params):
-        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 1:
-            raise ValueError(f"eval_every must be a positive integer, got {self.eval_every!r}")
+        from scopebench.validate import integer
+
+        integer("eval_every", self.eval_every, low=1)
         self.data, self.data_params = data, data_params
 
     def get_objective(self):
         return dict(data=self.data, data_params=self.data_params)
 
     def evaluate_result(self, model, train_loss, step, batch_size, grad_norm=None, **metrics):
-        from scopebench.imaging.train import evaluate_reconstruction
+        from scopebench.imaging.training import evaluate_reconstruction
         from scopebench.stats import samples_per_sec
 
         scores = dict(value=train_loss, train_loss=train_loss, step=step, grad_norm=grad_norm)
@@ -43,9 +44,9 @@ class Objective(BaseObjective):
         return dict(**scores, **metrics)
 
     def get_one_result(self):
-        from scopebench.imaging.train import UnrolledReconstructor
-        from scopebench.imaging.unrolled import DenoiserSpec, build_denoiser
+        from scopebench.imaging.common.denoisers import DenoiserSpec
+        from scopebench.imaging.training import UnrolledReconstructor
 
         spec = self.data.spec
-        net = build_denoiser(DenoiserSpec(in_channels=spec.channels, out_channels=spec.channels, dim=spec.spatial_dims))
+        net = DenoiserSpec(in_channels=spec.channels, out_channels=spec.channels, dim=spec.spatial_dims).build()
         return dict(model=UnrolledReconstructor(net, [1.0], [0.05]), train_loss=None, step=0, batch_size=1)

@@ -6,7 +6,7 @@ blurred image, run two ways:
 * ``bare``: a plain Python loop over deepinv objects built by hand (``Blur``, ``L2``,
   the denoiser), ``x = D(x - gamma * grad f(x))``, no benchopt, no profiler;
 * ``scopebench``: the engine the benchopt ``PnP`` solver uses
-  (:func:`scopebench.imaging.runner.build_engine`) inside ``profiler.iterate`` with the
+  (:func:`scopebench.imaging.inference.engine.build_engine`) inside ``profiler.iterate`` with the
   ``custom`` backend (regions ``gradient`` and ``denoise`` timed every iteration);
 * ``inside benchopt``: the real ``PnP`` solver under ``benchopt run`` on the same problem
   (same thread count), its per-iteration time read from the parquet as
@@ -63,7 +63,7 @@ def bare_loop(image_size: int, denoiser: str, sigma: float, gamma: float):
     import deepinv as dinv
     from deepinv.physics.functional import gaussian_blur
 
-    from scopebench.imaging.images import natural_image
+    from scopebench.imaging.common.images import natural_image
 
     x_true = natural_image(image_size)
     physics = dinv.physics.Blur(filter=gaussian_blur(sigma=(2.0, 2.0)), padding="circular")
@@ -81,7 +81,7 @@ def bare_loop(image_size: int, denoiser: str, sigma: float, gamma: float):
 
     def steps(n: int, score: bool = False) -> list[float]:
         """``n`` step times; with ``score``, PSNR/SSIM/MSE run between steps, untimed."""
-        from scopebench.imaging.metrics import quality_metrics
+        from scopebench.imaging.common.metrics import quality_metrics
 
         nonlocal x
         out = []
@@ -101,7 +101,7 @@ def bare_loop(image_size: int, denoiser: str, sigma: float, gamma: float):
 
 def scopebench_loop(image_size: int, denoiser: str, sigma: float):
     """Step times (s) of the benchopt solver's engine inside the custom profiler's loop."""
-    from scopebench.imaging.runner import build_engine, run_loop
+    from scopebench.imaging.inference.engine import build_engine, run_loop
     from scopebench.profiler import create_profiler
 
     config = {"denoiser": denoiser, "denoiser_sigma": sigma, "device": "cpu"}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU code paths that CPU CI cannot run: profiler memory/CUDA time/NVTX, pi05 and PnP on
-# CUDA. Under five minutes on one GPU. Prints one JSON line per check (scripts/gpu_check.py).
+# CUDA. Under five minutes on one GPU. Prints one JSON line per check (scripts/gpu_check.py),
+# then runs the tests marked `gpu` (the ones pytest skips on a machine without CUDA).
 # Usage: bash scripts/gpu_check.sh   (installs into .venv first if needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,4 +9,7 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
     .venv/bin/python -m pip install -q -e '.[dev]'
 fi
-timeout 300 .venv/bin/python scripts/gpu_check.py
+status=0
+timeout 300 .venv/bin/python scripts/gpu_check.py || status=$?
+timeout 600 .venv/bin/python -m pytest -m gpu -q tests || status=$?
+exit $status

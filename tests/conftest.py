@@ -8,6 +8,23 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+#: A worker target whose import fails on purpose (--doctest-modules would import it).
+collect_ignore = ["dist/broken_worker_module.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need CUDA: on a machine without it they are skipped, with the reason.
+
+    ``scripts/gpu_check.sh`` runs exactly these tests (``pytest -m gpu``) on a GPU machine.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (marked gpu; run by scripts/gpu_check.sh on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ class Dataset(BaseDataset):
     test_parameters = {"image_size": [16], "n_train": [8], "n_val": [2]}
 
     def get_data(self):
-        from scopebench.imaging.training_data import build_training_data
+        from scopebench.imaging.training import build_training_data
 
         data = build_training_data(**{key: getattr(self, key) for key in self.parameters})
         return dict(data=data, data_params=data.spec.to_dict())

@@ -4,11 +4,10 @@ deepinv's unfolded PGD (``n_unrolled`` iterations) with a learnable DnCNN / DRUN
 learnable step sizes / noise levels, Adam with two parameter groups (``learning_rate``
 for the step sizes and noise levels, ``model_learning_rate`` for the denoiser). One
 benchopt iteration = one optimizer step, regions ``forward``, ``backward``,
-``optimizer_step``. With ``distribute_model`` the denoiser is tiled over the ranks by
-``deepinv.distributed``; ranks come from torchrun / SLURM or are spawned locally
-(``nproc_per_node``). The trained denoiser is saved to
-``outputs/unrolled_pnp_<run id>_denoiser.safetensors`` (see
-``scopebench.imaging.unrolled.load_denoiser_weights``).
+``optimizer_step``. With ``distribute_model`` the denoiser is tiled over the ranks
+(torchrun / SLURM, or spawned locally: ``nproc_per_node``). Set-up is untimed and reported
+as ``setup_time_sec``. The trained denoiser goes to
+``outputs/unrolled_pnp_<run id>_denoiser.safetensors`` (``load_denoiser_weights`` reads it).
 """
 
 from pathlib import Path
@@ -18,32 +17,35 @@ from benchopt.stopping_criterion import NoCriterion
 
 from scopebench.profiler import ProfiledSolverMixin
 
-OUTPUTS = Path(__file__).resolve().parents[1] / "outputs"
-
 
 class Solver(ProfiledSolverMixin, BaseSolver):
     name = "UnrolledPnP"
     sampling_strategy = "callback"
     stopping_criterion = NoCriterion(strategy="callback")
+    output_dir = Path(__file__).resolve().parents[1] / "outputs"
     parameters = {
-        **ProfiledSolverMixin.parameters,
+        **ProfiledSolverMixin.parameters,  # profiler_mode, profiler_warmup, ... (the seven profiler_*)
+        # the network
         "n_unrolled": [3],
         "denoiser": ["dncnn"],
         "denoiser_channels": [16],
+        "checkpoint_batches": ["auto"],
+        # the optimisation
         "batch_size": [4],
         "learning_rate": [1e-2],
         "model_learning_rate": [1e-3],
         "grad_clip": [1.0],
+        "save_weights": [True],
+        # tiles and ranks
         "distribute_model": [False],
         "patch_size": [16],
         "overlap": [8],
         "max_batch_size": [None],
-        "checkpoint_batches": ["auto"],
         "nproc_per_node": [1],
+        "group_timeout_sec": [None],
         "slurm_gres": ["gpu:1"],
         "slurm_nodes": [1],
         "slurm_ntasks_per_node": [1],
-        "save_weights": [True],
     }
     test_config = {"batch_size": 2, "save_weights": False}
 
@@ -60,41 +62,29 @@ class Solver(ProfiledSolverMixin, BaseSolver):
         return False, None
 
     def set_objective(self, data, data_params):
-        from scopebench.imaging.train import SOLVER_PARAMS, configs_from_params
-        from scopebench.imaging.training_run import TrainingRun
+        from scopebench.imaging.training import SOLVER_PARAMS, TrainingRun, configs_from_params
 
-        self.validate_profiler()
+        profiler = self.validate_profiler()
         unrolled, train = configs_from_params(data.spec, **{key: getattr(self, key) for key in SOLVER_PARAMS})
-        self.data = data
-        self.run_args = dict(
+        self.training = TrainingRun(
             data_params=data_params,
             unrolled=unrolled,
             train=train,
+            data=data,
             nproc=self.nproc_per_node,
-            profiler_params=self.profiler_kwargs(),
-            output_dir=OUTPUTS,
-            name="unrolled_pnp",
+            profiler=profiler,
+            output_dir=self.output_dir,
+            group_timeout_sec=self.group_timeout_sec,
         )
-        TrainingRun(**self.run_args)  # validates the process count before any work
 
     def pre_run_hook(self, callback):
-        from scopebench.imaging.training_run import TrainingRun
-
-        self.training = TrainingRun(**self.run_args)
-        self.training.start(self.data)  # spawns workers and builds the model: not timed
-        self.prof = self.build_profiler(device=self.training.device, name="unrolled_pnp", output_dir=OUTPUTS)
+        self.start_run(self.training)  # spawns workers and builds the model: not timed
         self.weights_path = None
 
     def run(self, callback):
-        failed = True
-        try:
-            with self.prof:
-                self.training.loop(self.prof, callback)
-            if self.save_weights:
-                self.weights_path = self.training.save_weights()
-            failed = False
-        finally:
-            self.training.close(failed=failed)
+        self.finish_run(self.training, callback)
+        if self.save_weights:
+            self.weights_path = self.training.save_weights()
 
     def get_result(self):
         trainer = self.training.trainer
@@ -106,5 +96,5 @@ class Solver(ProfiledSolverMixin, BaseSolver):
             step=trainer.step_count,
             batch_size=self.batch_size,
             grad_norm=grad_norm,
-            **self.prof.get_current_metrics(),
+            **self.training.metrics(),
         )

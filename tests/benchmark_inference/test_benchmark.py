@@ -62,6 +62,9 @@ def test_quickstart_writes_every_backend_columns(tmp_path):
     custom = df[mode == "custom"].sort_values("stop_val")
     assert custom["objective_psnr"].is_monotonic_increasing
     assert sorted(OUTPUTS.iterdir()) == before
+    # Set-up is reported once per run, the same on every row, and never inside an iteration.
+    setup = df.groupby(mode)["objective_setup_time_sec"]
+    assert (setup.nunique() == 1).all() and (setup.min() > 0).all()
 
 
 def test_bad_parameters_fail_cleanly(tmp_path):
@@ -79,7 +82,7 @@ def test_bad_parameters_fail_cleanly(tmp_path):
     _, run = benchopt_run(BENCH, config, output=tmp_path / "bad.parquet")
     log = run.log
     assert "ValueError: denoiser='drunet' needs weights and none can be downloaded here" in log
-    assert "ValueError: init_method must be one of ['zeros', 'adjoint', 'pseudo_inverse'], got 'random'" in log
+    assert "ValueError: init_method must be one of 'zeros', 'adjoint', 'pseudo_inverse', got 'random'" in log
     assert "distribute_denoiser need(s) more than one process, got nproc_per_node=1" in log
     assert (
         "distribute_denoiser with 8 processes needs at least 8 tiles; patch_size=16 cuts the signal (32, 32) into 4"

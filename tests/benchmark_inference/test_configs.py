@@ -43,3 +43,10 @@ def test_config_expands_to_valid_runs(path):
         solver.reconstruction_config()  # ValueError on an invalid value
         solver.validate_profiler()
         solver.topology()
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(BENCH)))
+def test_config_sets_a_timeout(path):
+    # benchopt's default of 100 s counts set-up too: a config says what fits it.
+    timeout = yaml.safe_load(path.read_text()).get("timeout")
+    assert isinstance(timeout, int) and 60 <= timeout <= 4 * 3600, timeout

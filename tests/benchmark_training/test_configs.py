@@ -6,8 +6,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from scopebench.imaging.train import SOLVER_PARAMS, configs_from_params
-from scopebench.imaging.training_data import TrainingDataSpec
+from scopebench.imaging.training import SOLVER_PARAMS, TrainingDataSpec, configs_from_params
 
 BENCH = REPO / "benchmark_training"
 CONFIGS = sorted((BENCH / "configs").rglob("*.yml"))
@@ -54,3 +53,10 @@ def test_scaling_grids_couple_ranks_with_the_distributed_model(benchmark):
     _, solvers = expand(benchmark, config)
     pairs = [(s.nproc_per_node, s.distribute_model, s.slurm_ntasks_per_node) for s in solvers]
     assert pairs == [(1, False, 1), (1, True, 1), (2, True, 2), (4, True, 4)]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(BENCH / "configs")))
+def test_config_sets_a_timeout(path):
+    # benchopt's default of 100 s counts set-up too: a config says what fits it.
+    timeout = yaml.safe_load(path.read_text()).get("timeout")
+    assert isinstance(timeout, int) and 60 <= timeout <= 4 * 3600, timeout

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from scopebench.imaging import DenoiserConfig, build_denoiser, denoiser_unavailable, load_state_dict
+from scopebench.imaging.common.denoisers import DenoiserConfig, DenoiserSpec, build_denoiser, denoiser_unavailable
+from scopebench.imaging.common.weights import load_state_dict, save_denoiser_weights
 
 
 def _drunet(**kw):
@@ -27,8 +30,8 @@ def test_learned_denoiser_without_weights_is_refused_with_the_fix():
         ({"name": "unet"}, "denoiser must be one of"),
         ({"name": "tv", "weights": "w.pth"}, "denoiser='tv' has no weights"),
         ({"name": "dncnn", "weights": "/nonexistent/w.pth"}, "denoiser_weights='/nonexistent/w.pth' is not a file"),
-        ({"name": "tv", "sigma": 0}, "denoiser_sigma must be a positive number, got 0"),
-        ({"name": "tv", "pretrained": "download"}, "pretrained must be 'auto' or 'none', got 'download'"),
+        ({"name": "tv", "sigma": 0}, "denoiser_sigma must be a finite number > 0, got 0"),
+        ({"name": "tv", "pretrained": "download"}, "pretrained must be one of 'auto', 'none', got 'download'"),
     ],
 )
 def test_bad_denoiser_configs(kwargs, match):
@@ -89,10 +92,9 @@ def test_volumes_get_3d_denoisers_and_2d_only_ones_are_refused():
 
 @pytest.mark.parametrize("name", ["dncnn", "drunet"])
 def test_weights_written_by_benchmark_training_load_here(tmp_path, name):
-    unrolled = pytest.importorskip("scopebench.imaging.unrolled")
-    spec = unrolled.DenoiserSpec(denoiser=name, channels=16)
-    net = unrolled.build_denoiser(spec).eval()
-    path = unrolled.save_denoiser_weights(tmp_path / f"{name}.safetensors", net, spec)
+    spec = DenoiserSpec(denoiser=name, channels=16)
+    net = spec.build().eval()
+    path = save_denoiser_weights(tmp_path / f"{name}.safetensors", net, spec)
     ours = build_denoiser(DenoiserConfig(name=name, weights=str(path)), channels=3)
     x = torch.rand(1, 3, 32, 32)
     with torch.no_grad():
@@ -110,3 +112,52 @@ def test_classical_denoisers_reduce_noise(name):
         out = denoiser(noisy, 0.1)
     assert out.shape == clean.shape
     assert (out - clean).pow(2).mean() < (noisy - clean).pow(2).mean()
+
+
+def _saved_drunet(tmp_path, suffix):
+    model = _drunet(in_channels=3, out_channels=3, nc=(8, 16, 32, 64), nb=1)
+    path = tmp_path / f"w{suffix}"
+    if suffix == ".safetensors":
+        save_denoiser_weights(path, model, DenoiserSpec(denoiser="drunet", channels=8, depth=1))
+    else:
+        torch.save(model.state_dict(), path)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda data: b"", "is empty"),
+        (lambda data: data[: len(data) // 2], "is truncated"),
+        (lambda data: data[:4], "is truncated"),
+        (lambda data: b"\x17" * len(data), "is truncated or corrupt|is corrupt"),
+    ],
+    ids=["empty", "half", "four-bytes", "garbage"],
+)
+def test_damaged_weights_file_is_refused_naming_key_and_file(tmp_path, suffix, damage, problem):
+    path = _saved_drunet(tmp_path, suffix)
+    DenoiserConfig(name="drunet", weights=str(path))  # intact: accepted
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ValueError, match=rf"^denoiser_weights='{re.escape(str(path))}' ({problem})") as err:
+        DenoiserConfig(name="drunet", weights=str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_flipped_bytes_inside_a_pth_archive_fail_its_checksum(tmp_path):
+    path = _saved_drunet(tmp_path, ".pth")
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(64)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"denoiser_weights='.*w\.pth' is corrupt"):
+        DenoiserConfig(name="drunet", weights=str(path))
+
+
+def test_one_loader_for_both_benchmarks_refuses_the_wrong_kind(tmp_path):
+    from scopebench.imaging.common.weights import load_denoiser_weights
+
+    path = _saved_drunet(tmp_path, ".safetensors")
+    assert type(load_denoiser_weights(path)).__name__ == "DRUNet"
+    with pytest.raises(ValueError, match="holds a drunet, not a dncnn"):
+        build_denoiser(DenoiserConfig(name="dncnn", weights=str(path)), channels=3)

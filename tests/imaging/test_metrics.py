@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from scopebench.imaging import mse, psnr, quality_metrics, ssim
+from scopebench.imaging.common.metrics import mse, psnr, quality_metrics, ssim
 
 
 def test_psnr_and_mse_formulas():

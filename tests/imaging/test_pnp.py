@@ -7,8 +7,10 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from scopebench.imaging import PnPEngine, ReconstructionConfig, build_problem, psnr
-from scopebench.imaging.runner import reconstruct, throughput_metrics
+from scopebench.imaging.common.metrics import psnr
+from scopebench.imaging.inference.engine import PnPEngine, ReconstructionConfig
+from scopebench.imaging.inference.problems import build_problem
+from scopebench.imaging.inference.run import reconstruct, throughput_metrics
 
 BLUR = {"kind": "simulated", "image_size": 64, "operator": "blur", "noise_level": 0.03}
 
@@ -80,13 +82,14 @@ def test_init_methods(init):
     [
         (
             {"init_method": "random"},
-            r"init_method must be one of \['zeros', 'adjoint', 'pseudo_inverse'\], got 'random'",
+            "init_method must be one of 'zeros', 'adjoint', 'pseudo_inverse', got 'random'",
         ),
-        ({"compile": "all"}, r"compile must be one of \['none', 'denoiser', 'physics', 'both'\], got 'all'"),
-        ({"step_size": -1}, "step_size must be a positive number or null, got -1"),
-        ({"step_size_scale": 0}, "step_size_scale must be a positive number, got 0"),
-        ({"patch_size": 2}, "patch_size must be an integer >= 4 or null, got 2"),
-        ({"overlap": -1}, "overlap must be a non-negative integer, got -1"),
+        ({"compile": "all"}, "compile must be one of 'none', 'denoiser', 'physics', 'both', got 'all'"),
+        ({"step_size": -1}, "step_size must be a finite number > 0, got -1"),
+        ({"step_size_scale": 0}, "step_size_scale must be a finite number > 0, got 0"),
+        ({"patch_size": 2}, "patch_size must be an integer >= 4, got 2"),
+        ({"overlap": -1}, "overlap must be an integer >= 0, got -1"),
+        ({"patch_size": 16, "overlap": 16}, "^overlap=16 must be smaller than patch_size=16"),
         ({"distribute_physics": "yes"}, "distribute_physics must be true or false, got 'yes'"),
         ({"device": "tpu"}, "device must be 'auto', 'cpu' or 'cuda', got 'tpu'"),
         ({"denoiser": "dncnn"}, "denoiser='dncnn' needs weights"),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scopebench.imaging import build_problem, describe_problem
-from scopebench.imaging.images import fit_to_size, natural_image
+from scopebench.imaging.common.images import fit_to_size, natural_image
+from scopebench.imaging.inference.problems import build_problem, describe_problem
 
 CASES = [
     ("simulated", {"image_size": 32, "operator": "blur"}, (1, 3, 32, 32), [(1, 3, 32, 32)]),
@@ -71,18 +71,20 @@ def test_large_images_are_mirror_tiled_not_upsampled():
         (
             "simulated",
             {"operator": "motion"},
-            r"operator must be one of \['blur', 'downsampling', 'inpainting'\], got 'motion'",
+            "operator must be one of 'blur', 'downsampling', 'inpainting', got 'motion'",
         ),
         ("simulated", {"image_size": 33, "operator": "downsampling"}, "image_size must be even, got 33"),
         ("simulated", {"image_size": 8}, "image_size must be an integer >= 16, got 8"),
-        ("simulated", {"noise_level": -0.1}, r"noise_level must be a number in \[0, 1\]"),
+        ("simulated", {"noise_level": -0.1}, "noise_level must be a finite number >= 0 and <= 1, got -0.1"),
         ("simulated", {"blur_sigma": 2}, r"unknown parameter\(s\) \['blur_sigma'\] for problem 'simulated'"),
-        ("multiframe_superres", {"num_operators": 0}, "num_operators must be an integer in"),
+        ("multiframe_superres", {"num_operators": 0}, "num_operators must be an integer >= 1 and <= 256, got 0"),
         ("multiframe_superres", {"image_size": 30, "scale": 4}, "image_size must be a multiple of scale=4, got 30"),
         ("tomography_2d", {"num_angles": 2.5}, "num_angles must be an integer"),
-        ("tomography_2d", {"image": "astronaut"}, "image must be 'phantom' or 'camera'"),
+        ("tomography_2d", {"image": "astronaut"}, "image must be one of 'phantom', 'camera', got 'astronaut'"),
         ("denoising_3d", {"volume_size": True}, "volume_size must be an integer"),
         ("mri", {}, "problem kind must be one of"),
+        ("simulated", {"seed": -1}, "^seed must be an integer >= 0, got -1$"),
+        ("denoising_3d", {"seed": -1}, "^seed must be an integer >= 0, got -1$"),
     ],
 )
 def test_bad_parameters_raise_value_error(kind, params, match):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scopebench.imaging import Topology, check_topology, count_patches, gres_gpu_count
+from scopebench.imaging.inference.topology import Topology, check_topology, count_patches, gres_gpu_count
 
 IMAGE = (1, 3, 64, 64)
 
@@ -69,7 +69,7 @@ def test_layouts_that_cannot_run_name_their_parameters(kwargs, match):
 
 @pytest.mark.parametrize("kwargs", [{"nproc_per_node": 0}, {"slurm_nodes": "2"}, {"slurm_ntasks_per_node": -1}])
 def test_invalid_values_raise(kwargs):
-    with pytest.raises(ValueError, match="must be a positive integer"):
+    with pytest.raises(ValueError, match="must be an integer >= 1"):
         Topology(**kwargs)
 
 

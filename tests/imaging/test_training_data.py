@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scopebench.imaging.training_data import TRAIN_IMAGES, VAL_IMAGES, build_training_data
+from scopebench.imaging.training.data import TRAIN_IMAGES, VAL_IMAGES, build_training_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -59,10 +59,11 @@ def test_grey_channel_option():
         ({"operator": "downsampling", "image_size": 15}, "image_size must be even"),
         ({"image_size": 4}, "image_size must be an integer"),
         ({"n_train": 0}, "n_train must be an integer"),
-        ({"noise_level": -0.1}, "noise_level must be a number in"),
+        ({"noise_level": -0.1}, "noise_level must be a finite number >= 0 and <= 1"),
         ({"operator": "denoising_3d", "channels": 3}, "channels must be 1"),
-        ({"channels": 2}, "channels must be 1, 3 or None"),
+        ({"channels": 2}, "channels must be one of 1, 3, got 2"),
         ({"sizes": 3}, "unknown training data parameter"),
+        ({"seed": -1}, "^seed must be an integer >= 0 and <= 2147483647, got -1$"),
     ],
 )
 def test_bad_parameters_fail_before_any_work(params, message):

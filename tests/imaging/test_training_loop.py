@@ -8,11 +8,16 @@ import dataclasses
 import pytest
 import torch
 
-from scopebench.imaging.train import REGIONS, TrainConfig, UnrolledTrainer, evaluate_reconstruction
-from scopebench.imaging.training_data import build_training_data
-from scopebench.imaging.training_run import TrainingRun
-from scopebench.imaging.unrolled import DenoiserSpec, UnrolledConfig
-from scopebench.profiler import create_profiler
+from scopebench.imaging.common.denoisers import DenoiserSpec
+from scopebench.imaging.training import (
+    REGIONS,
+    TrainConfig,
+    TrainingRun,
+    UnrolledConfig,
+    UnrolledTrainer,
+    build_training_data,
+    evaluate_reconstruction,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,8 +43,10 @@ def counting_callback(run, steps, on_step=None):
     return callback
 
 
-def test_sixty_quickstart_steps_lower_the_loss_and_raise_validation_psnr():
-    run = TrainingRun(data_params=QUICKSTART, unrolled=ARCH, train=TrainConfig(batch_size=4), nproc=1)
+def test_sixty_quickstart_steps_lower_the_loss_and_raise_validation_psnr(tmp_path):
+    run = TrainingRun(
+        data_params=QUICKSTART, unrolled=ARCH, train=TrainConfig(batch_size=4), nproc=1, output_dir=tmp_path
+    )
     run.start()
     data = run.trainer.data
     losses, psnr = [], {}
@@ -51,12 +58,9 @@ def test_sixty_quickstart_steps_lower_the_loss_and_raise_validation_psnr():
                 "val_psnr"
             ]
 
-    try:
-        with create_profiler("custom", "cpu", "test_quickstart") as prof:
-            run.loop(prof, counting_callback(run, 60, on_step))
-            metrics = prof.get_current_metrics()
-    finally:
-        run.close()
+    with run:
+        run.loop(counting_callback(run, 60, on_step))
+    metrics = run.metrics()
     assert run.trainer.step_count == 60 and len(losses) == 60
     assert sum(losses[-10:]) < 0.5 * sum(losses[:10])
     assert psnr[60] >= psnr[1] + 1.0, psnr
@@ -119,12 +123,13 @@ def test_batches_cycle_through_a_seeded_shuffle(small):
 @pytest.mark.parametrize(
     "train, message",
     [
-        (dict(batch_size=0), "batch_size must be a positive integer, got 0"),
+        (dict(batch_size=0), "batch_size must be an integer >= 1, got 0"),
         (dict(batch_size=9), r"batch_size=9 exceeds the training set \(n_train=8\)"),
         (dict(distribute_model=True, patch_size=32), r"patch_size=32 is larger than the image \(image_size=16\)"),
-        (dict(grad_clip=0.0), "grad_clip must be a positive number or null"),
+        (dict(grad_clip=0.0), "grad_clip must be a finite number > 0"),
         (dict(learning_rate=float("nan")), "learning_rate must be a finite number"),
-        (dict(max_batch_size=0), "max_batch_size must be a positive integer or null"),
+        (dict(max_batch_size=0), "max_batch_size must be an integer >= 1"),
+        (dict(distribute_model=True, patch_size=8, overlap=8), "^overlap=8 must be smaller than patch_size=8"),
     ],
 )
 def test_bad_training_inputs_fail_before_any_work(small, train, message):
@@ -147,17 +152,10 @@ def trajectory(nproc, tmp_path, steps=5):
     data = dict(image_size=32, n_train=16, n_val=2, seed=0)
     train = TrainConfig(batch_size=4, distribute_model=True, patch_size=16, overlap=8)
     run = TrainingRun(data_params=data, unrolled=ARCH, train=train, nproc=nproc, output_dir=tmp_path)
-    run.start()
     losses = []
-    failed = True
-    try:
-        with create_profiler("custom", "cpu", "test_two_ranks", output_dir=tmp_path) as prof:
-            run.loop(prof, counting_callback(run, steps, lambda step: losses.append(run.trainer.last_loss.item())))
-            metrics = prof.get_current_metrics()
-        failed = False
-    finally:
-        run.close(failed=failed)
-    return losses, metrics
+    with run:
+        run.loop(counting_callback(run, steps, lambda step: losses.append(run.trainer.last_loss.item())))
+    return losses, run.metrics()
 
 
 @pytest.mark.slow

@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 
-from scopebench.imaging.train import TrainConfig, UnrolledTrainer, evaluate_reconstruction
-from scopebench.imaging.training_data import build_training_data
-from scopebench.imaging.unrolled import (
-    DenoiserSpec,
+from scopebench.imaging.common.denoisers import DenoiserSpec
+from scopebench.imaging.common.weights import load_denoiser_weights, read_denoiser_metadata
+from scopebench.imaging.training import (
+    TrainConfig,
     UnrolledConfig,
-    build_denoiser,
+    UnrolledTrainer,
+    build_training_data,
     build_unrolled,
-    load_denoiser_weights,
-    read_denoiser_metadata,
+    evaluate_reconstruction,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -58,9 +58,9 @@ def loss_grads_and_saved_bytes(trainer, x, y):
 @pytest.mark.parametrize(
     "params, message",
     [
-        ({"n_unrolled": 0}, "n_unrolled must be a positive integer, got 0"),
+        ({"n_unrolled": 0}, "n_unrolled must be an integer >= 1, got 0"),
         ({"checkpoint": "sometimes"}, "checkpoint_batches must be one of"),
-        ({"stepsize": -1.0}, "stepsize must be a positive number"),
+        ({"stepsize": -1.0}, "stepsize must be a finite number > 0"),
     ],
 )
 def test_bad_unrolled_config(params, message):
@@ -71,10 +71,10 @@ def test_bad_unrolled_config(params, message):
 @pytest.mark.parametrize(
     "params, message",
     [
-        ({"denoiser": "unet"}, r"denoiser must be one of \['dncnn', 'drunet'\], got 'unet'"),
-        ({"channels": 0}, "denoiser_channels must be a positive integer"),
+        ({"denoiser": "unet"}, "denoiser must be one of 'dncnn', 'drunet', got 'unet'"),
+        ({"channels": 0}, "denoiser_channels must be an integer >= 1"),
         ({"denoiser": "dncnn", "depth": 1}, "DnCNN needs at least 2 conv layers"),
-        ({"dim": 4}, "dim must be 2 or 3"),
+        ({"dim": 4}, "dim must be one of 2, 3"),
     ],
 )
 def test_bad_denoiser_spec(params, message):
@@ -88,7 +88,7 @@ def test_unrolled_forward_keeps_the_signal_shape(name, dim):
     import deepinv as dinv
 
     spec = DenoiserSpec(denoiser=name, channels=4, in_channels=1, out_channels=1, dim=dim)
-    model = build_unrolled(UnrolledConfig(n_unrolled=2, denoiser=spec), build_denoiser(spec))
+    model = build_unrolled(UnrolledConfig(n_unrolled=2, denoiser=spec), spec.build())
     x = torch.rand(2, 1, *(16,) * dim)
     out = model(x, dinv.physics.Denoising())
     assert out.shape == x.shape and out.requires_grad
@@ -164,8 +164,8 @@ def test_saved_weights_load_into_a_denoiser_usable_for_pnp(data, tmp_path, name)
 @pytest.mark.parametrize("name", ["dncnn", "drunet"])
 def test_inference_benchmark_loads_the_weights_through_denoiser_weights(data, tmp_path, name):
     """Contract with benchmark_inference: its ``denoiser_weights`` loader rebuilds the same net."""
-    from scopebench.imaging.denoisers import DenoiserConfig
-    from scopebench.imaging.denoisers import build_denoiser as build_inference_denoiser
+    from scopebench.imaging.common.denoisers import DenoiserConfig
+    from scopebench.imaging.common.denoisers import build_denoiser as build_inference_denoiser
 
     trainer = make_trainer(data, denoiser=name, channels=8)
     trainer.step()

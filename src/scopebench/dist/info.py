@@ -6,7 +6,8 @@ Sources, in order of precedence (DESIGN.md, "Ranks and launch"):
   ``MASTER_ADDR``, ``MASTER_PORT``.
 * ``slurm``: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID`` when more than one task
   runs (submitit starts one process per task); the master is the first node of the step.
-* ``spawn``: a worker started by :mod:`scopebench.dist.launch` (``SCOPEBENCH_RANK`` …).
+* ``spawn``: a worker started by :mod:`scopebench.dist.launch` (``SCOPEBENCH_RANK`` …); its
+  rendezvous is a file store in the run's private temporary folder (port 0).
 * ``single``: none of the above.
 """
 
@@ -18,7 +19,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["DistInfo", "get_dist_info", "is_main", "print0", "writes_reports", "SPAWN_ENV"]
+__all__ = ["DistInfo", "get_dist_info", "is_main", "writes_reports", "SPAWN_ENV"]
 
 #: Environment variables that :mod:`scopebench.dist.launch` hands to spawned workers.
 SPAWN_ENV = {
@@ -26,6 +27,10 @@ SPAWN_ENV = {
     "world_size": "SCOPEBENCH_WORLD_SIZE",
     "store_addr": "SCOPEBENCH_STORE_ADDR",
     "store_port": "SCOPEBENCH_STORE_PORT",
+    "store_file": "SCOPEBENCH_STORE_FILE",
+    "run_dir": "SCOPEBENCH_RUN_DIR",
+    "lifeline": "SCOPEBENCH_LIFELINE_FD",
+    "timeout": "SCOPEBENCH_GROUP_TIMEOUT_SEC",
 }
 
 
@@ -112,8 +117,8 @@ def get_dist_info(environ: Mapping[str, str] | None = None) -> DistInfo:
             rank=_int(env, SPAWN_ENV["rank"]),
             local_rank=_int(env, SPAWN_ENV["rank"]),
             world_size=_int(env, SPAWN_ENV["world_size"]),
-            master_addr=env[SPAWN_ENV["store_addr"]],
-            master_port=_int(env, SPAWN_ENV["store_port"]),
+            master_addr=env.get(SPAWN_ENV["store_addr"], "127.0.0.1"),
+            master_port=_int(env, SPAWN_ENV["store_port"]) if SPAWN_ENV["store_port"] in env else 0,
             source="spawn",
         )
     return DistInfo(rank=0, local_rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, source="single")
@@ -140,9 +145,3 @@ def writes_reports() -> bool:
     """
     return is_main()
 
-
-def print0(*args, **kwargs) -> None:
-    """``print`` on rank 0 only, flushed so progress shows in SLURM logs."""
-    if is_main():
-        kwargs.setdefault("flush", True)
-        print(*args, **kwargs)

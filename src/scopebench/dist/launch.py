@@ -5,11 +5,16 @@
 
 * under ``torchrun`` / SLURM (world size from the environment) it initialises the group
   from the rendezvous in :func:`scopebench.dist.info.get_dist_info`;
-* on a laptop, with ``nproc > 1`` and no launcher, rank 0 (the benchopt process) opens a
-  ``TCPStore`` on port 0, starts ``nproc - 1`` subprocesses ``python -m
-  scopebench.dist.worker`` that run ``worker(**worker_kwargs)``, waits for them while
-  polling their liveness, and then every rank joins the group;
+* on one machine, with ``nproc > 1`` and no launcher, rank 0 (the benchopt process)
+  starts ``nproc - 1`` workers ``python -m scopebench.dist.worker`` that run
+  ``worker(**worker_kwargs)`` (:class:`~scopebench.dist.spawn.LocalSpawn`: a file store in
+  a private folder, loopback-only sockets, a lifeline), and every rank joins the group;
 * with one process it does nothing.
+
+Every collective is bounded by the group timeout (``group_timeout_sec``:
+:data:`LOCAL_TIMEOUT_SEC` for a local spawn, :data:`LAUNCHER_TIMEOUT_SEC` under torchrun or
+SLURM). When a local run fails, :meth:`DistSession.close` names each spawned rank that
+died, stopped or fell behind (:class:`~scopebench.dist.spawn.RankFailure`).
 
 A group that existed before the session (created by the caller) is reused and left alone.
 """
@@ -19,19 +24,37 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
 from scopebench.dist.info import SPAWN_ENV, DistInfo, get_dist_info
+from scopebench.dist.spawn import (
+    WORKER_KWARGS_ENV,
+    WORKER_TARGET_ENV,
+    LocalSpawn,
+    RankFailure,
+    environ,
+    forget_store,
+    loopback_env,
+    open_store,
+    report_progress,
+)
 
-__all__ = ["DistSession", "WORKER_TARGET_ENV", "WORKER_KWARGS_ENV", "check_local_nproc", "default_backend"]
+__all__ = [
+    "LAUNCHER_TIMEOUT_SEC",
+    "LOCAL_TIMEOUT_SEC",
+    "WORKER_KWARGS_ENV",
+    "WORKER_TARGET_ENV",
+    "DistSession",
+    "RankFailure",
+    "check_local_nproc",
+    "default_backend",
+    "report_progress",
+]
 
-WORKER_TARGET_ENV = "SCOPEBENCH_WORKER_TARGET"
-WORKER_KWARGS_ENV = "SCOPEBENCH_WORKER_KWARGS"
-_POLL_SEC = 0.05
+#: Default group timeout of a local spawn: well above a collective's normal wait, short
+#: enough that a hung rank fails the run within a minute.
+LOCAL_TIMEOUT_SEC = 60.0
+#: Default group timeout under torchrun / SLURM, where nodes start and load at their own pace.
+LAUNCHER_TIMEOUT_SEC = 600.0
 
 
 def default_backend(device: str = "cpu") -> str:
@@ -77,8 +100,10 @@ class DistSession:
             their problem from plain parameters, never from pickled tensors).
         backend: ``"gloo"``, ``"nccl"`` or ``None`` (chosen from ``device``).
         device: Device the run computes on; selects the default backend.
-        timeout_sec: Bound on waiting for workers to start and on every collective, so a
-            dead or hung rank fails the run instead of blocking it.
+        timeout_sec: The group timeout (the ``group_timeout_sec`` parameter): bound on
+            waiting for workers to start and on every collective, so a dead or hung rank
+            fails the run instead of blocking it. ``None``: :data:`LOCAL_TIMEOUT_SEC` for a
+            local spawn, :data:`LAUNCHER_TIMEOUT_SEC` under torchrun or SLURM.
     """
 
     def __init__(
@@ -89,22 +114,25 @@ class DistSession:
         worker_kwargs: dict | None = None,
         backend: str | None = None,
         device: str = "cpu",
-        timeout_sec: float = 300.0,
+        timeout_sec: float | None = None,
     ) -> None:
-        if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        from scopebench.validate import number, optional
+
+        if type(nproc) is not int or nproc < 1:
             raise ValueError(f"nproc must be a positive integer, got {nproc!r}")
-        if timeout_sec <= 0:
-            raise ValueError(f"timeout_sec must be positive, got {timeout_sec!r}")
+        self.info: DistInfo = get_dist_info()
+        timeout_sec = optional(number, "group_timeout_sec", timeout_sec, low=0, low_open=True)
+        if timeout_sec is None and self.info.source == "spawn":
+            timeout_sec = float(os.environ.get(SPAWN_ENV["timeout"], LOCAL_TIMEOUT_SEC))
+        if timeout_sec is None:
+            timeout_sec = LAUNCHER_TIMEOUT_SEC if self.info.is_distributed else LOCAL_TIMEOUT_SEC
         self.nproc = nproc
         self.worker = worker
         self.worker_kwargs = dict(worker_kwargs or {})
         self.backend = backend or default_backend(device)
-        self.timeout_sec = float(timeout_sec)
-        self.info: DistInfo = get_dist_info()
+        self.timeout_sec = timeout_sec
         self.created_group = False
-        self._procs: list[subprocess.Popen] = []
-        self._logs: list[Path] = []
-        self._logdir: tempfile.TemporaryDirectory | None = None
+        self._spawn: LocalSpawn | None = None
         self._store = None
         if self.info.is_distributed and nproc not in (1, self.info.world_size):
             raise ValueError(
@@ -118,6 +146,16 @@ class DistSession:
                 json.dumps(self.worker_kwargs)
             except TypeError as err:
                 raise TypeError(f"worker_kwargs must be JSON-serialisable plain parameters: {err}") from None
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the spawned workers (rank ``i + 1`` at index ``i``)."""
+        return self._spawn.worker_pids if self._spawn is not None else []
+
+    @property
+    def run_dir(self):
+        """The spawn's private temporary folder (store, workers' logs); ``None`` otherwise."""
+        return self._spawn.run_dir if self._spawn is not None else None
 
     # -- lifecycle -----------------------------------------------------------------
     def __enter__(self) -> DistInfo:
@@ -147,23 +185,37 @@ class DistSession:
                 self._init_from_launcher()
             elif self.nproc > 1:
                 self._spawn_and_init()
+        except RankFailure:
+            self.close(failed=True, diagnose=False)  # the error already names the culprits
+            raise
         except BaseException:
             self.close(failed=True)
             raise
         return self.info
 
-    def close(self, failed: bool = False) -> None:
-        """Destroy the group if this session created it, reap workers, free the store."""
+    def close(self, failed: bool = False, diagnose: bool = True) -> None:
+        """Destroy the group if this session created it, reap workers, remove the temporary folder.
+
+        Raises:
+            RankFailure: ``failed`` and a spawned rank died, stopped or fell behind
+                (named with its exit code or signal, last iteration and log tail).
+            RuntimeError: not ``failed`` but a worker exited with an error.
+        """
         import torch.distributed as dist
 
+        spawn, self._spawn = self._spawn, None
+        culprits = [r for r in spawn.diagnose() if r.culprit] if (spawn and failed and diagnose) else []
+        errors = spawn.reap(kill=failed) if spawn else []
         if self.created_group and dist.is_initialized():
             dist.destroy_process_group()
         self.created_group = False
+        if spawn is not None:
+            spawn.close()
+        elif self._store is not None:
+            forget_store()
         self._store = None
-        errors = self._reap_workers(kill=failed)
-        if self._logdir is not None:
-            self._logdir.cleanup()
-            self._logdir = None
+        if culprits:
+            raise RankFailure("\n".join(r.describe(self.timeout_sec) for r in culprits))
         if errors and not failed:
             raise RuntimeError("local worker(s) failed:\n" + "\n".join(errors))
 
@@ -188,94 +240,21 @@ class DistSession:
     def _join_spawned_group(self) -> None:
         import torch.distributed as dist
 
-        store = dist.TCPStore(
-            self.info.master_addr,
-            self.info.master_port,
-            self.info.world_size,
-            is_master=False,
-            timeout=self._timeout(),
-        )
+        path, world = os.environ[SPAWN_ENV["store_file"]], self.info.world_size
+        store = self._store = open_store(path, world, self.info.rank, self.timeout_sec)
         store.set(f"ready/{self.info.rank}", "1")
         backend = store.get("backend").decode()
-        dist.init_process_group(
-            backend, store=store, rank=self.info.rank, world_size=self.info.world_size, timeout=self._timeout()
-        )
-        self._store = store
+        dist.init_process_group(backend, store=store, rank=self.info.rank, world_size=world, timeout=self._timeout())
         self.created_group = True
 
     def _spawn_and_init(self) -> None:
         import torch.distributed as dist
 
-        # Port 0: the OS picks a free port, so concurrent runs never collide.
-        store = dist.TCPStore(
-            "127.0.0.1", 0, self.nproc, is_master=True, wait_for_workers=False, timeout=self._timeout()
-        )
-        store.set("backend", self.backend)
-        self._store = store
-        self._logdir = tempfile.TemporaryDirectory(prefix="scopebench_workers_")
-        for rank in range(1, self.nproc):
-            env = dict(os.environ)
-            env.update(
-                {
-                    SPAWN_ENV["rank"]: str(rank),
-                    SPAWN_ENV["world_size"]: str(self.nproc),
-                    SPAWN_ENV["store_addr"]: "127.0.0.1",
-                    SPAWN_ENV["store_port"]: str(store.port),
-                    WORKER_TARGET_ENV: self.worker,
-                    WORKER_KWARGS_ENV: json.dumps(self.worker_kwargs),
-                }
-            )
-            log = Path(self._logdir.name) / f"rank_{rank}.log"
-            self._logs.append(log)
-            with open(log, "wb") as fh:
-                self._procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "scopebench.dist.worker"],
-                        env=env,
-                        stdout=fh,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
-        self._wait_for_workers(store)
-        dist.init_process_group(self.backend, store=store, rank=0, world_size=self.nproc, timeout=self._timeout())
-        self.created_group = True
         self.info = DistInfo(
-            rank=0,
-            local_rank=0,
-            world_size=self.nproc,
-            master_addr="127.0.0.1",
-            master_port=store.port,
-            source="spawn",
+            rank=0, local_rank=0, world_size=self.nproc, master_addr="127.0.0.1", master_port=0, source="spawn"
         )
-
-    def _wait_for_workers(self, store) -> None:
-        keys = [f"ready/{rank}" for rank in range(1, self.nproc)]
-        deadline = time.monotonic() + self.timeout_sec
-        while not store.check(keys):
-            dead = self._dead_workers()
-            if dead:
-                raise RuntimeError("local worker(s) died before joining the process group:\n" + "\n".join(dead))
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.nproc - 1} local worker(s) did not join within {self.timeout_sec:.0f} s")
-            time.sleep(_POLL_SEC)
-
-    # -- workers -------------------------------------------------------------------
-    def _describe(self, index: int) -> str:
-        proc, log = self._procs[index], self._logs[index]
-        tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-        return f"[rank {index + 1}] exit code {proc.returncode}:\n{tail}"
-
-    def _dead_workers(self) -> list[str]:
-        return [self._describe(i) for i, p in enumerate(self._procs) if p.poll() not in (None, 0)]
-
-    def _reap_workers(self, kill: bool) -> list[str]:
-        deadline = time.monotonic() + (1.0 if kill else self.timeout_sec)
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        errors = [self._describe(i) for i, p in enumerate(self._procs) if p.returncode != 0]
-        self._procs, self._logs = [], []
-        return errors
+        self._spawn = LocalSpawn(self.nproc, self.worker, self.worker_kwargs, self.backend, self.timeout_sec)
+        store = self._spawn.start()
+        with environ(loopback_env()):
+            dist.init_process_group(self.backend, store=store, rank=0, world_size=self.nproc, timeout=self._timeout())
+        self.created_group = True

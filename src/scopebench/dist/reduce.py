@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["group_active", "world", "broadcast_flag", "gather_objects"]
+__all__ = ["group_active", "world", "barrier", "broadcast_flag", "gather_objects"]
 
 
 def group_active() -> bool:
@@ -21,6 +21,19 @@ def world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (bounded by the group timeout); no-op without a group."""
+    if not group_active():
+        return
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
 
 
 def broadcast_flag(flag: bool | None, device: str = "cpu") -> bool:

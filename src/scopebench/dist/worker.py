@@ -7,6 +7,12 @@ keyword arguments of ``SCOPEBENCH_WORKER_KWARGS``. The target runs the same loop
 0 without the benchopt callback (``profiler.iterate(None)`` follows rank 0's decisions).
 Exit status 0 on success; a traceback and status 1 on failure, which rank 0 reports.
 
+A worker never outlives rank 0: it holds the read end of a pipe whose write end only rank
+0 holds (``SCOPEBENCH_LIFELINE_FD``). When rank 0 dies (killed, or crashed without
+teardown) the pipe reads end-of-file: a watcher thread then removes the run's temporary
+folder and ends the worker with status :data:`ORPHANED_STATUS`, and a worker whose loop
+failed because rank 0 vanished removes the folder too before it exits.
+
 After the target returned and the group is destroyed, the worker leaves with
 ``os._exit``: a rank that imported deepinv otherwise aborts now and then in a native
 destructor at interpreter exit ("terminate called without an active exception"), after
@@ -18,10 +24,47 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import select
+import shutil
 import sys
+import threading
 
 from scopebench.allocator import keep_freed_memory
+from scopebench.dist.info import SPAWN_ENV
 from scopebench.dist.launch import WORKER_KWARGS_ENV, WORKER_TARGET_ENV, DistSession
+
+#: Exit status of a worker whose rank 0 died.
+ORPHANED_STATUS = 3
+#: How long a failing worker waits to learn whether rank 0 died: rank 0's sockets (whose
+#: reset failed this worker's collective) and its end of the lifeline close together.
+_LIFELINE_GRACE_SEC = 0.5
+
+
+def _lifeline() -> int | None:
+    fd = os.environ.get(SPAWN_ENV["lifeline"])
+    return int(fd) if fd is not None else None
+
+
+def rank0_gone(wait_sec: float | None = 0.0) -> bool:
+    """Whether rank 0 has died, waiting up to ``wait_sec`` (``None``: until it does)."""
+    fd = _lifeline()
+    if fd is None:
+        return False
+    readable, _, _ = select.select([fd], [], [], wait_sec)
+    return bool(readable)
+
+
+def _remove_run_dir() -> None:
+    run_dir = os.environ.get(SPAWN_ENV["run_dir"])
+    if run_dir:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _watch_rank0() -> None:
+    rank0_gone(wait_sec=None)
+    _remove_run_dir()
+    print("rank 0 is gone: this worker stops", file=sys.stderr, flush=True)
+    os._exit(ORPHANED_STATUS)
 
 
 def main() -> int:
@@ -29,13 +72,21 @@ def main() -> int:
     if not target or ":" not in target:
         print(f"{WORKER_TARGET_ENV} must be 'module:function', got {target!r}", file=sys.stderr)
         return 2
+    if _lifeline() is not None:
+        threading.Thread(target=_watch_rank0, name="scopebench-rank0-watch", daemon=True).start()
     module_name, func_name = target.split(":", 1)
     kwargs = json.loads(os.environ.get(WORKER_KWARGS_ENV, "{}"))
-    # Import before joining, so a broken import is reported as a dead worker at once.
-    func = getattr(importlib.import_module(module_name), func_name)
-    keep_freed_memory()
-    with DistSession():
-        func(**kwargs)
+    try:
+        # Import before joining, so a broken import is reported as a dead worker at once.
+        func = getattr(importlib.import_module(module_name), func_name)
+        keep_freed_memory()
+        with DistSession():
+            func(**kwargs)
+    except BaseException:
+        if rank0_gone(_LIFELINE_GRACE_SEC):
+            _remove_run_dir()
+            return ORPHANED_STATUS
+        raise
     return 0
 
 

@@ -1,56 +1,41 @@
-"""Imaging inverse problems for the inference and training benchmarks.
+"""Imaging inverse problems for the two imaging benchmarks (never imports benchopt).
 
-Problems (physics + data) built deterministically from plain parameters, offline
-denoisers, quality metrics, and the plug-and-play engine that runs on one or many ranks.
-Never imports benchopt; the benchopt adapters live in ``benchmark_inference/`` (and the
-unrolled-network pieces used by ``benchmark_training/`` in this package's ``unrolled``,
-``training_data`` and ``train`` modules).
+The folders say who uses what:
+
+* ``common/``: what both share: pictures, quality metrics, the denoiser registry and
+  weight files (:mod:`scopebench.imaging.common`);
+* ``inference/``: plug-and-play reconstruction for ``benchmark_inference``
+  (:mod:`scopebench.imaging.inference`);
+* ``training/``: unrolled networks trained by ``benchmark_training``
+  (:mod:`scopebench.imaging.training`).
+
+Each benchmark has one run object (``PnPRun``, ``TrainingRun``, on
+:class:`scopebench.dist.run.RankRun`) used alike by its solver, its spawned ranks and the
+scripts. The names most used from outside are re-exported here.
 """
 
-from scopebench.imaging.cost import ByteCounterMode, count_cost
-from scopebench.imaging.denoisers import (
-    DENOISERS,
-    LEARNED,
-    DenoiserConfig,
-    build_denoiser,
-    denoiser_unavailable,
-    load_state_dict,
-)
-from scopebench.imaging.images import NATURAL_IMAGES, natural_image, phantom_image, synthetic_volume
-from scopebench.imaging.metrics import mse, psnr, quality_metrics, ssim
-from scopebench.imaging.pnp import COMPILE_MODES, INIT_METHODS, PnPEngine, ReconstructionConfig, resolve_device
-from scopebench.imaging.problems import PROBLEM_KINDS, Problem, build_problem, describe_problem, make_spec
-from scopebench.imaging.topology import Topology, check_topology, count_patches, gres_gpu_count
+from scopebench.imaging.common.denoisers import DENOISERS, LEARNED, DenoiserConfig, DenoiserSpec, build_denoiser
+from scopebench.imaging.common.metrics import mse, psnr, quality_metrics, ssim
+from scopebench.imaging.common.weights import load_denoiser_weights, save_denoiser_weights
+from scopebench.imaging.inference import PnPRun, ReconstructionConfig, build_problem, describe_problem
+from scopebench.imaging.training import TrainingRun, build_training_data
 
 __all__ = [
-    "COMPILE_MODES",
     "DENOISERS",
-    "INIT_METHODS",
     "LEARNED",
-    "NATURAL_IMAGES",
-    "PROBLEM_KINDS",
-    "ByteCounterMode",
     "DenoiserConfig",
-    "PnPEngine",
-    "Problem",
+    "DenoiserSpec",
+    "PnPRun",
     "ReconstructionConfig",
-    "Topology",
+    "TrainingRun",
     "build_denoiser",
     "build_problem",
-    "check_topology",
-    "count_cost",
-    "count_patches",
-    "denoiser_unavailable",
+    "build_training_data",
     "describe_problem",
-    "gres_gpu_count",
-    "load_state_dict",
-    "make_spec",
+    "load_denoiser_weights",
     "mse",
-    "natural_image",
-    "phantom_image",
     "psnr",
     "quality_metrics",
-    "resolve_device",
+    "save_denoiser_weights",
     "ssim",
-    "synthetic_volume",
 ]

@@ -11,6 +11,8 @@ import re
 import shutil
 from dataclasses import dataclass
 
+from scopebench.validate import integer, optional
+
 __all__ = ["Topology", "check_topology", "count_patches", "gres_gpu_count"]
 
 
@@ -59,13 +61,9 @@ class Topology:
     """SLURM generic resources, e.g. ``gpu:4`` (one GPU per task)."""
 
     def __post_init__(self) -> None:
-        for key in ("nproc_per_node", "slurm_nodes"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{key} must be a positive integer, got {value!r}")
-        n = self.slurm_ntasks_per_node
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ValueError(f"slurm_ntasks_per_node must be a positive integer or null, got {n!r}")
+        integer("nproc_per_node", self.nproc_per_node, low=1)
+        integer("slurm_nodes", self.slurm_nodes, low=1)
+        optional(integer, "slurm_ntasks_per_node", self.slurm_ntasks_per_node, low=1)
         gres_gpu_count(self.slurm_gres)
 
     @property

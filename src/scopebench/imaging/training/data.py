@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from scopebench.validate import choice, integer, number
+
 __all__ = [
     "OPERATORS",
     "TRAIN_IMAGES",
@@ -60,13 +62,6 @@ _BLUR_STD_PX = 2.0
 _SR_FACTOR = 2
 
 
-def _int(key: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{key} must be an integer {bound}, got {value!r}")
-    return value
-
-
 @dataclass(frozen=True, kw_only=True)
 class TrainingDataSpec:
     """Plain parameters of a training set; validated when built."""
@@ -88,25 +83,21 @@ class TrainingDataSpec:
     (volumes are always single-channel)."""
 
     def __post_init__(self) -> None:
-        if self.operator not in OPERATORS:
-            raise ValueError(f"operator must be one of {list(OPERATORS)}, got {self.operator!r}")
-        _int("image_size", self.image_size, 8, 4096)
+        choice("operator", self.operator, OPERATORS)
+        integer("image_size", self.image_size, low=8, high=4096)
         if self.operator == "downsampling" and self.image_size % _SR_FACTOR:
             raise ValueError(
                 f"operator='downsampling' halves the crops: image_size must be even, got {self.image_size}"
             )
-        noise = self.noise_level
-        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0.0 <= noise <= 1.0:
-            raise ValueError(f"noise_level must be a number in [0, 1] (signals are in [0, 1]), got {noise!r}")
-        object.__setattr__(self, "noise_level", float(noise))
-        _int("n_train", self.n_train, 1, _MAX_SAMPLES)
-        _int("n_val", self.n_val, 1, _MAX_SAMPLES)
-        _int("seed", self.seed, 0, 2**31 - 1)
+        # Signals are in [0, 1], so is the noise's standard deviation.
+        object.__setattr__(self, "noise_level", number("noise_level", self.noise_level, low=0, high=1))
+        integer("n_train", self.n_train, low=1, high=_MAX_SAMPLES)
+        integer("n_val", self.n_val, low=1, high=_MAX_SAMPLES)
+        integer("seed", self.seed, low=0, high=2**31 - 1)
         channels = self.channels
         if channels is None:
             channels = 1 if self.operator == "denoising_3d" else 3
-        if channels not in (1, 3) or isinstance(channels, bool):
-            raise ValueError(f"channels must be 1, 3 or None, got {self.channels!r}")
+        choice("channels", integer("channels", channels), (1, 3))
         if self.operator == "denoising_3d" and channels != 1:
             raise ValueError(f"operator='denoising_3d' uses single-channel volumes: channels must be 1, got {channels}")
         object.__setattr__(self, "channels", channels)
@@ -207,7 +198,7 @@ def _crops(names: tuple[str, ...], n: int, spec: TrainingDataSpec, rng: np.rando
 
 
 def _volumes(first_seed: int, n: int, size: int) -> torch.Tensor:
-    from scopebench.imaging.images import synthetic_volume
+    from scopebench.imaging.common.images import synthetic_volume
 
     return torch.cat([synthetic_volume(size, seed=first_seed + i) for i in range(n)], dim=0)
 

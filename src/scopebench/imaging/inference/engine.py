@@ -26,10 +26,21 @@ from typing import Any
 
 import torch
 
-from scopebench.imaging.denoisers import DenoiserConfig, build_denoiser
-from scopebench.imaging.problems import Problem
+from scopebench.dist.device import check_device, resolve_device
+from scopebench.imaging.common.denoisers import DenoiserConfig, build_denoiser
+from scopebench.imaging.inference.problems import Problem, build_problem
+from scopebench.validate import choice, flag, integer, number, optional
 
-__all__ = ["INIT_METHODS", "COMPILE_MODES", "TASKS", "as_flag", "ReconstructionConfig", "PnPEngine", "resolve_device"]
+__all__ = [
+    "COMPILE_MODES",
+    "INIT_METHODS",
+    "TASKS",
+    "PnPEngine",
+    "ReconstructionConfig",
+    "as_flag",
+    "build_engine",
+    "run_loop",
+]
 
 INIT_METHODS = ("zeros", "adjoint", "pseudo_inverse")
 COMPILE_MODES = ("none", "denoiser", "physics", "both")
@@ -46,18 +57,9 @@ def as_flag(key: str, value: Any) -> bool:
         >>> as_flag("distribute_physics", "True"), as_flag("distribute_physics", False)
         (True, False)
     """
-    if isinstance(value, bool):
-        return value
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise ValueError(f"{key} must be true or false, got {value!r}")
-
-
-def _positive(key: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{key} must be a positive number{' or null' if allow_none else ''}, got {value!r}")
+    return flag(key, value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +71,7 @@ class ReconstructionConfig:
     """
 
     denoiser: str = "tv"
-    """Denoiser name, see :mod:`scopebench.imaging.denoisers`."""
+    """Denoiser name, see :mod:`scopebench.imaging.common.denoisers`."""
     denoiser_sigma: float = 0.05
     """Denoiser strength ``sigma`` in ``D_sigma``."""
     denoiser_weights: str | None = None
@@ -98,29 +100,25 @@ class ReconstructionConfig:
     """``auto`` (CUDA when available, one GPU per local rank), ``cpu`` or ``cuda``."""
 
     def __post_init__(self) -> None:
+        def put(key: str, value: Any) -> None:
+            object.__setattr__(self, key, value)
+
         self.denoiser_config()  # validates the four denoiser fields
-        _positive("step_size", self.step_size, allow_none=True)
-        if self.step_size is not None:
-            object.__setattr__(self, "step_size", float(self.step_size))
-        _positive("step_size_scale", self.step_size_scale)
-        if self.init_method not in INIT_METHODS:
-            raise ValueError(f"init_method must be one of {list(INIT_METHODS)}, got {self.init_method!r}")
+        put("step_size", optional(number, "step_size", self.step_size, low=0, low_open=True))
+        put("step_size_scale", number("step_size_scale", self.step_size_scale, low=0, low_open=True))
+        choice("init_method", self.init_method, INIT_METHODS)
         for key in ("distribute_physics", "distribute_denoiser"):
-            object.__setattr__(self, key, as_flag(key, getattr(self, key)))
-        for key, low in (("patch_size", 4), ("max_batch_size", 1)):
-            value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-                raise ValueError(f"{key} must be an integer >= {low} or null, got {value!r}")
-        if isinstance(self.overlap, bool) or not isinstance(self.overlap, int) or self.overlap < 0:
-            raise ValueError(f"overlap must be a non-negative integer, got {self.overlap!r}")
-        mode = "none" if self.compile is None else self.compile
-        if mode not in COMPILE_MODES:
-            raise ValueError(f"compile must be one of {list(COMPILE_MODES)}, got {self.compile!r}")
-        object.__setattr__(self, "compile", mode)
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device='cuda' but CUDA is not available on this machine")
+            put(key, as_flag(key, getattr(self, key)))
+        optional(integer, "patch_size", self.patch_size, low=4)
+        optional(integer, "max_batch_size", self.max_batch_size, low=1)
+        integer("overlap", self.overlap, low=0)
+        if self.patch_size is not None and self.overlap >= self.patch_size:
+            raise ValueError(
+                f"overlap={self.overlap} must be smaller than patch_size={self.patch_size}: "
+                "each tile would carry a halo at least as wide as itself"
+            )
+        put("compile", choice("compile", "none" if self.compile is None else self.compile, COMPILE_MODES))
+        check_device("device", self.device)
 
     def denoiser_config(self) -> DenoiserConfig:
         return DenoiserConfig(
@@ -130,13 +128,6 @@ class ReconstructionConfig:
     def to_kwargs(self) -> dict[str, Any]:
         """Plain JSON-serialisable fields (inverse: ``ReconstructionConfig(**kwargs)``)."""
         return dataclasses.asdict(self)
-
-
-def resolve_device(setting: str, local_rank: int = 0) -> torch.device:
-    """``cuda:<local_rank mod visible GPUs>`` for ``auto``/``cuda`` when CUDA exists, else CPU."""
-    if setting != "cpu" and torch.cuda.is_available():
-        return torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
-    return torch.device("cpu")
 
 
 class PnPEngine:
@@ -149,24 +140,25 @@ class PnPEngine:
     Args:
         problem: The problem, rebuilt on this rank from plain parameters.
         config: The reconstruction settings.
-        local_rank: Rank on this node (selects the GPU).
+        device: Where this rank computes; ``None``: from ``config.device`` (rank 0's GPU).
+        task: ``pnp`` or ``denoise`` (:data:`TASKS`).
+        count_cost: Count one denoiser pass's FLOPs and bytes at set-up.
     """
 
     def __init__(
         self,
         problem: Problem,
         config: ReconstructionConfig,
-        local_rank: int = 0,
+        device: torch.device | None = None,
         task: str = "pnp",
         count_cost: bool = False,
     ) -> None:
-        if task not in TASKS:
-            raise ValueError(f"task must be one of {list(TASKS)}, got {task!r}")
+        choice("task", task, TASKS)
         if task == "denoise" and config.distribute_physics:
             raise ValueError("distribute_physics has no meaning for denoiser-only runs (task='denoise')")
         self.config = config
         self.task = task
-        self.device = resolve_device(config.device, local_rank)
+        self.device = device if device is not None else resolve_device(config.device)
         self.problem = problem.to(self.device)
         self.sigma = config.denoiser_sigma
         base = build_denoiser(config.denoiser_config(), problem.channels, problem.spatial_dims).to(self.device)
@@ -285,7 +277,7 @@ class PnPEngine:
         # Counted eagerly (before any torch.compile) on every rank, then summed: the
         # total work of one pass over the whole signal, halos of the tiles included.
         from scopebench.dist import gather_objects
-        from scopebench.imaging.cost import count_cost
+        from scopebench.imaging.inference.cost import count_cost
 
         local = count_cost(lambda: self._denoise_fn(self.x0))
         per_rank = gather_objects(local)
@@ -313,6 +305,10 @@ class PnPEngine:
             self.ctx.__exit__(None, None, None)
 
     # -- iterations -----------------------------------------------------------------
+    def iteration(self, profiler: Any) -> torch.Tensor:
+        """One iteration of the engine's task: :meth:`step` or :meth:`denoise_once` of ``x0``."""
+        return self.step(profiler) if self.task == "pnp" else self.denoise_once(self.x0, profiler)
+
     @torch.no_grad()
     def step(self, profiler: Any) -> torch.Tensor:
         """One PnP iteration on ``self.x`` with regions ``gradient`` and ``denoise``."""
@@ -350,3 +346,18 @@ def _local_context(device: torch.device):
     ctx = DistributedContext(device_mode="cpu" if device.type == "cpu" else "gpu")
     ctx.device = device
     return ctx
+
+
+def build_engine(
+    spec: dict[str, Any], config: dict[str, Any], task: str = "pnp", device: torch.device | None = None
+) -> PnPEngine:
+    """An engine from plain parameters only (identical on every rank); counts cost for ``denoise``."""
+    spec = dict(spec)
+    problem = build_problem(spec.pop("kind"), **spec)
+    return PnPEngine(problem, ReconstructionConfig(**config), device=device, task=task, count_cost=task == "denoise")
+
+
+def run_loop(engine: PnPEngine, profiler: Any, callback: Any = None) -> None:
+    """``engine.iteration`` until ``callback`` says stop (a bare loop, for scripts; runs use ``PnPRun``)."""
+    for _ in profiler.iterate(callback):
+        engine.iteration(profiler)

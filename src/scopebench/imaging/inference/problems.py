@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from scopebench.imaging.images import NATURAL_IMAGES, natural_image, phantom_image, synthetic_volume
+from scopebench.imaging.common.images import NATURAL_IMAGES, natural_image, phantom_image, synthetic_volume
+from scopebench.validate import choice, integer, number
 
 __all__ = [
     "PROBLEM_KINDS",
@@ -41,17 +42,9 @@ __all__ = [
 OPERATORS = ("blur", "downsampling", "inpainting")
 
 
-def _int(key: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{key} must be an integer {bound}, got {value!r}")
-    return value
-
-
 def _noise(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"noise_level must be a number in [0, 1] (images are in [0, 1]), got {value!r}")
-    return float(value)
+    # Images are in [0, 1], so is the noise's standard deviation.
+    return number("noise_level", value, low=0, high=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,17 +64,15 @@ class SimulatedSpec:
     """Bundled scikit-image picture."""
 
     def __post_init__(self) -> None:
-        _int("image_size", self.image_size, 16)
-        if self.operator not in OPERATORS:
-            raise ValueError(f"operator must be one of {list(OPERATORS)}, got {self.operator!r}")
+        integer("image_size", self.image_size, low=16)
+        choice("operator", self.operator, OPERATORS)
         if self.operator == "downsampling" and self.image_size % 2:
             raise ValueError(
                 f"operator='downsampling' halves the image: image_size must be even, got {self.image_size}"
             )
         object.__setattr__(self, "noise_level", _noise(self.noise_level))
-        _int("seed", self.seed, 0)
-        if self.image not in NATURAL_IMAGES:
-            raise ValueError(f"image must be one of {sorted(NATURAL_IMAGES)}, got {self.image!r}")
+        integer("seed", self.seed, low=0)
+        choice("image", self.image, sorted(NATURAL_IMAGES))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,15 +93,14 @@ class MultiframeSpec:
     """Bundled scikit-image picture."""
 
     def __post_init__(self) -> None:
-        _int("image_size", self.image_size, 16)
-        _int("num_operators", self.num_operators, 1, 256)
-        _int("scale", self.scale, 1, 8)
+        integer("image_size", self.image_size, low=16)
+        integer("num_operators", self.num_operators, low=1, high=256)
+        integer("scale", self.scale, low=1, high=8)
         if self.image_size % self.scale:
             raise ValueError(f"image_size must be a multiple of scale={self.scale}, got {self.image_size}")
         object.__setattr__(self, "noise_level", _noise(self.noise_level))
-        _int("seed", self.seed, 0)
-        if self.image not in NATURAL_IMAGES:
-            raise ValueError(f"image must be one of {sorted(NATURAL_IMAGES)}, got {self.image!r}")
+        integer("seed", self.seed, low=0)
+        choice("image", self.image, sorted(NATURAL_IMAGES))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,12 +119,11 @@ class TomographySpec:
     """``phantom`` (Shepp-Logan) or ``camera`` (bundled grey photograph)."""
 
     def __post_init__(self) -> None:
-        _int("image_size", self.image_size, 16)
-        _int("num_angles", self.num_angles, 1, 4096)
+        integer("image_size", self.image_size, low=16)
+        integer("num_angles", self.num_angles, low=1, high=4096)
         object.__setattr__(self, "noise_level", _noise(self.noise_level))
-        _int("seed", self.seed, 0)
-        if self.image not in ("phantom", "camera"):
-            raise ValueError(f"image must be 'phantom' or 'camera', got {self.image!r}")
+        integer("seed", self.seed, low=0)
+        choice("image", self.image, ("phantom", "camera"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,9 +138,9 @@ class Denoising3DSpec:
     """Seed of the volume's shapes and of the noise."""
 
     def __post_init__(self) -> None:
-        _int("volume_size", self.volume_size, 8, 1024)
+        integer("volume_size", self.volume_size, low=8, high=1024)
         object.__setattr__(self, "noise_level", _noise(self.noise_level))
-        _int("seed", self.seed, 0)
+        integer("seed", self.seed, low=0)
 
 
 PROBLEM_KINDS: dict[str, type] = {
@@ -164,8 +153,7 @@ PROBLEM_KINDS: dict[str, type] = {
 
 def make_spec(kind: str, **params: Any):
     """Validated spec of ``kind``; unknown keys and bad values raise ``ValueError``."""
-    if kind not in PROBLEM_KINDS:
-        raise ValueError(f"problem kind must be one of {sorted(PROBLEM_KINDS)}, got {kind!r}")
+    choice("problem kind", kind, sorted(PROBLEM_KINDS))
     cls = PROBLEM_KINDS[kind]
     allowed = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(params) - set(allowed))

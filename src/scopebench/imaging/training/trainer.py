@@ -5,7 +5,7 @@ runs one training step in three regions, ``forward`` (unrolled network + MSE),
 ``backward`` (gradients, synchronised across ranks when the model is distributed) and
 ``optimizer_step`` (gradient clipping, Adam, then step sizes and noise levels projected
 onto positive values). What a run needs around it on every rank (process group, deepinv
-context, loop, spawned workers) is in :mod:`scopebench.imaging.training_run`.
+context, loop, spawned workers) is :class:`scopebench.imaging.training.run.TrainingRun`.
 
 Validation is not part of a step: the objective scores :meth:`UnrolledTrainer.reconstructor`
 inside benchopt's callback (reported as ``callback_time_sec``), on rank 0 only, with the
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +23,11 @@ from typing import Any
 
 import torch
 
-from scopebench.imaging.training_data import TrainingData
-from scopebench.imaging.unrolled import (
-    DenoiserSpec,
-    UnrolledConfig,
-    build_denoiser,
-    build_unrolled,
-    save_denoiser_weights,
-    unrolled_parameters,
-)
+from scopebench.imaging.common.denoisers import DenoiserSpec
+from scopebench.imaging.common.weights import save_denoiser_weights
+from scopebench.imaging.training.data import TrainingData
+from scopebench.imaging.training.unrolled import UnrolledConfig, build_unrolled, unrolled_parameters
+from scopebench.validate import flag, integer, number, optional
 
 __all__ = [
     "REGIONS",
@@ -55,12 +50,6 @@ class _NoRegions:
 
     def track_step(self, name: str) -> contextlib.nullcontext:
         return self._null
-
-
-def _check_lr(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,29 +77,23 @@ class TrainConfig:
     """Seed of the initial weights and of the batch order (identical on every rank)."""
 
     def __post_init__(self) -> None:
-        b = self.batch_size
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {b!r}")
-        object.__setattr__(self, "learning_rate", _check_lr("learning_rate", self.learning_rate))
-        object.__setattr__(self, "model_learning_rate", _check_lr("model_learning_rate", self.model_learning_rate))
-        clip = self.grad_clip
-        if clip is not None:
-            if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0 or not math.isfinite(clip):
-                raise ValueError(f"grad_clip must be a positive number or null, got {clip!r}")
-            object.__setattr__(self, "grad_clip", float(clip))
-        if not isinstance(self.distribute_model, bool):
-            raise ValueError(f"distribute_model must be true or false, got {self.distribute_model!r}")
-        p = self.patch_size
-        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-            raise ValueError(f"patch_size must be a positive integer, got {p!r}")
-        o = self.overlap
-        if isinstance(o, bool) or not isinstance(o, int) or o < 0:
-            raise ValueError(f"overlap must be an integer >= 0, got {o!r}")
-        m = self.max_batch_size
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
-            raise ValueError(f"max_batch_size must be a positive integer or null, got {m!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        def put(key: str, value: Any) -> None:
+            object.__setattr__(self, key, value)
+
+        integer("batch_size", self.batch_size, low=1)
+        put("learning_rate", number("learning_rate", self.learning_rate, low=0))
+        put("model_learning_rate", number("model_learning_rate", self.model_learning_rate, low=0))
+        put("grad_clip", optional(number, "grad_clip", self.grad_clip, low=0, low_open=True))
+        flag("distribute_model", self.distribute_model)
+        integer("patch_size", self.patch_size, low=1)
+        integer("overlap", self.overlap, low=0)
+        if self.distribute_model and self.overlap >= self.patch_size:
+            raise ValueError(
+                f"overlap={self.overlap} must be smaller than patch_size={self.patch_size}: "
+                "each tile would carry a halo at least as wide as itself"
+            )
+        optional(integer, "max_batch_size", self.max_batch_size, low=1)
+        integer("seed", self.seed, low=0)
 
     def check_data(self, spec) -> None:
         """Reject settings that cannot run on the training set ``spec`` (``ValueError``)."""
@@ -144,7 +127,7 @@ def configs_from_params(spec: Any, **params: Any) -> tuple[UnrolledConfig, Train
     """Validated architecture and training configs from flat solver parameters.
 
     Args:
-        spec: The :class:`~scopebench.imaging.training_data.TrainingDataSpec` trained on
+        spec: The :class:`~scopebench.imaging.training.data.TrainingDataSpec` trained on
             (channels, dimension, sizes and seed come from it).
         **params: Exactly the keys of :data:`SOLVER_PARAMS`.
 
@@ -223,7 +206,7 @@ class UnrolledTrainer:
         # Same weights on every rank, whatever else consumed the global RNG before.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(train.seed)
-            self.denoiser = build_denoiser(unrolled.denoiser, device=self.device)
+            self.denoiser = unrolled.denoiser.build(device=self.device)
         wrap = unrolled.checkpoint == "always" and not train.distribute_model
         self.model = build_unrolled(unrolled, self.denoiser, wrap_checkpoint=wrap).to(self.device)
         self.physics = data.physics
@@ -332,10 +315,10 @@ def evaluate_reconstruction(
     model: Callable, x: torch.Tensor, y: torch.Tensor, physics: Any, chunk: int = 16
 ) -> dict[str, float | None]:
     """Quality of ``model(y, physics)`` against ``x``: the mean over signals of each one's
-    PSNR (dB, peak 1), SSIM and MSE, as :func:`scopebench.imaging.metrics.quality_metrics`
+    PSNR (dB, peak 1), SSIM and MSE, as :func:`scopebench.imaging.common.metrics.quality_metrics`
     defines them for the whole suite. ``val_ssim`` is ``None`` for volumes (2-D only).
     """
-    from scopebench.imaging.metrics import quality_metrics
+    from scopebench.imaging.common.metrics import quality_metrics
 
     scores: dict[str, list[float]] = {"psnr": [], "ssim": [], "mse": []}
     with torch.no_grad():

@@ -1,0 +1,222 @@
+"""One rank's run: the lifecycle every benchmark's run object shares.
+
+A run object (``PnPRun`` for imaging inference, ``TrainingRun`` for imaging training) is
+a context manager used alike by the benchopt solver (rank 0), the spawned workers and the
+scripts::
+
+    with PnPRun(spec, config, nproc=2) as run:   # start(): ranks, device, build, profiler
+        run.loop(callback)                        # rank 0's callback decides for every rank
+    run.metrics()                                 # last iteration + setup_time_sec
+
+``start`` (benchopt's ``pre_run_hook``: untimed) joins or creates the ranks
+(:class:`~scopebench.dist.launch.DistSession`), resolves this rank's device, builds the
+work (:meth:`RankRun.build`), creates the profiler, and ends with a barrier that every
+rank passes before the first iteration, so no iteration holds another rank's start-up;
+the time it took is ``setup_time_sec``. ``close`` (``__exit__``) undoes all of it in
+reverse order, also on error; a spawned rank of a failed run writes no files.
+
+Subclasses implement :meth:`build`, :meth:`step`, :meth:`teardown` and extend
+:meth:`worker_kwargs`; their module defines the ``run_worker`` function that spawned ranks
+run (:attr:`RankRun.worker_target`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from scopebench.dist.info import get_dist_info
+
+__all__ = ["RankRun"]
+
+
+class RankRun:
+    """Ranks, device, profiler, set-up barrier and teardown of one run on one rank.
+
+    Every argument is validated here, before any work.
+
+    Args:
+        nproc: Processes wanted without a launcher (this one is rank 0; ``nproc_per_node``);
+            under torchrun or SLURM the launcher's world is used.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``
+            (:func:`scopebench.dist.device.resolve_device`).
+        profiler: A :class:`~scopebench.profiler.ProfilerConfig`, or the ``profiler_*``
+            values as a mapping (``None``: the defaults).
+        output_dir: Folder of the profiler's per-rank files (checked writable when
+            ``profiler_save_file`` is on).
+        name: Stem of this run's file names.
+        group_timeout_sec: Bound on worker start-up and on every collective; ``None``: the
+            default of :class:`~scopebench.dist.launch.DistSession`.
+        worker: ``"module:function"`` spawned ranks run instead of :attr:`worker_target`
+            (tests use it to slow or break one rank).
+    """
+
+    #: ``"module:function"`` that spawned ranks run (the subclass module's ``run_worker``).
+    worker_target: str = ""
+
+    def __init__(
+        self,
+        *,
+        nproc: int = 1,
+        device: str = "auto",
+        profiler: Any = None,
+        output_dir: str | Path = "outputs",
+        name: str = "run",
+        group_timeout_sec: float | None = None,
+        worker: str | None = None,
+    ) -> None:
+        from scopebench.dist.device import check_device, resolve_device
+        from scopebench.dist.launch import check_local_nproc
+        from scopebench.profiler import ProfilerConfig
+        from scopebench.validate import number, optional
+
+        self.device_setting = check_device("device", device)
+        self.device = resolve_device(device)  # refined by start(), which knows the local rank
+        self.nproc = check_local_nproc("nproc_per_node", nproc, self.device.type)
+        launcher = get_dist_info()
+        if launcher.is_distributed and self.nproc not in (1, launcher.world_size):
+            raise ValueError(
+                f"nproc_per_node={self.nproc} disagrees with the {launcher.world_size} processes "
+                f"{launcher.source} started"
+            )
+        self.world_size = launcher.world_size if launcher.is_distributed else self.nproc
+        if not isinstance(profiler, ProfilerConfig):
+            profiler = ProfilerConfig.from_params(**dict(profiler or {}))
+        self.profiler_config = profiler
+        self.output_dir = Path(output_dir)
+        profiler.check_outputs(self.output_dir)
+        self.group_timeout_sec = optional(number, "group_timeout_sec", group_timeout_sec, low=0, low_open=True)
+        self.name = name
+        self.worker = worker or self.worker_target
+        self.info = launcher
+        self.session = None
+        self.profiler = None
+        self.setup_time_sec: float | None = None
+        self._stack = contextlib.ExitStack()
+        self._failed = False
+
+    # -- subclass hooks --------------------------------------------------------------
+    def build(self) -> None:
+        """Build this rank's work from plain parameters (after ranks and device exist)."""
+
+    def step(self, profiler: Any) -> None:
+        """One iteration, its regions timed by ``profiler.track_step(name)``."""
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        """Release what :meth:`build` made; called on every exit, also after a partial build."""
+
+    def worker_kwargs(self) -> dict[str, Any]:
+        """JSON-serialisable keyword arguments that rebuild this run on a spawned rank."""
+        config = self.profiler_config
+        profiler = {
+            f"profiler_{key}": (str(value) if isinstance(value, Path) else value)
+            for key, value in vars(config).items()
+        }
+        return {
+            "nproc": self.nproc,
+            "device": self.device_setting,
+            "profiler": profiler,
+            "output_dir": str(self.output_dir),
+            "name": self.name,
+            "group_timeout_sec": self.group_timeout_sec,
+        }
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _session(self):
+        from scopebench.dist.launch import DistSession
+
+        return DistSession(
+            self.nproc,
+            worker=self.worker or None,
+            worker_kwargs=self.worker_kwargs(),
+            device=self.device.type,
+            timeout_sec=self.group_timeout_sec,
+        )
+
+    def start(self) -> RankRun:
+        """Join or create the ranks, build the work, pass the set-up barrier (idempotent)."""
+        import torch
+
+        from scopebench.dist.device import resolve_device
+        from scopebench.dist.reduce import barrier
+        from scopebench.profiler import profiler_from_config
+
+        if self.session is not None:
+            return self
+        begin = time.perf_counter()
+        self._failed = False
+        self.profiler, self.setup_time_sec = None, None
+        self.session = self._session()
+        self._stack.callback(self._close_session)
+        try:
+            self.info = self.session.start()
+            self.device = resolve_device(self.device_setting, self.info.local_rank)
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            elif self.info.source == "spawn":
+                # Spawned CPU ranks share this machine's cores: without a split each rank
+                # would start one thread per core and they would fight over them.
+                self._stack.callback(torch.set_num_threads, torch.get_num_threads())
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.info.world_size))
+            self._stack.callback(self.teardown)
+            self.build()
+            self.profiler = profiler_from_config(
+                self.profiler_config, device=self.device, name=self.name, output_dir=self.output_dir
+            )
+            self._stack.callback(self._finalize_profiler)
+            barrier()
+            self.setup_time_sec = time.perf_counter() - begin
+        except BaseException:
+            self.close(failed=True)
+            raise
+        return self
+
+    def loop(self, callback: Callable[[], bool] | None = None) -> None:
+        """One :meth:`step` per iteration until rank 0's ``callback`` returns False.
+
+        Other ranks ignore ``callback`` and follow rank 0's decision.
+        """
+        from scopebench.dist.launch import report_progress
+
+        if self.profiler is None:
+            raise RuntimeError(f"{type(self).__name__}.start() must run before loop()")
+        callback = callback if self.info.rank == 0 else None
+        for i in self.profiler.iterate(callback):
+            self.step(self.profiler)
+            report_progress(i)
+
+    def metrics(self) -> dict[str, Any]:
+        """The profiler's metrics of the last iteration and the constant ``setup_time_sec``."""
+        out = self.profiler.get_current_metrics() if self.profiler is not None else {}
+        if self.setup_time_sec is not None:
+            out["setup_time_sec"] = self.setup_time_sec
+        return out
+
+    def close(self, failed: bool = False) -> None:
+        """Undo :meth:`start` in reverse order; a failure names the rank that caused it."""
+        self._failed = failed
+        stack, self._stack = self._stack, contextlib.ExitStack()
+        stack.close()
+
+    def __enter__(self) -> RankRun:
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(failed=exc_type is not None)
+
+    # -- teardown pieces -------------------------------------------------------------
+    def _finalize_profiler(self) -> None:
+        # A spawned rank of a failed run writes nothing: rank 0 reports the failure, and a
+        # worker's half of the files would only be mistaken for a result.
+        if self._failed and self.info.source == "spawn" and self.info.rank != 0:
+            return
+        self.profiler.finalize()
+
+    def _close_session(self) -> None:
+        session, self.session = self.session, None
+        session.close(failed=self._failed)

@@ -1,0 +1,233 @@
+"""The denoiser registry of both imaging benchmarks: names, architectures, builders.
+
+One vocabulary for inference (a PnP prior) and training (the learnable part of an
+unrolled network):
+
+* :data:`DENOISERS`: learned (:data:`LEARNED`: ``drunet``, ``dncnn``) and classical
+  (``tv``, ``wavelet``, ``bm3d``, ``median``) deepinv denoisers;
+* :class:`DenoiserSpec`: the architecture of a learned denoiser (what its deepinv
+  constructor needs, weights aside), also stored in the header of a weight file;
+* :class:`DenoiserConfig`: which denoiser a reconstruction uses, at which strength, with
+  which weights (the ``denoiser*`` solver parameters);
+* :func:`build_denoiser`: the ready-to-call denoiser of a :class:`DenoiserConfig`.
+
+Nothing is ever downloaded: learned weights come from a local file
+(:mod:`scopebench.imaging.common.weights`, the one loader), or are random when
+``pretrained="none"`` (cost studies only). Optional packages are checked by
+:func:`denoiser_unavailable` so a solver can decline instead of crashing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from scopebench.validate import choice, integer, number
+
+__all__ = [
+    "CLASSICAL",
+    "DENOISERS",
+    "LEARNED",
+    "ONLY_2D",
+    "DenoiserConfig",
+    "DenoiserSpec",
+    "build_denoiser",
+    "denoiser_unavailable",
+]
+
+LEARNED = ("drunet", "dncnn")
+CLASSICAL = ("tv", "wavelet", "bm3d", "median")
+DENOISERS = LEARNED + CLASSICAL
+PRETRAINED = ("auto", "none")
+#: Optional package each denoiser needs (import name), where deepinv imports it lazily.
+_REQUIRES = {"bm3d": "bm3d", "wavelet": "ptwt"}
+#: Denoisers deepinv implements for 2-D images only.
+ONLY_2D = ("median", "bm3d", "wavelet")
+#: Default depth of a trained network: conv layers of DnCNN, residual blocks per scale of
+#: DRUNet (small, for CPU training).
+DEFAULT_DEPTH = {"dncnn": 6, "drunet": 1}
+#: deepinv's own default sizes, used for random weights in inference cost studies.
+DEEPINV_SIZES = {"drunet": {"channels": 64, "depth": 4}, "dncnn": {"channels": 64, "depth": 20}}
+#: Fields of :class:`DenoiserSpec` stored in a weight file's header.
+SPEC_KEYS = ("denoiser", "channels", "depth", "in_channels", "out_channels", "dim")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DenoiserSpec:
+    """The architecture of a learned deepinv denoiser (weights aside)."""
+
+    denoiser: str = "dncnn"
+    """``dncnn`` or ``drunet``."""
+    channels: int = 16
+    """Width: DnCNN's ``nf``; DRUNet's first scale (``nc = (c, 2c, 4c, 8c)``)."""
+    depth: int | None = None
+    """DnCNN conv layers (>= 2) or DRUNet residual blocks per scale; ``None``: :data:`DEFAULT_DEPTH`."""
+    in_channels: int = 3
+    """Image channels in."""
+    out_channels: int = 3
+    """Image channels out."""
+    dim: int = 2
+    """2 for images, 3 for volumes."""
+
+    def __post_init__(self) -> None:
+        choice("denoiser", self.denoiser, sorted(LEARNED))
+        integer("denoiser_channels", self.channels, low=1)
+        if self.depth is None:
+            object.__setattr__(self, "depth", DEFAULT_DEPTH[self.denoiser])
+        integer("denoiser depth", self.depth, low=1)
+        if self.denoiser == "dncnn" and self.depth < 2:
+            raise ValueError(f"DnCNN needs at least 2 conv layers, got depth={self.depth}")
+        integer("in_channels", self.in_channels, low=1)
+        integer("out_channels", self.out_channels, low=1)
+        choice("dim", self.dim, (2, 3))
+
+    def constructor_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the deepinv constructor (``pretrained=None``: no download)."""
+        if self.denoiser == "dncnn":
+            size = {"depth": self.depth, "nf": self.channels}
+        else:
+            c = self.channels
+            size = {"nc": (c, 2 * c, 4 * c, 8 * c), "nb": self.depth}
+        return {"in_channels": self.in_channels, "out_channels": self.out_channels, "dim": self.dim, **size}
+
+    def build(self, device: Any = "cpu") -> torch.nn.Module:
+        """A freshly initialised network (drawn from the global RNG: seed it first)."""
+        return construct(self.denoiser, self.constructor_kwargs()).to(device)
+
+    def to_metadata(self) -> dict[str, str]:
+        """String-valued weight-file header entries (safetensors stores strings only)."""
+        from scopebench.imaging.common.weights import WEIGHTS_FORMAT
+
+        return {"format": WEIGHTS_FORMAT, **{key: str(getattr(self, key)) for key in SPEC_KEYS}}
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, str]) -> DenoiserSpec:
+        """Inverse of :meth:`to_metadata`; ``ValueError`` on a foreign or incomplete header."""
+        from scopebench.imaging.common.weights import WEIGHTS_FORMAT
+
+        if metadata.get("format") != WEIGHTS_FORMAT:
+            raise ValueError(f"expected a weight file of format {WEIGHTS_FORMAT!r}, got {metadata.get('format')!r}")
+        missing = [key for key in SPEC_KEYS if key not in metadata]
+        if missing:
+            raise ValueError(f"weight file metadata lacks {missing}")
+        ints = {key: int(metadata[key]) for key in SPEC_KEYS if key != "denoiser"}
+        return cls(denoiser=metadata["denoiser"], **ints)
+
+
+def construct(name: str, kwargs: dict[str, Any]) -> torch.nn.Module:
+    """The deepinv ``DRUNet`` / ``DnCNN`` with constructor ``kwargs``, on the CPU, never downloaded."""
+    import deepinv as dinv
+
+    cls = dinv.models.DRUNet if name == "drunet" else dinv.models.DnCNN
+    return cls(**kwargs, pretrained=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DenoiserConfig:
+    """Which denoiser, at which strength, with which weights (validated when built)."""
+
+    name: str = "tv"
+    """One of ``drunet``, ``dncnn``, ``tv``, ``wavelet``, ``bm3d``, ``median``."""
+    sigma: float = 0.05
+    """Strength: noise std for drunet / bm3d, threshold for tv / wavelet; unused by
+    dncnn (trained for one level) and median."""
+    weights: str | None = None
+    """Local weight file (``.safetensors``, ``.pth``, ``.pt``) for learned denoisers;
+    checked when the config is built (an empty, truncated or corrupt file is refused)."""
+    pretrained: str = "auto"
+    """``auto``: learned denoisers need ``weights``; ``none``: random weights (cost
+    studies only, the reconstruction is meaningless)."""
+
+    def __post_init__(self) -> None:
+        from scopebench.imaging.common.weights import check_weights_file
+
+        choice("denoiser", self.name, DENOISERS)
+        object.__setattr__(self, "sigma", number("denoiser_sigma", self.sigma, low=0, low_open=True))
+        pretrained = "none" if self.pretrained is None else self.pretrained
+        choice("pretrained", pretrained, PRETRAINED)
+        object.__setattr__(self, "pretrained", pretrained)
+        if self.name in CLASSICAL and self.weights is not None:
+            raise ValueError(f"denoiser={self.name!r} has no weights, got denoiser_weights={self.weights!r}")
+        if self.name in LEARNED:
+            if self.weights is not None and pretrained == "none":
+                raise ValueError(
+                    f"denoiser_weights={self.weights!r} and pretrained='none' contradict each other: choose one"
+                )
+            if self.weights is None and pretrained != "none":
+                raise ValueError(
+                    f"denoiser={self.name!r} needs weights and none can be downloaded here: set "
+                    "denoiser_weights to a local .safetensors/.pth state dict, or pretrained: none "
+                    "for random weights (cost studies only)"
+                )
+            if self.weights is not None:
+                check_weights_file("denoiser_weights", self.weights)
+
+
+def denoiser_unavailable(name: str) -> str | None:
+    """Why ``name`` cannot run here (a missing optional package), or ``None``."""
+    module = _REQUIRES.get(name)
+    if module is not None and importlib.util.find_spec(module) is None:
+        return f"denoiser={name!r} needs the optional package {module!r}, which is not installed"
+    return None
+
+
+def _classical(name: str) -> torch.nn.Module:
+    import deepinv as dinv
+
+    if name == "tv":
+        return dinv.models.TVDenoiser(n_it_max=50, crit=1e-6)
+    if name == "median":
+        return dinv.models.MedianFilter(kernel_size=3)
+    if name == "bm3d":
+        return dinv.models.BM3D()
+    return dinv.models.WaveletDenoiser(level=3, wv="db4", wvdim=2)
+
+
+def build_denoiser(config: DenoiserConfig, channels: int, spatial_dims: int = 2) -> torch.nn.Module:
+    """The deepinv denoiser of ``config`` for signals with ``channels`` and 2 or 3 spatial dims.
+
+    Called before entering ``deepinv.distributed.DistributedContext`` so random weights
+    are identical on every rank (the context seeds each rank differently). Random
+    weights have deepinv's default sizes and are drawn from a generator seeded with 0,
+    whatever the global RNG state. Learned denoisers are frozen, in eval mode.
+
+    Raises:
+        ValueError: weights whose channels or dimension do not fit the problem, a
+            denoiser that does not support volumes, or a missing optional package.
+    """
+    from scopebench.imaging.common.weights import load_denoiser_weights
+
+    reason = denoiser_unavailable(config.name)
+    if reason:
+        raise ValueError(reason)
+    if config.name in ONLY_2D and spatial_dims != 2:
+        raise ValueError(f"denoiser={config.name!r} only handles 2-D images, got a {spatial_dims}-D signal")
+    if config.name in CLASSICAL:
+        return _classical(config.name)
+    if config.weights is not None:
+        model = load_denoiser_weights(config.weights, name=config.name, key="denoiser_weights")
+        first = next(model.parameters())
+        in_ch = first.shape[1] - (1 if config.name == "drunet" else 0)
+        if in_ch != channels or first.ndim - 2 != spatial_dims:
+            raise ValueError(
+                f"denoiser_weights={config.weights!r} hold a {first.ndim - 2}-D {config.name} for {in_ch} "
+                f"channel(s); the problem has {channels} channel(s) in {spatial_dims}-D"
+            )
+    else:
+        spec = DenoiserSpec(
+            denoiser=config.name,
+            in_channels=channels,
+            out_channels=channels,
+            dim=spatial_dims,
+            **DEEPINV_SIZES[config.name],
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = spec.build()
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model

@@ -1,0 +1,109 @@
+"""The benchopt-free half of benchmark_inference's ``PnP`` and ``Denoiser`` solvers.
+
+``class Solver(PnPSolverMixin, BaseSolver)`` declares its parameter grid and ``task`` and
+gets ``skip`` (layouts and optional packages that cannot run are declined with a reason),
+``set_objective`` (invalid values raise ``ValueError`` before anything starts; builds the
+:class:`~scopebench.imaging.inference.run.PnPRun`), ``pre_run_hook`` (starts the ranks and
+builds the engine, untimed), ``run`` (the profiled loop; the run is torn down on any exit)
+and ``get_result``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from scopebench.imaging.common.denoisers import ONLY_2D, denoiser_unavailable
+from scopebench.imaging.inference.engine import ReconstructionConfig
+from scopebench.imaging.inference.problems import describe_problem
+from scopebench.imaging.inference.run import PnPRun
+from scopebench.imaging.inference.topology import Topology, check_topology
+from scopebench.profiler.solver import ProfiledSolverMixin
+
+__all__ = ["PnPSolverMixin"]
+
+#: Solver parameters that make up the :class:`ReconstructionConfig`.
+CONFIG_KEYS = (
+    "denoiser",
+    "denoiser_sigma",
+    "denoiser_weights",
+    "pretrained",
+    "step_size",
+    "step_size_scale",
+    "init_method",
+    "distribute_physics",
+    "distribute_denoiser",
+    "patch_size",
+    "overlap",
+    "max_batch_size",
+    "compile",
+    "device",
+)
+
+
+class PnPSolverMixin(ProfiledSolverMixin):
+    """Skip, validate, start, loop and report; the solver file sets ``task`` and ``output_dir``."""
+
+    task: str = "pnp"
+    """``pnp`` (gradient + denoise) or ``denoise`` (one denoiser pass per iteration)."""
+    output_dir: str | Path = "outputs"
+
+    def reconstruction_config(self) -> ReconstructionConfig:
+        """The validated config from this solver's parameters (``ValueError`` if invalid)."""
+        return ReconstructionConfig(**{key: getattr(self, key) for key in CONFIG_KEYS if hasattr(self, key)})
+
+    def topology(self) -> Topology:
+        return Topology(
+            nproc_per_node=self.nproc_per_node,
+            slurm_nodes=self.slurm_nodes,
+            slurm_ntasks_per_node=self.slurm_ntasks_per_node,
+            slurm_gres=self.slurm_gres,
+        )
+
+    def skip(self, spec: dict[str, Any], **_: Any) -> tuple[bool, str | None]:
+        from scopebench.dist import get_dist_info
+
+        config = self.reconstruction_config()
+        self.validate_profiler()
+        reason = denoiser_unavailable(config.denoiser)
+        if reason:
+            return True, reason
+        params = dict(spec)
+        kind = params.pop("kind")
+        shape, num_operators = describe_problem(kind, **params)
+        if len(shape) == 5 and config.denoiser in ONLY_2D:
+            return True, f"denoiser={config.denoiser!r} only handles 2-D images; {kind} is a volume"
+        info = get_dist_info()
+        reason = check_topology(
+            self.topology(),
+            distribute_physics=config.distribute_physics,
+            distribute_denoiser=config.distribute_denoiser,
+            num_operators=num_operators,
+            signal_shape=shape,
+            patch_size=config.patch_size,
+            overlap=config.overlap,
+            launcher_world_size=info.world_size if info.is_distributed else None,
+            compile_mode=config.compile,
+        )
+        return (True, reason) if reason else (False, None)
+
+    def set_objective(self, spec: dict[str, Any]) -> None:
+        self.pnp = PnPRun(
+            spec,
+            self.reconstruction_config(),
+            task=self.task,
+            nproc=self.topology().world_size,
+            profiler=self.validate_profiler(),
+            output_dir=self.output_dir,
+            name=self.name.lower(),
+            group_timeout_sec=self.group_timeout_sec,
+        )
+
+    def pre_run_hook(self, stop_val: Any) -> None:
+        self.start_run(self.pnp)
+
+    def run(self, callback: Any) -> None:
+        self.finish_run(self.pnp, callback)
+
+    def get_result(self) -> dict[str, Any]:
+        return {"x": self.pnp.x, **self.pnp.metrics()}
