@@ -29,8 +29,14 @@ STEP = "step"
 WALL = "benchopt_iteration_time"
 
 
+_LAST: list = [None, None]
+
+
 def _configs(df):
-    return configurations(df)
+    """Configurations of ``df``; benchopt calls every plot and option with the same frame, so the last one is kept."""
+    if _LAST[0] is not df:
+        _LAST[:] = [df, configurations(df)]
+    return _LAST[1]
 
 
 class ProfileStack:

@@ -29,7 +29,39 @@ tr.step td { font-weight: 600; } tr.outside td { color: #777; }
 li.finding { margin: 0.2em 0; } .rule { font-family: monospace; font-weight: 600; }
 .warning { background: #fff3cd; border: 1px solid #e0c36b; padding: 0.5em 1em; }
 pre { background: #f6f6f6; padding: 0.5em; overflow-x: auto; font-size: 0.8em; }
+small { word-break: break-all; color: #666; }
 """
+#: plotly's default qualitative colours; a configuration keeps its colour across the traces of a figure.
+_PALETTE = (
+    "#636efa",
+    "#EF553B",
+    "#00cc96",
+    "#ab63fa",
+    "#FFA15A",
+    "#19d3f3",
+    "#FF6692",
+    "#B6E880",
+    "#FF97FF",
+    "#FECB52",
+)
+
+
+def _color_groups(fig: dict[str, Any]) -> None:
+    """Same colour for every trace of one configuration (``legendgroup``); legend once per group; ideal lines black."""
+    groups: dict[str, str] = {}
+    for trace in fig["data"]:
+        if trace.get("name") == "ideal":
+            trace["line"] = {**trace.get("line", {}), "color": "black"}
+            continue
+        group = trace.get("legendgroup")
+        if group is None:
+            continue
+        first = group not in groups
+        color = groups.setdefault(group, _PALETTE[len(groups) % len(_PALETTE)])
+        trace["marker"] = {**trace.get("marker", {}), "color": color}
+        if trace.get("type") == "scatter":
+            trace["line"] = {**trace.get("line", {}), "color": color}
+        trace.setdefault("showlegend", first)
 
 
 class _Figures:
@@ -51,6 +83,7 @@ class _Figures:
             self.template = pio.templates["plotly_white"].to_plotly_json()
         fig["layout"].setdefault("template", self.template)
         fig["layout"].setdefault("margin", {"t": 60, "l": 60, "r": 20, "b": 50})
+        _color_groups(fig)
         first = self.count == 0
         self.count += 1
         return pio.to_html(
@@ -83,6 +116,7 @@ def _stacked(data: dict[str, Any], title: str) -> dict[str, Any]:
         {"type": "bar", "orientation": "h", "y": data["labels"], "x": data["ms"][region], "name": region}
         for region in data["regions"]
     ]
+    traces[-1]["marker"] = {"color": "#bbbbbb"}  # untracked: the rest of the step
     layout = {
         "barmode": "stack",
         "title": {"text": f"{title}: where the step goes (mean ms per iteration, callback excluded)"},
@@ -98,10 +132,11 @@ def _steps(series: list[dict[str, Any]], title: str) -> dict[str, Any]:
     for s in series:
         if s["step_ms"]:
             traces.append({"type": "scatter", "x": s["iteration"], "y": s["step_ms"], "mode": "lines+markers",
-                           "name": f"{s['label']} (step)"})  # fmt: skip
+                           "name": f"{s['label']} (step)", "legendgroup": s["label"], "showlegend": True})  # fmt: skip
         if s["wall_ms"]:
             traces.append({"type": "scatter", "x": s["wall_iteration"], "y": s["wall_ms"], "mode": "lines",
-                           "line": {"dash": "dot"}, "name": f"{s['label']} (benchopt)"})  # fmt: skip
+                           "line": {"dash": "dot"}, "name": f"{s['label']} (benchopt)", "legendgroup": s["label"],
+                           "showlegend": True})  # fmt: skip
     layout = {
         "title": {"text": f"{title}: step time per iteration (dotted: benchopt time, warm-up included)"},
         "xaxis": {"title": {"text": "iteration"}},
@@ -123,8 +158,7 @@ def _metrics(metrics: dict[str, list[dict[str, Any]]], title: str) -> dict[str, 
                                       "yref": "paper", "showarrow": False})  # fmt: skip
         for line in lines:
             traces.append({"type": "scatter", "mode": "lines", "x": line["x"], "y": line["y"], "name": line["label"],
-                           "xaxis": f"x{suffix}", "yaxis": f"y{suffix}", "legendgroup": line["label"],
-                           "showlegend": k == 0})  # fmt: skip
+                           "xaxis": f"x{suffix}", "yaxis": f"y{suffix}", "legendgroup": line["label"]})  # fmt: skip
     return {"data": traces, "layout": layout}
 
 
@@ -136,8 +170,8 @@ def _scaling(groups: list[dict[str, Any]], title: str) -> dict[str, Any]:
         traces.append({"type": "scatter", "x": g["ranks"], "y": g["speedup"], "mode": "lines+markers", "name": g["label"],
                        "legendgroup": g["label"]})  # fmt: skip
         traces.append({"type": "scatter", "x": g["ranks"], "y": [e * 100 for e in g["efficiency"]],
-                       "mode": "lines+markers", "name": g["label"], "legendgroup": g["label"], "showlegend": False,
-                       "xaxis": "x2", "yaxis": "y2"})  # fmt: skip
+                       "mode": "lines+markers", "name": g["label"], "legendgroup": g["label"], "xaxis": "x2",
+                       "yaxis": "y2"})  # fmt: skip
     traces.append({"type": "scatter", "x": [low, top], "y": [1.0, top / low], "mode": "lines", "line": {"dash": "dash"},
                    "name": "ideal"})  # fmt: skip
     traces.append({"type": "scatter", "x": [low, top], "y": [100, 100], "mode": "lines", "line": {"dash": "dash"},
@@ -158,7 +192,7 @@ def _latency(series: list[dict[str, Any]], title: str) -> dict[str, Any]:
         )
         traces.append({"type": "scatter", "x": ordered, "y": [(i + 1) / len(ordered) for i in range(len(ordered))],
                        "mode": "lines", "line": {"shape": "hv"}, "name": s["label"], "legendgroup": s["label"],
-                       "showlegend": False, "xaxis": "x2", "yaxis": "y2"})  # fmt: skip
+                       "xaxis": "x2", "yaxis": "y2"})  # fmt: skip
     layout = _two_panels(
         ("histogram", "empirical CDF"), title={"text": f"{title}: latency per call (ms)"}, barmode="overlay"
     )
@@ -169,9 +203,11 @@ def _fits(fits: list[dict[str, Any]], title: str) -> dict[str, Any]:
     traces = []
     for f in fits:
         top = max(f["num_steps"])
-        traces.append({"type": "scatter", "x": f["num_steps"], "y": f["ms"], "mode": "markers", "name": f["label"]})
+        traces.append({"type": "scatter", "x": f["num_steps"], "y": f["ms"], "mode": "markers", "name": f["label"],
+                       "legendgroup": f["label"], "showlegend": True})  # fmt: skip
         traces.append({"type": "scatter", "x": [0, top], "y": [f["F_ms"], f["F_ms"] + top * f["s_ms"]], "mode": "lines",
-                       "line": {"dash": "dash"}, "name": f"L(N) = {f['F_ms']:.2f} + N x {f['s_ms']:.3f} ms"})  # fmt: skip
+                       "line": {"dash": "dash"}, "name": f"L(N) = {f['F_ms']:.2f} + N x {f['s_ms']:.3f} ms",
+                       "legendgroup": f["label"], "showlegend": True})  # fmt: skip
     layout = {
         "title": {"text": f"{title}: latency model"},
         "xaxis": {"title": {"text": "num_steps (N)"}},
@@ -182,7 +218,15 @@ def _fits(fits: list[dict[str, Any]], title: str) -> dict[str, Any]:
 
 def _memory(groups: list[dict[str, Any]], title: str) -> dict[str, Any]:
     traces = [
-        {"type": "scatter", "x": g["x"], "y": g["mb"], "mode": "lines+markers", "name": f"{g['label']} ({g['param']})"}
+        {
+            "type": "scatter",
+            "x": g["x"],
+            "y": g["mb"],
+            "mode": "lines+markers",
+            "name": f"{g['label']} ({g['param']})",
+            "legendgroup": g["label"],
+            "showlegend": True,
+        }
         for g in groups
     ]
     layout = {
