@@ -3,11 +3,13 @@
 What: ``benchopt run <benchmark> --config <benchmark>/configs/quickstart.yml`` for the
 policy benchmark (repository root), ``benchmark_inference`` and ``benchmark_training``;
 each run is checked for solver errors (``benchopt run`` itself exits 0 on them), then its
-phase table is printed with the path of its parquet file.
+phase table is printed with the path of its parquet file. At the end, the report of the
+quickstart runs (``scopebench report``: PNG plots, diagnosis and a self-contained HTML
+file) is written to ``outputs/demo_report/``.
 
 Run: ``make demo`` (or ``.venv/bin/python scripts/demo.py [benchmark ...]``).
-Output: per benchmark, the results path, the wall time and the phase table; exit status 1
-if any quickstart failed.
+Output: per benchmark, the results path, the wall time and the phase table; then the
+paths of the report's HTML file and of one PNG; exit status 1 if any quickstart failed.
 """
 
 from __future__ import annotations
@@ -15,15 +17,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from scopebench.report.summary import format_phase_table, phase_table, read_results
+from scopebench.report.build import build_report, read
+from scopebench.report.tables import format_tables
 from scopebench.runs import run_benchopt
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = (".", "benchmark_inference", "benchmark_training")
+REPORT_DIR = ROOT / "outputs" / "demo_report"
 
 
 def main(names: list[str]) -> int:
     failed = []
+    parquets = []
     for name in names or BENCHMARKS:
         bench = (ROOT / name).resolve()
         config = bench / "configs" / "quickstart.yml"
@@ -38,8 +43,14 @@ def main(names: list[str]) -> int:
             print(f"FAILED: {err}", flush=True)
             failed.append(label)
             continue
-        print(format_phase_table(phase_table(read_results(run.parquet))))
+        print(format_tables(read([run.parquet]).configs))
         print(f"results: {run.parquet}  ({run.wall_sec:.1f} s)\n", flush=True)
+        parquets.append(run.parquet)
+    if parquets:
+        report = build_report(parquets, REPORT_DIR)
+        print("\n".join(report.warnings + ["diagnosis:"] + [f.text() for f in report.findings]))
+        print(f"\nreport (opens offline): {report.html}")
+        print(f"one of its {len(report.pngs)} PNG plots: {report.pngs[0]}", flush=True)
     if failed:
         print(f"quickstart failed for: {', '.join(failed)}")
         return 1

@@ -17,6 +17,8 @@ import sys
 COMMANDS = (
     "info",
     "summary",
+    "report",
+    "compare",
 )
 
 

@@ -3,22 +3,69 @@
 ``benchopt run`` exits 0 even when a solver raised: the failure only shows as an
 ``error`` status line in its output and as missing rows in the parquet. Tests, the demo
 and CI go through :func:`run_benchopt`, which checks both.
+
+It also exits 0 when a solver stopped on benchopt's ``--timeout`` before ``max-runs``
+(status ``done (timeout)``; the clock starts before ``pre_run_hook``, so worker start-up
+and compilation count). :func:`run_benchopt` then warns (:class:`TruncatedRunWarning`,
+naming the solver and its row count) and records the fact in the parquet's metadata
+(:func:`read_run_metadata`), where ``scopebench summary`` and ``scopebench report`` find it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import warnings
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["BenchoptRun", "benchopt_run", "run_benchopt", "FAILED_STATUSES"]
+__all__ = [
+    "BenchoptRun",
+    "FAILED_STATUSES",
+    "METADATA_KEY",
+    "StoppedOnTimeout",
+    "TruncatedRunWarning",
+    "benchopt_run",
+    "read_run_metadata",
+    "run_benchopt",
+    "timeout_messages",
+]
 
 FAILED_STATUSES = ("error", "diverged", "not installed", "interrupted")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: Key of scopebench's entry in the parquet's benchopt metadata (``_meta_json``).
+METADATA_KEY = "scopebench_run"
+_BENCHOPT_DEFAULT_MAX_RUNS = 100
+_SOLVER_TIMEOUT = re.compile(r"^    \|--(?P<solver>.+): done \(timeout\)\s*$")
+_OBJECTIVE_LINE = re.compile(r"^  \|--(?P<objective>.+?)\s*$")
+
+
+class TruncatedRunWarning(UserWarning):
+    """A solver stopped on benchopt's timeout before ``max-runs``: its later iterations are missing."""
+
+
+@dataclass(frozen=True)
+class StoppedOnTimeout:
+    """One solver configuration that benchopt stopped on its timeout before ``max-runs``."""
+
+    dataset: str
+    objective: str
+    solver: str
+    rows: int
+    """Rows it left in the parquet (``max-runs + 1`` when a run is complete)."""
+    max_runs: int | None = None
+
+    def message(self) -> str:
+        limit = f"max-runs {self.max_runs}" if self.max_runs is not None else "max-runs"
+        return (
+            f"{self.solver} stopped on benchopt's timeout after {self.rows} rows, before {limit}: "
+            "its later iterations are missing (raise `timeout` in the run config or pass --timeout)"
+        )
 
 
 @dataclass(frozen=True)
@@ -31,6 +78,8 @@ class BenchoptRun:
     """Everything benchopt printed (colours removed)."""
     wall_sec: float
     """Wall-clock time of the whole command, imports included."""
+    stopped_on_timeout: tuple[StoppedOnTimeout, ...] = ()
+    """Solvers that benchopt stopped on its timeout before ``max-runs`` (checked runs only)."""
 
 
 def _failed_lines(log: str) -> list[str]:
@@ -118,4 +167,84 @@ def run_benchopt(
             else f"{len(problems)} failure line(s): {problems[:3]}" if problems else f"no results file at {run.parquet}"
         )
         raise RuntimeError(f"benchopt run of {benchmark} failed ({reason}):\n{run.log[-4000:]}")
-    return run
+    stopped = _stopped_on_timeout(run, _max_runs(config, extra_args))
+    _write_run_metadata(run.parquet, {"max_runs": _max_runs(config, extra_args), "stopped_on_timeout": stopped})
+    for entry in stopped:
+        warnings.warn(entry.message(), TruncatedRunWarning, stacklevel=2)
+    return BenchoptRun(parquet=run.parquet, log=run.log, wall_sec=run.wall_sec, stopped_on_timeout=tuple(stopped))
+
+
+def _max_runs(config: str | Path | None, extra_args: list[str] | None) -> int:
+    """``max-runs`` of a run: the command line wins over the run config, else benchopt's default."""
+    args = list(extra_args or [])
+    for i, arg in enumerate(args):
+        if arg in ("--max-runs", "-n") and i + 1 < len(args):
+            return int(args[i + 1])
+        if arg.startswith("--max-runs="):
+            return int(arg.split("=", 1)[1])
+    if config is not None:
+        import yaml
+
+        loaded = yaml.safe_load(Path(config).read_text()) or {}
+        for key in ("max-runs", "max_runs"):
+            if isinstance(loaded, dict) and loaded.get(key) is not None:
+                return int(loaded[key])
+    return _BENCHOPT_DEFAULT_MAX_RUNS
+
+
+def _stopped_on_timeout(run: BenchoptRun, max_runs: int | None) -> list[StoppedOnTimeout]:
+    """Solver lines ``done (timeout)`` in the log, with their dataset, objective and row count."""
+    import pandas as pd
+
+    df = pd.read_parquet(run.parquet, columns=["dataset_name", "objective_name", "solver_name"])
+    datasets, objectives = set(df["dataset_name"].astype(str)), set(df["objective_name"].astype(str))
+    dataset = objective = None
+    found = []
+    for line in run.log.splitlines():
+        if line.strip() in datasets and not line.startswith(" "):
+            dataset = line.strip()
+        elif (m := _OBJECTIVE_LINE.match(line)) and m["objective"] in objectives:
+            objective = m["objective"]
+        elif (m := _SOLVER_TIMEOUT.match(line)) and dataset is not None and objective is not None:
+            rows = df[
+                (df["dataset_name"] == dataset)
+                & (df["objective_name"] == objective)
+                & (df["solver_name"] == m["solver"])
+            ]
+            found.append(StoppedOnTimeout(dataset, objective, m["solver"], len(rows), max_runs))
+    return found
+
+
+def _write_run_metadata(parquet: Path, info: dict[str, Any]) -> None:
+    """Merge ``info`` (JSON-able; dataclasses allowed) under :data:`METADATA_KEY` into the parquet's metadata."""
+    import pyarrow.parquet as pq
+
+    from scopebench.atomic import atomic_write
+
+    table = pq.read_table(parquet)
+    metadata = dict(table.schema.metadata or {})
+    meta_json = json.loads(metadata.get(b"_meta_json", b"{}").decode("utf-8"))
+    meta_json[METADATA_KEY] = json.loads(json.dumps(info, default=asdict))
+    metadata[b"_meta_json"] = json.dumps(meta_json).encode("utf-8")
+    with atomic_write(parquet, "wb") as fh:
+        pq.write_table(table.replace_schema_metadata(metadata), fh)
+
+
+def read_run_metadata(parquet: str | Path) -> dict[str, Any]:
+    """What :func:`run_benchopt` recorded in a parquet (``{}`` for a file it did not write).
+
+    Keys: ``max_runs`` and ``stopped_on_timeout`` (a list of :class:`StoppedOnTimeout` as dicts).
+    """
+    import pyarrow.parquet as pq
+
+    metadata = pq.read_metadata(parquet).metadata or {}
+    try:
+        return json.loads(metadata.get(b"_meta_json", b"{}").decode("utf-8")).get(METADATA_KEY, {})
+    except (ValueError, AttributeError):
+        return {}
+
+
+def timeout_messages(parquet: str | Path) -> list[str]:
+    """One warning line per solver that stopped on benchopt's timeout in this file (see :func:`read_run_metadata`)."""
+    entries = read_run_metadata(parquet).get("stopped_on_timeout", [])
+    return [f"warning: {str(parquet)}: {StoppedOnTimeout(**entry).message()}" for entry in entries]

@@ -14,16 +14,30 @@ Conventions:
       single sample.
     * The confidence interval of the mean is the Student-t interval
       ``mean ± t_{1-α/2, n-1} · std / sqrt(n)``; for one sample it collapses to the mean.
+    * The confidence interval of a ratio of medians (A/B comparisons) is a seeded
+      percentile bootstrap: both samples are resampled independently with replacement.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Summary", "mean", "median", "percentile", "std", "confidence_interval", "samples_per_sec", "summarize"]
+__all__ = [
+    "Summary",
+    "mean",
+    "median",
+    "percentile",
+    "std",
+    "confidence_interval",
+    "median_ratio_ci",
+    "linear_fit",
+    "samples_per_sec",
+    "summarize",
+]
 
 
 def _as_list(samples: Iterable[float]) -> list[float]:
@@ -92,6 +106,7 @@ def std(samples: Iterable[float]) -> float:
     return math.sqrt(math.fsum((x - m) ** 2 for x in values) / (len(values) - 1))
 
 
+@functools.lru_cache(maxsize=1024)
 def _t_quantile(p: float, dof: int) -> float:
     # scipy is a dependency of scikit-image, so it is always installed with scopebench.
     from scipy.stats import t
@@ -182,3 +197,60 @@ def samples_per_sec(batch_size: int, metrics: dict[str, Any]) -> float | None:
         return None
     step = total - metrics.get("callback_time_sec", 0.0)
     return batch_size / step if step > 0 else None
+
+
+def median_ratio_ci(
+    a: Iterable[float], b: Iterable[float], level: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """Ratio ``median(b) / median(a)`` with a percentile-bootstrap confidence interval.
+
+    Each of ``resamples`` rounds draws ``len(a)`` values from ``a`` and ``len(b)`` from
+    ``b`` with replacement (a generator seeded with ``seed``: the same inputs give the same
+    interval) and takes the ratio of their medians; the interval is the
+    ``(1 - level) / 2`` and ``(1 + level) / 2`` percentiles of those ratios (linear
+    interpolation, as :func:`percentile`).
+
+    Returns:
+        ``(ratio, low, high)``.
+
+    :Examples:
+        >>> ratio, low, high = median_ratio_ci([1.0, 1.1, 0.9, 1.0], [2.0, 2.2, 1.8, 2.0])
+        >>> ratio, low <= 2.0 <= high
+        (2.0, True)
+    """
+    import numpy as np
+
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"expected a confidence level in (0, 1), got {level!r}")
+    if resamples < 1:
+        raise ValueError(f"expected at least one bootstrap resample, got {resamples!r}")
+    xa, xb = np.asarray(_as_list(a)), np.asarray(_as_list(b))
+    if median(xa) <= 0.0:
+        raise ValueError(f"expected a positive median for the baseline sample, got {median(xa)!r}")
+    rng = np.random.default_rng(seed)
+    med_a = np.median(xa[rng.integers(0, xa.size, size=(resamples, xa.size))], axis=1)
+    med_b = np.median(xb[rng.integers(0, xb.size, size=(resamples, xb.size))], axis=1)
+    ratios = (med_b / med_a).tolist()
+    alpha = (1.0 - level) / 2.0 * 100.0
+    return median(xb) / median(xa), percentile(ratios, alpha), percentile(ratios, 100.0 - alpha)
+
+
+def linear_fit(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Least-squares line ``y = intercept + slope · x``; returns ``(intercept, slope)``.
+
+    ``slope = sum((x - mean x)(y - mean y)) / sum((x - mean x)^2)``; used for the
+    inference latency model ``L(N) = F + N·s`` (intercept ``F``, slope ``s``).
+
+    :Examples:
+        >>> linear_fit([1, 10], [82.0, 316.0])
+        (56.0, 26.0)
+    """
+    xs, ys = _as_list(x), _as_list(y)
+    if len(xs) != len(ys):
+        raise ValueError(f"expected as many x as y values, got {len(xs)} and {len(ys)}")
+    mx, my = mean(xs), mean(ys)
+    sxx = math.fsum((v - mx) ** 2 for v in xs)
+    if sxx == 0.0:
+        raise ValueError(f"expected at least two distinct x values, got {sorted(set(xs))}")
+    slope = math.fsum((u - mx) * (v - my) for u, v in zip(xs, ys)) / sxx
+    return my - slope * mx, slope

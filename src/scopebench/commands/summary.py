@@ -1,12 +1,25 @@
-"""Print the phase table of a benchopt results parquet.
+"""Print the phase tables of benchopt results, with warnings and diagnosis.
 
-Per solver run and timed phase (``objective_<region>_time_sec`` from the custom backend,
-``objective_<region>_cpu_sec`` from the torch backend, and ``total_time_sec``): the
-count, mean, median and p95 in milliseconds (statistics of :mod:`scopebench.stats`) and
-the share of the mean total. ``--json`` prints the rows as a JSON list of objects with
-keys ``solver, phase, n, mean_ms, median_ms, p95_ms, share_pct``.
+Per benchmark and solver configuration: the recorded window (warm-up, measured iterations,
+ranks), then per phase the mean, median and p95 in milliseconds (statistics of
+:mod:`scopebench.stats`) and the share of the step, where the step is one iteration
+without the benchopt scoring callback (``total_time_sec - callback_time_sec``); the
+callback and ``total_time_sec`` get their own lines, outside the step. Regions come from
+the ``objective_<region>_time_sec`` / ``_cpu_sec`` columns, whatever the solver. Below the
+table: steps/s and global samples/s for a training step, mean / p50 / p95 / p99 latency
+for an inference call, the input ceiling for a dataloader. Then one warning line per
+solver that benchopt stopped on its timeout before ``max-runs`` (with its row count;
+recorded by ``scopebench.runs.run_benchopt``) and the diagnosis lines
+(``docs/diagnosis.md``). ``scopebench report`` prints the same text.
 
-Run: ``scopebench summary benchmark_inference/outputs/<file>.parquet [--json]``.
+Run: ``scopebench summary benchmark_inference/outputs/<file>.parquet [more files or folders] [--json]``.
+
+``--json`` prints an object: ``rows`` (one per configuration and phase: ``benchmark,
+dataset, solver, solver_name, phase, kind, n, mean_ms, median_ms, p95_ms, p99_ms,
+share_pct``; ``kind`` is region / composite / untracked / step / callback / total and
+``share_pct`` is null outside the step), ``warnings`` (lines) and ``findings`` (``rule,
+config, message, advice``). Exit status 2 with one line naming the file when a file is
+missing, unreadable, empty or not a benchopt result, or a folder holds none.
 """
 
 from __future__ import annotations
@@ -15,21 +28,33 @@ import argparse
 import json
 import sys
 
-HELP = "phase table of a benchopt results parquet"
+HELP = "phase tables, warnings and diagnosis of benchopt results"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", help="path to a benchopt .parquet file")
-    parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    parser.add_argument("results", nargs="+", help="benchopt .parquet files or folders holding them")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def run(args: argparse.Namespace) -> int:
-    from scopebench.report.summary import format_phase_table, phase_table, read_results
+    from dataclasses import asdict
+
+    from scopebench.report.build import diagnose_groups, read, summarize_results
+    from scopebench.report.tables import phase_rows
 
     try:
-        rows = phase_table(read_results(args.results))
+        results = read(args.results)
     except ValueError as err:
         print(f"scopebench summary: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(rows, indent=2) if args.json else format_phase_table(rows))
+    findings = [f for group in diagnose_groups(results).values() for f in group]
+    if args.json:
+        payload = {
+            "rows": [row for c in results.configs for row in phase_rows(c)],
+            "warnings": results.warnings,
+            "findings": [asdict(f) for f in findings],
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        print(summarize_results(results, findings))
     return 0

@@ -1,0 +1,46 @@
+"""Write a report of benchopt results: phase tables, diagnosis, PNG plots and one offline HTML file.
+
+For every benchmark and solver configuration in the given parquet files (or folders of
+them): the phase tables and diagnosis lines of ``scopebench summary`` (same code), PNG
+plots (stacked regions per configuration, step time and quality per iteration, and where
+the results hold them: scaling against processes with the ideal line, latency histogram
+and CDF, the ``L(N) = F + N·s`` fit over ``num_steps``, peak memory against batch or image
+size), and ``report.html``: plotly figures with plotly.js inlined once, tables and
+diagnosis, no CDN and no network access, so it opens on an air-gapped login node.
+
+Run: ``scopebench report outputs/ [benchmark_inference/outputs/x.parquet ...] [-o DIR]``.
+
+Output folder (default ``report/`` beside the first results file): ``report.html``,
+``report.txt`` (the printed text), ``<benchmark>_<picture>.png`` and ``report.json``
+(``sources, html, pngs, warnings, findings, phase_rows`` as in ``summary --json``). The
+command prints the text, then the paths of the HTML file and of each PNG. Exit status 2
+with one line naming the file when a file is missing, unreadable, empty or not a
+benchopt result, or a folder holds none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "PNG plots, diagnosis and a self-contained HTML report of benchopt results"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", nargs="+", help="benchopt .parquet files or folders holding them")
+    parser.add_argument("-o", "--output", default=None, help="output folder (default: report/ beside the first file)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from scopebench.report.build import build_report
+
+    try:
+        report = build_report(args.results, args.output)
+    except ValueError as err:
+        print(f"scopebench report: {err}", file=sys.stderr)
+        return 2
+    print(report.text)
+    print(f"\nhtml: {report.html}")
+    for png in report.pngs:
+        print(f"png: {png}")
+    return 0

@@ -1,0 +1,323 @@
+"""Diagnosis lines: explicit rules over a configuration's numbers (documented in ``docs/diagnosis.md``).
+
+Each rule reads the recorded iterations of one configuration (and, for the rules that
+compare runs, the other configurations of the same benchmark and dataset) and returns a
+:class:`Finding` that names the rule, the numbers that triggered it against the threshold,
+and what to try. A profiled configuration on which no rule fires gets one
+``no-problem`` line; one without profiled iterations gets ``no-data``.
+
+Shares are of the step without the scoring callback (:mod:`scopebench.report.tables`);
+ratios of two regions use their medians; all statistics come from :mod:`scopebench.stats`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from scopebench import stats
+from scopebench.report.results import LAYOUT_PARAMS, Configuration
+from scopebench.report.tables import config_kind, throughput
+
+__all__ = ["Finding", "RULES", "diagnose", "diagnose_all"]
+
+#: input-bound: ``dataload_wait`` above this share of the step (%).
+INPUT_WAIT_PCT = 5.0
+#: distributed overhead: multi-rank ``bwd / forward`` at least this ...
+DIST_MULTI_RATIO = 3.0
+#: ... while a single-rank run of the same solver has ``bwd / forward`` in this range ("close to 2x").
+DIST_SINGLE_RANGE = (1.5, 2.5)
+#: optimizer-bound: ``optim_step`` above this share of the step (%), on CUDA, without fused AdamW.
+OPTIM_PCT = 10.0
+#: host-sync-bound: ``sync_gather`` above this share of the step (%).
+SYNC_PCT = 5.0
+#: rank imbalance: ``rank_skew_pct`` (or a region's, for regions above :data:`SKEW_REGION_MIN_PCT` of the step) above this (%).
+SKEW_PCT = 10.0
+SKEW_REGION_MIN_PCT = 5.0
+#: profiler too costly: ``profiler_overhead_sec`` above this share of the step (%).
+OVERHEAD_PCT = 10.0
+#: compile not effective: first call / steady state below this ratio while compiling.
+COMPILE_RATIO = 5.0
+#: communication-bound: a region's ``<region>_comm_sec`` above this share of the region's time (%).
+COMM_PCT = 30.0
+
+_OFF = {"", "none", "false", "off", "eager", "0", "no", "null"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis line."""
+
+    rule: str
+    config: str
+    """The configuration's label."""
+    message: str
+    """The numbers that triggered the rule, with the threshold."""
+    advice: str = ""
+
+    def text(self) -> str:
+        return f"[{self.rule}] {self.config}: {self.message}" + (f" -> {self.advice}" if self.advice else "")
+
+
+def _median(config: Configuration, metric: str) -> float | None:
+    values = config.values(metric)
+    return stats.median(values) if values else None
+
+
+def _share(config: Configuration, region: str) -> float | None:
+    """Mean of the region over the mean step, in %."""
+    if region not in config.region_columns:
+        return None
+    values, step = config.region_values(region), config.step_values()
+    if not values or not step or stats.mean(step) <= 0:
+        return None
+    return stats.mean(values) / stats.mean(step) * 100.0
+
+
+def _ratio(config: Configuration, top: str, bottom: str) -> float | None:
+    if top not in config.region_columns or bottom not in config.region_columns:
+        return None
+    a, b = config.region_values(top), config.region_values(bottom)
+    if not a or not b or stats.median(b) <= 0:
+        return None
+    return stats.median(a) / stats.median(b)
+
+
+def _on(value) -> bool:
+    return value is not None and value == value and str(value).strip().lower() not in _OFF
+
+
+def _on_cuda(config: Configuration) -> bool:
+    device = config.param("device")
+    if device is not None and str(device).startswith("cuda"):
+        return True
+    peak = config.values("max_gpu_mb")
+    return bool(peak) and max(peak) > 0
+
+
+def _same_group(a: Configuration, b: Configuration) -> bool:
+    return a.benchmark == b.benchmark and a.dataset == b.dataset
+
+
+def _agree(a: Configuration, b: Configuration, names: tuple[str, ...]) -> bool:
+    """Parameters both configurations define are equal."""
+    for name in names:
+        va, vb = a.param(name), b.param(name)
+        if va is not None and vb is not None and str(va) != str(vb):
+            return False
+    return True
+
+
+def _differences(a: Configuration, b: Configuration) -> int:
+    pa, pb = a.params(), b.params()
+    return sum(1 for k in set(pa) | set(pb) if k not in LAYOUT_PARAMS and str(pa.get(k)) != str(pb.get(k)))
+
+
+def input_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    out = []
+    share = _share(config, "dataload_wait")
+    if share is not None and share > INPUT_WAIT_PCT:
+        out.append(
+            Finding(
+                "input-bound",
+                config.label,
+                f"dataload_wait is {share:.1f}% of the step (> {INPUT_WAIT_PCT:g}%)",
+                "the dataloader does not keep up: raise num_workers, use persistent workers / pinned memory, "
+                "and run Pi05Dataloader to measure the input ceiling",
+            )
+        )
+    rate = throughput(config).get("samples_per_sec") if config_kind(config) == "training_step" else None
+    if rate:
+        for loader in others:
+            if loader is config or config_kind(loader) != "dataloader" or not _same_group(config, loader):
+                continue
+            if not _agree(config, loader, ("batch_size", "nproc_per_node", "num_workers", "preset")):
+                continue
+            ceiling = _median(loader, "samples_per_sec")
+            if ceiling is not None and ceiling <= rate:
+                out.append(
+                    Finding(
+                        "input-bound",
+                        config.label,
+                        f"dataloader ceiling {ceiling:.1f} samples/s ({loader.label}) is at or below "
+                        f"the training rate {rate:.1f} samples/s",
+                        "the input pipeline is the bottleneck: more workers or cheaper decoding before touching the model",
+                    )
+                )
+    return out
+
+
+def distributed_overhead(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    if config.ranks() <= 1:
+        return []
+    multi = _ratio(config, "bwd", "forward")
+    if multi is None or multi < DIST_MULTI_RATIO:
+        return []
+    singles = [
+        c
+        for c in others
+        if c.ranks() == 1 and c.solver_base == config.solver_base and _same_group(config, c)
+        and _agree(config, c, ("batch_size", "preset"))
+    ]  # fmt: skip
+    # The closest single-rank run: fewest parameters differing, process layout aside.
+    singles.sort(key=lambda c: _differences(config, c))
+    for single in singles:
+        one = _ratio(single, "bwd", "forward")
+        if one is not None and DIST_SINGLE_RANGE[0] <= one <= DIST_SINGLE_RANGE[1]:
+            return [
+                Finding(
+                    "distributed-overhead",
+                    config.label,
+                    f"bwd / forward = {multi:.2f}x on {config.ranks()} ranks (>= {DIST_MULTI_RATIO:g}x) but "
+                    f"{one:.2f}x on one rank ({single.label}; close to 2x)",
+                    "the extra backward time is host-side distributed work (gradient hooks, bucketing, "
+                    "find_unused_parameters, ZeRO partitioning): compare backends and DDP settings",
+                )
+            ]
+    return []
+
+
+def optimizer_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    share = _share(config, "optim_step")
+    if share is None or share <= OPTIM_PCT or not _on_cuda(config) or _on(config.param("fused_adamw")):
+        return []
+    return [
+        Finding(
+            "optimizer-bound",
+            config.label,
+            f"optim_step is {share:.1f}% of the step (> {OPTIM_PCT:g}%) on CUDA without fused AdamW "
+            f"(fused_adamw={config.param('fused_adamw')})",
+            "set fused_adamw: true (torch.optim.AdamW(fused=True)) and compare with scopebench compare",
+        )
+    ]
+
+
+def host_sync_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    share = _share(config, "sync_gather")
+    if share is None or share <= SYNC_PCT:
+        return []
+    return [
+        Finding(
+            "host-sync-bound",
+            config.label,
+            f"sync_gather is {share:.1f}% of the step (> {SYNC_PCT:g}%)",
+            "the metric gathers and .item() calls run every step: gate them behind the log frequency",
+        )
+    ]
+
+
+def rank_imbalance(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    parts = []
+    skew = _median(config, "rank_skew_pct")
+    if skew is not None and skew > SKEW_PCT:
+        parts.append(f"step skew {skew:.1f}%")
+    for region in config.regions:
+        region_skew = _median(config, f"{region}_rank_skew_pct")
+        share = _share(config, region)
+        if region_skew is not None and region_skew > SKEW_PCT and share is not None and share >= SKEW_REGION_MIN_PCT:
+            parts.append(f"{region} skew {region_skew:.1f}%")
+    if not parts:
+        return []
+    straggler = config.values("straggler_rank")
+    who = (
+        f"straggler_rank {int(stats.median(straggler))} (the rank that waited least in communication)"
+        if straggler
+        else "straggler not measured (the torch backend names it)"
+    )
+    return [
+        Finding(
+            "rank-imbalance",
+            config.label,
+            f"{', '.join(parts)} across ranks (> {SKEW_PCT:g}%); {who}",
+            "look at that rank's data shard, host load, CPU affinity or device; ranks wait for the slowest",
+        )
+    ]
+
+
+def profiler_too_costly(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    overhead, step = config.values("profiler_overhead_sec"), config.step_values()
+    if not overhead or not step or stats.mean(step) <= 0:
+        return []
+    pct = stats.mean(overhead) / stats.mean(step) * 100.0
+    if pct <= OVERHEAD_PCT:
+        return []
+    return [
+        Finding(
+            "profiler-too-costly",
+            config.label,
+            f"profiler_overhead_sec {stats.mean(overhead) * 1e3:.1f} ms per iteration = {pct:.0f}% of the step "
+            f"(> {OVERHEAD_PCT:g}%)",
+            "the window costs more than it measures: record fewer iterations (profiler_active), use the "
+            "scheduled mode (profiler_per_step: false) or the custom backend for timings",
+        )
+    ]
+
+
+def compile_not_effective(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    ratios = config.facts("first_call_ratio")
+    if not ratios:
+        return []
+    compiled = any(_on(v) for k, v in config.params().items() if "compile" in k)
+    compile_time = config.facts("compile_time_sec")
+    if not compiled and not (compile_time and max(compile_time) > 0):
+        return []
+    ratio = stats.median(ratios)
+    if ratio >= COMPILE_RATIO:
+        return []
+    return [
+        Finding(
+            "compile-not-effective",
+            config.label,
+            f"first call / steady state = {ratio:.2f}x (< {COMPILE_RATIO:g}x) while compiling",
+            "torch.compile probably fell back to eager or was already cached: check graph breaks "
+            "(TORCH_LOGS=graph_breaks) and that the compiled function is the one called",
+        )
+    ]
+
+
+def communication_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    out = []
+    for region in config.regions:
+        comm, time = config.values(f"{region}_comm_sec"), config.region_values(region)
+        if not comm or not time or stats.mean(time) <= 0:
+            continue
+        pct = stats.mean(comm) / stats.mean(time) * 100.0
+        if pct > COMM_PCT:
+            out.append(
+                Finding(
+                    "communication-bound",
+                    config.label,
+                    f"communication is {pct:.1f}% of {region} (> {COMM_PCT:g}%)",
+                    "fewer, larger messages: distribute less (distribute_physics / distribute_denoiser), "
+                    "bigger tiles, or fewer ranks for this problem size",
+                )
+            )
+    return out
+
+
+#: Every rule, in the order lines are printed.
+RULES: tuple[Callable[[Configuration, list[Configuration]], list[Finding]], ...] = (
+    input_bound,
+    distributed_overhead,
+    optimizer_bound,
+    host_sync_bound,
+    rank_imbalance,
+    profiler_too_costly,
+    compile_not_effective,
+    communication_bound,
+)
+
+
+def diagnose(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    """Findings of every rule for one configuration, or one ``no-problem`` / ``no-data`` line."""
+    if config.recorded.empty:
+        return [Finding("no-data", config.label, "no profiled iterations, nothing to diagnose")]
+    findings = [f for rule in RULES for f in rule(config, others)]
+    if not findings:
+        findings = [Finding("no-problem", config.label, f"no problem found ({len(RULES)} rules checked)")]
+    return findings
+
+
+def diagnose_all(configs: list[Configuration]) -> list[Finding]:
+    """:func:`diagnose` over every configuration (the others are its comparison set)."""
+    return [f for config in configs for f in diagnose(config, configs)]

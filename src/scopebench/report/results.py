@@ -1,0 +1,295 @@
+"""Benchopt result files in, solver configurations out.
+
+A *configuration* is one (benchmark, dataset, solver with its parameters) found in one or
+more parquet files; its rows are benchopt's evaluations, one per ``stop_val``. The row
+logged at ``stop_val = k`` carries the metrics of iteration ``k - 1``, so a row's
+iteration is ``stop_val - 1``. Rows outside the profiler window carry no
+``objective_total_time_sec``; only *recorded* rows enter statistics.
+
+Regions are discovered from the columns, never listed here: ``objective_<region>_time_sec``
+(custom backend wall time) or, when a region has none, ``objective_<region>_cpu_sec``
+(torch backend). The names in :data:`NOT_REGIONS` are whole-iteration or set-up figures and
+:data:`COMPOSITE_PHASES` are sums of regions (shown in tables, never stacked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "COMPOSITE_PHASES",
+    "Configuration",
+    "LAYOUT_PARAMS",
+    "NOT_REGIONS",
+    "REQUIRED_COLUMNS",
+    "configurations",
+    "find_result_files",
+    "load_results",
+    "read_results",
+    "short_labels",
+]
+
+#: Columns every benchopt result file has; a parquet without them is someone else's.
+REQUIRED_COLUMNS = ("objective_name", "dataset_name", "solver_name", "stop_val")
+#: ``objective_<name>_time_sec`` columns that are not regions of the step.
+NOT_REGIONS = frozenset({"total", "callback", "untracked", "compile", "setup", "first_call"})
+#: Phases that are sums of other regions (``backward_step`` = bwd + unscale_clip + optim_step + zero_grad_sched).
+COMPOSITE_PHASES = frozenset({"backward_step"})
+_REGION_SUFFIXES = ("_time_sec", "_cpu_sec")
+#: Parameters that say how a run is laid out on processes, not what it computes.
+LAYOUT_PARAMS = frozenset({"nproc_per_node", "slurm_nodes", "slurm_ntasks_per_node", "slurm_gres"})
+
+
+def read_results(path: str | Path):
+    """One benchopt parquet as a DataFrame; ``ValueError`` naming the file when it is not one.
+
+    Refused: a missing file, a file pyarrow cannot read (truncated, not parquet, no
+    permission), a parquet with no rows, and a parquet without benchopt's columns
+    (:data:`REQUIRED_COLUMNS`).
+    """
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"results file {str(path)!r} does not exist")
+    try:
+        df = pd.read_parquet(path)
+    except Exception as err:  # pyarrow raises several unrelated types for a bad file
+        raise ValueError(f"results file {str(path)!r} is not a readable parquet file: {err}") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"results file {str(path)!r} is not a benchopt result (missing columns {', '.join(missing)})")
+    if df.empty:
+        raise ValueError(f"results file {str(path)!r} holds no rows (did every solver fail or get skipped?)")
+    return df
+
+
+def find_result_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The parquet files named by ``paths``: files as given, folders by their ``*.parquet``.
+
+    Raises:
+        ValueError: a path that does not exist, or a folder without any ``.parquet`` file.
+    """
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(path.glob("*.parquet"))
+            if not found:
+                raise ValueError(f"folder {str(path)!r} holds no .parquet results file")
+            files.extend(found)
+        elif path.exists():
+            files.append(path)
+        else:
+            raise ValueError(f"results file {str(path)!r} does not exist")
+    if not files:
+        raise ValueError("no results file given")
+    return files
+
+
+def load_results(paths: Iterable[str | Path]):
+    """All rows of the files named by ``paths`` (see :func:`find_result_files`), one DataFrame.
+
+    A column ``result_file`` names each row's file.
+    """
+    import pandas as pd
+
+    frames = []
+    for path in find_result_files(paths):
+        frames.append(read_results(path).assign(result_file=str(path)))
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True, sort=False)
+
+
+def short_labels(names: list[str]) -> dict[str, str]:
+    """``Name[k=v,...]`` labels reduced to the parameters that differ between names of the same base.
+
+    :Examples:
+        >>> short_labels(["PnP[a=1,mode=custom]", "PnP[a=1,mode=torch]", "Denoiser[a=1]"])
+        {'PnP[a=1,mode=custom]': 'PnP[mode=custom]', 'PnP[a=1,mode=torch]': 'PnP[mode=torch]', 'Denoiser[a=1]': 'Denoiser'}
+    """
+    parsed = {name: _parse_name(name) for name in names}
+    labels = {}
+    for name, (base, params) in parsed.items():
+        siblings = [p for b, p in parsed.values() if b == base]
+        keep = [k for k, v in params.items() if any(other.get(k) != v for other in siblings)]
+        labels[name] = f"{base}[{','.join(f'{k}={params[k]}' for k in keep)}]" if keep else base
+    return labels
+
+
+def _parse_name(name: str) -> tuple[str, dict[str, str]]:
+    base, _, rest = name.partition("[")
+    pairs = [p.split("=", 1) for p in rest.rstrip("]").split(",") if "=" in p]
+    return base, dict(pairs)
+
+
+@dataclass
+class Configuration:
+    """One solver configuration on one dataset of one benchmark."""
+
+    benchmark: str
+    """Objective name without parameters (``Imaging inference``, ``pi05 policy``...)."""
+    dataset: str
+    solver: str
+    """benchopt's full ``solver_name`` (``PnP[denoiser=tv,...]``)."""
+    label: str
+    """Short name: the solver's base name and the parameters that differ from its siblings."""
+    rows: Any
+    """All its rows (DataFrame), ordered by repetition and ``stop_val``."""
+    recorded: Any
+    """The rows inside the profiler window (``objective_total_time_sec`` present)."""
+    regions: tuple[str, ...] = ()
+    """Regions of the step, in the order the solver reported them."""
+    composites: tuple[str, ...] = ()
+    region_columns: dict[str, str] = field(default_factory=dict)
+    """Region (or composite) -> its time column."""
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    """Derived values, computed once (tables, figures and rules read the same series many times)."""
+
+    @property
+    def solver_base(self) -> str:
+        return self.solver.partition("[")[0]
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.benchmark, self.dataset, self.solver)
+
+    def has(self, metric: str) -> bool:
+        """Whether ``objective_<metric>`` has a value in a recorded row."""
+        column = f"objective_{metric}"
+        return column in self.recorded.columns and bool(self.recorded[column].notna().any())
+
+    def values(self, metric: str) -> list[float]:
+        """Values of ``objective_<metric>`` in the recorded rows."""
+        key = ("values", metric)
+        if key not in self.cache:
+            self.cache[key] = _column_values(self.recorded, f"objective_{metric}")
+        return self.cache[key]
+
+    def facts(self, metric: str) -> list[float]:
+        """Values of ``objective_<metric>`` in every row (set-up facts such as ``world_size``)."""
+        return _column_values(self.rows, f"objective_{metric}")
+
+    def region_values(self, region: str) -> list[float]:
+        return self.values(self.region_columns[region])
+
+    def step_values(self) -> list[float]:
+        """Seconds per recorded iteration without the scoring callback: ``total - callback``."""
+        if "step" in self.cache:
+            return self.cache["step"]
+        rec = self.recorded
+        total = rec["objective_total_time_sec"]
+        if "objective_callback_time_sec" in rec.columns:
+            total = total - rec["objective_callback_time_sec"].fillna(0.0)
+        self.cache["step"] = [float(v) for v in total.tolist()]
+        return self.cache["step"]
+
+    def iterations(self) -> list[int]:
+        """Iteration index (``stop_val - 1``) of each recorded row."""
+        return [int(v) - 1 for v in self.recorded["stop_val"].tolist()]
+
+    def param(self, name: str) -> Any:
+        """Solver parameter ``name`` (``p_solver_<name>``), else dataset parameter, else ``None``."""
+        for prefix in ("p_solver_", "p_dataset_", "p_obj_"):
+            column = prefix + name
+            if column in self.rows.columns:
+                present = self.rows[column].dropna()
+                if not present.empty:
+                    return present.iloc[0]
+        return None
+
+    def params(self) -> dict[str, Any]:
+        """Every solver and dataset parameter (``dataset.<name>`` for the dataset's)."""
+        out: dict[str, Any] = {}
+        first = self.rows.iloc[0]
+        for column in self.rows.columns:
+            value = first[column]
+            if column.startswith("p_solver_"):
+                out[column.removeprefix("p_solver_")] = value
+            elif column.startswith("p_dataset_"):
+                out["dataset." + column.removeprefix("p_dataset_")] = value
+        return {k: v for k, v in out.items() if not _missing(v)}
+
+    def ranks(self) -> int:
+        """Processes of the run: ``objective_world_size``, else ``nproc_per_node``, else 1."""
+        world = self.facts("world_size")
+        if world:
+            return int(max(world))
+        try:
+            return int(self.param("nproc_per_node") or 1)
+        except (TypeError, ValueError):
+            return 1
+
+
+def _column_values(frame, column: str) -> list[float]:
+    if column not in frame.columns:
+        return []
+    try:
+        return [float(v) for v in frame[column].dropna().tolist()]
+    except (TypeError, ValueError):  # a text column (device name, versions)
+        return []
+
+
+def _missing(value: Any) -> bool:
+    try:
+        return value is None or value != value  # NaN
+    except (TypeError, ValueError):
+        return False
+
+
+def _benchmark_name(objective_name: str) -> str:
+    return str(objective_name).partition("[")[0]
+
+
+def _regions(recorded) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
+    present = [c for c in recorded.columns if c.startswith("objective_") and recorded[c].notna().any()]
+    columns: dict[str, str] = {}
+    for suffix in _REGION_SUFFIXES:  # wall time first: a region measured both ways keeps `_time_sec`
+        for column in present:
+            if not column.endswith(suffix):
+                continue
+            name = column.removeprefix("objective_").removesuffix(suffix)
+            if name and name not in NOT_REGIONS and name not in columns:
+                columns[name] = column.removeprefix("objective_")
+    order = {c.removeprefix("objective_"): i for i, c in enumerate(present)}
+    names = sorted(columns, key=lambda n: order[columns[n]])
+    regions = tuple(n for n in names if n not in COMPOSITE_PHASES)
+    composites = tuple(n for n in names if n in COMPOSITE_PHASES)
+    return regions, composites, {n: columns[n] for n in names}
+
+
+def configurations(df) -> list[Configuration]:
+    """The configurations in a results DataFrame, in order of first appearance.
+
+    Labels are shortened per benchmark (:func:`short_labels`); when a benchmark has
+    several datasets the dataset's short name is appended (``label @ dataset``).
+    """
+    out: list[Configuration] = []
+    df = df.assign(_benchmark=df["objective_name"].map(_benchmark_name))
+    sort_keys = [c for c in ("idx_rep", "stop_val") if c in df.columns]
+    has_total = "objective_total_time_sec" in df.columns
+    for benchmark, bench_rows in df.groupby("_benchmark", sort=False):
+        solvers = short_labels([str(s) for s in bench_rows["solver_name"].unique()])
+        datasets = short_labels([str(s) for s in bench_rows["dataset_name"].unique()])
+        several = len(datasets) > 1
+        for (dataset, solver), rows in bench_rows.groupby(["dataset_name", "solver_name"], sort=False):
+            rows = rows.sort_values(sort_keys, kind="stable").drop(columns="_benchmark")
+            recorded = rows[rows["objective_total_time_sec"].notna()] if has_total else rows.iloc[0:0]
+            regions, composites, columns = _regions(recorded)
+            label = solvers[str(solver)] + (f" @ {datasets[str(dataset)]}" if several else "")
+            out.append(
+                Configuration(
+                    benchmark=str(benchmark),
+                    dataset=str(dataset),
+                    solver=str(solver),
+                    label=label,
+                    rows=rows,
+                    recorded=recorded,
+                    regions=regions,
+                    composites=composites,
+                    region_columns=columns,
+                )
+            )
+    return out

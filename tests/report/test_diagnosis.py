@@ -1,0 +1,140 @@
+"""Every diagnosis rule fires on a crafted result set that should trigger it and stays silent on one that should not."""
+
+from __future__ import annotations
+
+import pytest
+
+from scopebench.report.diagnosis import RULES, diagnose_all
+from scopebench.report.results import configurations, load_results
+
+from .helpers import config_rows, write
+
+BASE = {"dataload_wait": 0.0005, "forward": 0.010, "bwd": 0.020, "optim_step": 0.001}
+
+
+def train(regions=None, params=None, **kw):
+    return config_rows("Pi05Train", {**BASE, **(regions or {})}, params=params, noise=0.0, **kw)
+
+
+def with_rate(rows, samples):
+    for row in rows:
+        if "objective_total_time_sec" in row:
+            row["objective_samples_per_sec"] = samples / (
+                row["objective_total_time_sec"] - row["objective_callback_time_sec"]
+            )
+    return rows
+
+
+def loader(samples_per_sec, batch_size=8):
+    return config_rows(
+        "Pi05Dataloader",
+        {"fetch": 0.05, "h2d": 0.001},
+        params={"batch_size": batch_size},
+        extra={"samples_per_sec": samples_per_sec, "batches_per_sec": samples_per_sec / batch_size},
+    )
+
+
+CASES = {
+    "input-bound (dataload_wait share)": (
+        "input-bound",
+        [train({"dataload_wait": 0.004})],
+        [train()],
+        "dataload_wait is 11.4%",
+    ),
+    "input-bound (dataloader ceiling)": (
+        "input-bound",
+        [with_rate(train(params={"batch_size": 8}), 8), loader(100.0)],  # training: 8 / 0.0316 s = 253 samples/s
+        [with_rate(train(params={"batch_size": 8}), 8), loader(900.0)],
+        "dataloader ceiling 100.0 samples/s",
+    ),
+    "distributed-overhead": (
+        "distributed-overhead",
+        [train(params={"nproc_per_node": 1}), train({"bwd": 0.045}, params={"nproc_per_node": 2})],
+        [train(params={"nproc_per_node": 1}), train({"bwd": 0.022}, params={"nproc_per_node": 2})],
+        "bwd / forward = 4.50x on 2 ranks",
+    ),
+    "distributed-overhead needs a single-rank baseline": (
+        "distributed-overhead",
+        [train(params={"nproc_per_node": 1}), train({"bwd": 0.045}, params={"nproc_per_node": 2})],
+        [train({"bwd": 0.045}, params={"nproc_per_node": 2})],
+        "2.00x on one rank",
+    ),
+    "optimizer-bound": (
+        "optimizer-bound",
+        [train({"optim_step": 0.008}, params={"fused_adamw": False}, extra={"max_gpu_mb": 9000.0})],
+        [train({"optim_step": 0.008}, params={"fused_adamw": True}, extra={"max_gpu_mb": 9000.0})],
+        "optim_step is 20.",
+    ),
+    "optimizer-bound only on CUDA": (
+        "optimizer-bound",
+        [train({"optim_step": 0.008}, params={"fused_adamw": False}, extra={"max_gpu_mb": 9000.0})],
+        [train({"optim_step": 0.008}, params={"fused_adamw": False}, extra={"max_gpu_mb": 0.0})],
+        "without fused AdamW",
+    ),
+    "host-sync-bound": (
+        "host-sync-bound",
+        [train({"sync_gather": 0.004})],
+        [train({"sync_gather": 0.0003})],
+        "sync_gather is 11.",
+    ),
+    "rank-imbalance": (
+        "rank-imbalance",
+        [train(extra={"rank_skew_pct": 25.0, "straggler_rank": 3, "world_size": 4})],
+        [train(extra={"rank_skew_pct": 3.0, "straggler_rank": 3, "world_size": 4})],
+        "straggler_rank 3",
+    ),
+    "profiler-too-costly": (
+        "profiler-too-costly",
+        [train(extra={"profiler_overhead_sec": 0.02})],
+        [train(extra={"profiler_overhead_sec": 0.0005})],
+        "= 63% of the step",
+    ),
+    "compile-not-effective": (
+        "compile-not-effective",
+        [config_rows("Pi05Inference", {"prefill": 0.004, "denoise": 0.02}, params={"compile": "default"}, extra={"first_call_ratio": 1.3})],
+        [config_rows("Pi05Inference", {"prefill": 0.004, "denoise": 0.02}, params={"compile": "default"}, extra={"first_call_ratio": 40.0})],
+        "first call / steady state = 1.30x",
+    ),
+    "compile-not-effective only when compiling": (
+        "compile-not-effective",
+        [config_rows("Pi05Inference", {"prefill": 0.004, "denoise": 0.02}, params={"compile": "default"}, extra={"first_call_ratio": 1.3})],
+        [config_rows("Pi05Inference", {"prefill": 0.004, "denoise": 0.02}, params={"compile": "none"}, extra={"first_call_ratio": 1.3})],
+        "(< 5x)",
+    ),
+    "communication-bound": (
+        "communication-bound",
+        [config_rows("PnP", {"gradient": 0.01, "denoise": 0.02}, suffix="_cpu_sec", extra={"gradient_comm_sec": 0.005}, objective="Imaging inference")],
+        [config_rows("PnP", {"gradient": 0.01, "denoise": 0.02}, suffix="_cpu_sec", extra={"gradient_comm_sec": 0.001}, objective="Imaging inference")],
+        "communication is 50.",
+    ),
+}  # fmt: skip
+
+
+def findings(tmp_path, name, groups):
+    path = write(tmp_path / f"{name}.parquet", *groups)
+    return diagnose_all(configurations(load_results([path])))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rule_fires_and_stays_silent(case, tmp_path):
+    rule, firing, silent, numbers = CASES[case]
+    fired = [f for f in findings(tmp_path, "fire", firing) if f.rule == rule]
+    assert len(fired) == 1, fired
+    assert numbers in fired[0].message and fired[0].advice, fired[0].text()
+    assert [f for f in findings(tmp_path, "silent", silent) if f.rule == rule] == []
+
+
+def test_every_rule_has_a_case():
+    assert {rule for rule, *_ in CASES.values()} == {r.__name__.replace("_", "-") for r in RULES}
+
+
+def test_no_problem_found_when_no_rule_fires(tmp_path):
+    result = findings(tmp_path, "clean", [train()])
+    assert [(f.rule, f.config) for f in result] == [("no-problem", "Pi05Train")]
+    assert f"{len(RULES)} rules checked" in result[0].message
+
+
+def test_rank_imbalance_names_the_worst_region(tmp_path):
+    extra = {"rank_skew_pct": 2.0, "bwd_rank_skew_pct": 30.0, "world_size": 2}
+    (finding,) = [f for f in findings(tmp_path, "region", [train(extra=extra)]) if f.rule == "rank-imbalance"]
+    assert "bwd skew 30.0%" in finding.message and "straggler not measured" in finding.message

@@ -1,0 +1,75 @@
+"""Reading result files: one clear error per bad input, regions discovered from the columns."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from scopebench.cli import main
+from scopebench.report.results import configurations, load_results
+
+from .helpers import config_rows, write
+
+
+@pytest.fixture
+def good(tmp_path):
+    return write(tmp_path / "good.parquet", config_rows("Pi05Train", {"forward": 0.01, "bwd": 0.02}))
+
+
+def _bad_inputs(tmp_path, good):
+    truncated = tmp_path / "truncated.parquet"
+    data = open(good, "rb").read()
+    truncated.write_bytes(data[: len(data) // 2])
+    text = tmp_path / "text.parquet"
+    text.write_text("not parquet")
+    empty = tmp_path / "empty.parquet"
+    pd.DataFrame(
+        {c: pd.Series(dtype="object") for c in ("objective_name", "dataset_name", "solver_name", "stop_val")}
+    ).to_parquet(empty)
+    foreign = tmp_path / "foreign.parquet"
+    pd.DataFrame({"a": [1, 2], "b": [3.0, 4.0]}).to_parquet(foreign)
+    folder = tmp_path / "empty_folder"
+    folder.mkdir()
+    return [
+        (tmp_path / "missing.parquet", "does not exist"),
+        (truncated, "not a readable parquet file"),
+        (text, "not a readable parquet file"),
+        (empty, "holds no rows"),
+        (foreign, "is not a benchopt result"),
+        (folder, "holds no .parquet results file"),
+    ]
+
+
+@pytest.mark.parametrize("command", ["summary", "report", "compare"])
+def test_bad_inputs_get_one_error_naming_the_file(command, tmp_path, good, capsys):
+    for path, message in _bad_inputs(tmp_path, good):
+        argv = [command, str(path)] + ([good] if command == "compare" else [])
+        if command == "report":
+            argv += ["-o", str(tmp_path / "out")]
+        assert main(argv) == 2, (command, path)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0] and str(path) in err[0], (command, path, err)
+        assert not (tmp_path / "out" / "report.html").exists()
+
+
+def test_regions_come_from_columns_so_new_regions_need_no_code(tmp_path):
+    path = write(
+        tmp_path / "r.parquet",
+        config_rows("FutureSolver", {"encode": 0.01, "teleport": 0.03}, params={"mode": "custom"}),
+        config_rows("FutureSolver", {"encode": 0.02, "teleport": 0.01}, params={"mode": "torch"}, suffix="_cpu_sec"),
+        config_rows("Pi05Train", {"forward": 0.01, "bwd": 0.02, "backward_step": 0.025}),
+    )
+    custom, torch, train = configurations(load_results([path]))
+    assert custom.regions == ("encode", "teleport") and custom.region_columns["teleport"] == "teleport_time_sec"
+    assert torch.regions == ("encode", "teleport") and torch.region_columns["teleport"] == "teleport_cpu_sec"
+    assert train.regions == ("forward", "bwd") and train.composites == ("backward_step",)
+    assert (custom.label, torch.label) == ("FutureSolver[mode=custom]", "FutureSolver[mode=torch]")
+    # Warm-up rows and the evaluation before the first iteration carry no metrics.
+    assert custom.iterations() == list(range(1, 20)) and len(custom.rows) == 21
+
+
+def test_folder_reads_every_parquet(tmp_path):
+    write(tmp_path / "a.parquet", config_rows("A", {"x": 0.01}))
+    write(tmp_path / "b.parquet", config_rows("B", {"y": 0.01}))
+    df = load_results([tmp_path])
+    assert sorted(df["solver_name"].str.partition("[")[0].unique()) == ["A", "B"] and df["result_file"].nunique() == 2
