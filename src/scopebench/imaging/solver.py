@@ -159,6 +159,11 @@ class ImagingSolverMixin(ProfiledSolverMixin):
             with prof:
                 self._profiler = prof
                 run_loop(self.engine, prof, callback if self.info.rank == 0 else None)
+            if self.info.rank != 0 and callable(callback):
+                # Under Submitit every SLURM task runs benchopt, which keeps task 0's rows
+                # but cannot close a run whose callback never logged (AttributeError in
+                # _Callback.get_results): log once, after the loop, outside any iteration.
+                callback()
             failed = False
         finally:
             self._close(failed=failed)
