@@ -151,7 +151,7 @@ def _nsys_on_path(tmp_path: Path) -> tuple[Path, Path]:
     return bin_dir, tmp_path / "nsys_calls"
 
 
-def test_nsys_wraps_each_rank_with_its_own_report(slurm_cluster, tmp_path, job_folder, new_outputs):
+def test_nsys_wraps_each_rank_with_its_own_report(slurm_cluster, tmp_path, job_folder, new_outputs, request):
     bin_dir, record = _nsys_on_path(tmp_path)
     # What an `nsys profile benchopt run ...` around the submitting shell would leave behind
     # (sbatch copies the environment into the job): a harmless library under an nsys name.
@@ -170,6 +170,9 @@ solver:
 max-runs: 2
 n-repetitions: 1
 """
+    reports = Path.cwd() / "outputs" / "nsys"  # slurm_setup creates it where benchopt runs from
+    created = not reports.exists()
+    request.addfinalizer(lambda: created and reports.is_dir() and not any(reports.iterdir()) and reports.rmdir())
     env = dict(slurm_cluster.env)
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     env.update(
