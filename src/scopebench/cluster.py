@@ -126,13 +126,19 @@ def _check_submitit_keys(path: str | Path, settings: dict[str, Any]) -> None:
 
 
 def job_parameters(
-    parallel: Mapping[str, Any], solver_params: Mapping[str, Any], static: Mapping[str, Any] | None = None
+    parallel: Mapping[str, Any],
+    solver_params: Mapping[str, Any],
+    static: Mapping[str, Any] | None = None,
+    *,
+    drop_none: bool = True,
 ) -> dict[str, Any]:
     """The ``slurm_*`` settings of one cell's job, merged as benchopt 1.10 merges them.
 
     The parallel config, then the solver's static ``slurm_params``, then its ``slurm_*``
     parameters, each key reduced to Submitit's name (``slurm_tasks_per_node`` is
-    ``slurm_ntasks_per_node``); ``None`` values are dropped as Submitit drops them.
+    ``slurm_ntasks_per_node``); ``None`` values are dropped as Submitit drops them (kept
+    with ``drop_none=False``: benchopt groups cells into job arrays by the settings with
+    them).
 
     :Examples:
         >>> job_parameters({"backend": "submitit", "slurm_time": "01:00:00"}, {"slurm_ntasks_per_node": 2, "slurm_gres": None, "lr": 1})
@@ -148,7 +154,7 @@ def job_parameters(
                 continue
             bare = key.removeprefix("slurm_")
             merged["slurm_" + renames.get(bare, bare)] = value
-    return {key: value for key, value in merged.items() if value is not None}
+    return {key: value for key, value in merged.items() if value is not None or not drop_none}
 
 
 def launcher_world_size(job: Mapping[str, Any]) -> int | None:

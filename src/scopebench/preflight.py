@@ -66,7 +66,7 @@ CELL_CHECKS: dict[str, str] = {
 
 
 # -- patterns and the grid -----------------------------------------------------------------
-_SCALARS = {"true": True, "false": False, "none": None, "null": None}
+_SCALARS = {"True": True, "False": False, "None": None}  # Python's spelling, as benchopt reads names
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
@@ -95,8 +95,8 @@ def _value(text: str) -> Any:
         return [_value(item) for item in _split_top(text[1:-1])]
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]
-    if text.lower() in _SCALARS:
-        return _SCALARS[text.lower()]
+    if text in _SCALARS:
+        return _SCALARS[text]
     if _NUMBER.fullmatch(text):
         number = float(text)
         return int(text) if re.fullmatch(r"[+-]?\d+", text) else number
@@ -209,9 +209,11 @@ def _load(path: Path, attr: str) -> Any:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+        return getattr(module, attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"cannot read the {attr} class of {path}: {err}") from None
     finally:
         sys.modules.pop(name, None)
-    return getattr(module, attr)
 
 
 def load_classes(benchmark: str | Path) -> Classes:
@@ -366,7 +368,10 @@ def preflight(
                 job["slurm_time"] = f"00:{int(1.5 * timeout)}"  # what benchopt 1.10 sets
                 report.notes.append(f"no slurm_time: benchopt sets {job['slurm_time']} (1.5 x timeout of {timeout} s)")
             report.jobs[cell.index] = job
-            report.groups[cell.index] = group_of.setdefault(repr(sorted(job.items(), key=str)), len(group_of) + 1)
+            # benchopt makes one executor (one sbatch call, an array when it holds several
+            # jobs) per distinct merged settings, None values included.
+            raw = job_parameters(parallel, cell.solver_params, classes.slurm_params.get(cell.solver), drop_none=False)
+            report.groups[cell.index] = group_of.setdefault(repr(sorted(raw.items(), key=str)), len(group_of) + 1)
             world = launcher_world_size(job)
             try:
                 sbatch_script(job, folder)

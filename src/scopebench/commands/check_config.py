@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 HELP = "check a benchopt config (and parallel config) before submitting it; submits nothing"
 
@@ -120,7 +121,7 @@ def _print_text(report, show_sbatch: bool) -> None:
     if show_sbatch and report.jobs:
         for group, indices in sorted(members.items()):
             print(f"\n# submission {group} (cells {', '.join(f'#{i}' for i in indices)})")
-            print(sbatch_script(report.jobs[indices[0]], f"{report.benchmark}/{JOB_FOLDER}"))
+            print(sbatch_script(report.jobs[indices[0]], Path(report.benchmark).resolve() / JOB_FOLDER))
     invalid = len(report.errors)
     if report.cluster == "slurm":
         total = f"{report.submissions()} sbatch submission(s)"
