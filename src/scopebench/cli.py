@@ -15,6 +15,7 @@ import sys
 
 #: Subcommand name -> module under :mod:`scopebench.commands` (``-`` becomes ``_``).
 COMMANDS = (
+    "check-config",
     "info",
     "summary",
     "report",

@@ -2,7 +2,9 @@
 
 ``benchopt run`` exits 0 even when a solver raised: the failure only shows as an
 ``error`` status line in its output and as missing rows in the parquet. Tests, the demo
-and CI go through :func:`run_benchopt`, which checks both.
+and CI go through :func:`run_benchopt`, which checks both. With a submitit
+``--parallel-config`` a solver's traceback is written to its job's log, not to benchopt's
+output; a failed run's message then quotes the job logs written while it ran.
 
 It also exits 0 when a solver stopped on benchopt's ``--timeout`` before ``max-runs``
 (status ``done (timeout)``; the clock starts before ``pre_run_hook``, so worker start-up
@@ -93,6 +95,21 @@ def _failed_lines(log: str) -> list[str]:
     return bad
 
 
+def _job_errors(benchmark: Path, since: float, limit: int = 3, chars: int = 2000) -> list[str]:
+    """Ends of the Submitit job error logs (``<benchmark>/benchopt_run/*_log.err``) written since ``since``.
+
+    Logs holding a traceback come first; at most ``limit`` of them, ``chars`` characters each.
+    """
+    folder = benchmark / "benchopt_run"  # benchopt's Submitit folder (benchopt.benchmark.SLURM_JOB_NAME)
+    if not folder.is_dir():
+        return []
+    texts = []
+    for log in sorted(folder.glob("*_log.err")):
+        if log.stat().st_mtime >= since and (text := log.read_text(errors="replace").strip()):
+            texts.append((("Traceback" not in text), f"--- {log}\n{text[-chars:]}"))
+    return [text for _, text in sorted(texts, key=lambda t: t[0])[:limit]]
+
+
 def benchopt_run(
     benchmark: str | Path,
     config: str | Path | None = None,
@@ -156,8 +173,10 @@ def run_benchopt(
 
     Raises:
         RuntimeError: benchopt failed, a solver errored, or no parquet was written; the
-            message carries the end of benchopt's output.
+            message carries the end of benchopt's output and of the Submitit job error logs
+            written during the run.
     """
+    since = time.time()
     code, run = benchopt_run(benchmark, config, output=output, extra_args=extra_args, timeout_sec=timeout_sec, env=env)
     problems = _failed_lines(run.log)
     if code != 0 or problems or not run.parquet.is_file():
@@ -166,7 +185,11 @@ def run_benchopt(
             if code != 0
             else f"{len(problems)} failure line(s): {problems[:3]}" if problems else f"no results file at {run.parquet}"
         )
-        raise RuntimeError(f"benchopt run of {benchmark} failed ({reason}):\n{run.log[-4000:]}")
+        jobs = "\n".join(_job_errors(Path(benchmark), since))
+        raise RuntimeError(
+            f"benchopt run of {benchmark} failed ({reason}):\n{run.log[-4000:]}"
+            + (f"\nSubmitit job logs:\n{jobs}" if jobs else "")
+        )
     stopped = _stopped_on_timeout(run, _max_runs(config, extra_args))
     _write_run_metadata(run.parquet, {"max_runs": _max_runs(config, extra_args), "stopped_on_timeout": stopped})
     for entry in stopped:

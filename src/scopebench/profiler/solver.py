@@ -98,6 +98,19 @@ class ProfiledSolverMixin:
         """
         with run:
             run.loop(callback)
+            self.close_callback(run.info.rank, callback)
+
+    @staticmethod
+    def close_callback(rank: int, callback: Callable[[], bool] | None) -> None:
+        """On ranks other than 0, call benchopt's ``callback`` once, after the loop.
+
+        Under Submitit every SLURM task runs benchopt's solver code; benchopt keeps task
+        0's rows but cannot close a run whose callback never logged (``AttributeError`` in
+        ``_Callback.get_results``). Only rank 0 drives the loop with the callback, so the
+        others log once here, outside any iteration.
+        """
+        if rank != 0 and callable(callback):
+            callback()
 
     def current_metrics(self) -> dict[str, Any]:
         """Metrics of the last finished iteration (``{}`` before the first or outside the window)."""

@@ -20,7 +20,7 @@ from scopebench.imaging.inference.run import PnPRun
 from scopebench.imaging.inference.topology import Topology, check_topology
 from scopebench.profiler.solver import ProfiledSolverMixin
 
-__all__ = ["PnPSolverMixin"]
+__all__ = ["PnPSolverMixin", "cell_problems"]
 
 #: Solver parameters that make up the :class:`ReconstructionConfig`.
 CONFIG_KEYS = (
@@ -39,6 +39,41 @@ CONFIG_KEYS = (
     "compile",
     "device",
 )
+
+
+def cell_problems(
+    config: ReconstructionConfig, topology: Topology, spec: dict[str, Any], launcher_world_size: int | None
+) -> tuple[str | None, str | None, str | None]:
+    """Why a (config, layout, problem) cell cannot run: ``(invalid, inapplicable, unavailable)``.
+
+    Each is a reason or ``None``. ``invalid``: the process layout contradicts the problem
+    or the distribution flags (:func:`check_topology` without compilation);
+    ``inapplicable``: the grid combination does not apply (a 2-D-only denoiser on a
+    volume); ``unavailable``: it cannot run on this machine (a missing denoiser package,
+    ``compile`` without a C compiler). ``skip`` declines all three; ``scopebench
+    check-config`` reports the first as an error and the others as skips.
+    """
+    params = dict(spec)
+    kind = params.pop("kind")
+    shape, num_operators = describe_problem(kind, **params)
+    layout = dict(
+        distribute_physics=config.distribute_physics,
+        distribute_denoiser=config.distribute_denoiser,
+        num_operators=num_operators,
+        signal_shape=shape,
+        patch_size=config.patch_size,
+        overlap=config.overlap,
+        launcher_world_size=launcher_world_size,
+    )
+    invalid = check_topology(topology, **layout, compile_mode="none")
+    if invalid:
+        return invalid, None, None
+    if len(shape) == 5 and config.denoiser in ONLY_2D:
+        return None, f"denoiser={config.denoiser!r} only handles 2-D images; {kind} is a volume", None
+    unavailable = denoiser_unavailable(config.denoiser) or check_topology(
+        topology, **layout, compile_mode=config.compile
+    )
+    return None, None, unavailable
 
 
 class PnPSolverMixin(ProfiledSolverMixin):
@@ -63,28 +98,12 @@ class PnPSolverMixin(ProfiledSolverMixin):
     def skip(self, spec: dict[str, Any], **_: Any) -> tuple[bool, str | None]:
         from scopebench.dist import get_dist_info
 
-        config = self.reconstruction_config()
         self.validate_profiler()
-        reason = denoiser_unavailable(config.denoiser)
-        if reason:
-            return True, reason
-        params = dict(spec)
-        kind = params.pop("kind")
-        shape, num_operators = describe_problem(kind, **params)
-        if len(shape) == 5 and config.denoiser in ONLY_2D:
-            return True, f"denoiser={config.denoiser!r} only handles 2-D images; {kind} is a volume"
         info = get_dist_info()
-        reason = check_topology(
-            self.topology(),
-            distribute_physics=config.distribute_physics,
-            distribute_denoiser=config.distribute_denoiser,
-            num_operators=num_operators,
-            signal_shape=shape,
-            patch_size=config.patch_size,
-            overlap=config.overlap,
-            launcher_world_size=info.world_size if info.is_distributed else None,
-            compile_mode=config.compile,
+        problems = cell_problems(
+            self.reconstruction_config(), self.topology(), spec, info.world_size if info.is_distributed else None
         )
+        reason = next((p for p in problems if p), None)
         return (True, reason) if reason else (False, None)
 
     def set_objective(self, spec: dict[str, Any]) -> None:

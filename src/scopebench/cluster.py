@@ -1,0 +1,177 @@
+"""Submitting through Submitit as benchopt 1.10 does: its parallel config, each job's SLURM settings, its sbatch script.
+
+benchopt reads ``--parallel-config`` (:func:`read_parallel_config`), hands every key but
+``backend`` to ``submitit.AutoExecutor.update_parameters`` and submits each
+(dataset, objective, solver, repetition) as one job whose settings are the parallel
+config, then the solver's static ``slurm_params``, then its ``slurm_*`` parameters
+(:func:`job_parameters`). Cells with equal settings go in one job array. These functions
+reproduce that without submitting, for ``scopebench check-config``; Submitit's own
+parameter check and sbatch writer do the validation.
+
+Facts of benchopt 1.10 + Submitit 1.5 these rest on (tests/slurm/test_parallel_configs.py
+holds canaries): ``-j`` (``n_jobs``) reaches ``update_parameters`` and fails; so does
+``slurm_python`` (Submitit takes ``python`` only in the executor's constructor); a missing
+``slurm_time`` becomes ``00:<1.5 x timeout>`` (minutes:seconds); Submitit adds
+``--signal=USR2@90``, so a time limit under :data:`MIN_SLURM_MINUTES` kills jobs at start.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "BENCHOPT_DEFAULT_TIMEOUT_SEC",
+    "JOB_FOLDER",
+    "MIN_SLURM_MINUTES",
+    "job_parameters",
+    "launcher_world_size",
+    "read_parallel_config",
+    "sbatch_script",
+    "slurm_minutes",
+]
+
+#: Submitit asks SLURM for USR2 90 s before a job's end: shorter jobs die as they start.
+MIN_SLURM_MINUTES = 5
+#: benchopt's folder for Submitit's pickles, scripts and logs (``benchopt.benchmark.SLURM_JOB_NAME``).
+JOB_FOLDER = "benchopt_run"
+#: benchopt 1.10's ``default_timeout`` setting, from which it derives a missing ``slurm_time``.
+BENCHOPT_DEFAULT_TIMEOUT_SEC = 100
+
+
+def slurm_minutes(value: Any) -> float:
+    """Minutes of a SLURM time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``, or int minutes).
+
+    :Examples:
+        >>> slurm_minutes("00:30:00"), slurm_minutes("1-00:00:00"), slurm_minutes("00:150"), slurm_minutes(10)
+        (30.0, 1440.0, 2.5, 10.0)
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"slurm_time must be a SLURM time such as '01:30:00', got {value!r}")
+    if not isinstance(value, str):
+        return float(value)
+    days, _, rest = value.strip().rpartition("-")
+    try:
+        parts = [float(p) for p in rest.split(":")]
+        day = float(days) if days else 0.0
+    except ValueError:
+        raise ValueError(f"slurm_time must be a SLURM time such as '01:30:00', got {value!r}") from None
+    if len(parts) > 3:
+        raise ValueError(f"slurm_time must be a SLURM time such as '01:30:00', got {value!r}")
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        units = (3600, 60, 1)
+    else:  # MM, MM:SS, HH:MM:SS
+        units = {1: (60,), 2: (60, 1), 3: (3600, 60, 1)}[len(parts)]
+    seconds = sum(p * u for p, u in zip(parts, units))
+    return day * 1440 + seconds / 60
+
+
+def read_parallel_config(path: str | Path, n_jobs: int | None = None) -> dict[str, Any]:
+    """A ``--parallel-config`` file as benchopt 1.10 reads it, refused where benchopt would fail.
+
+    Raises:
+        ValueError: naming the key: no or an unknown ``backend``; ``-j``/``n_jobs`` with
+            the submitit backend (benchopt 1.10 passes it to Submitit, which fails); a key
+            Submitit does not accept (``slurm_python`` among them); a ``slurm_time`` under
+            :data:`MIN_SLURM_MINUTES` minutes.
+    """
+    config = yaml.safe_load(Path(path).read_text())
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a mapping of settings, got {config!r}")
+    backend = config.get("backend")
+    if backend not in ("loky", "dask", "submitit"):
+        raise ValueError(f"{path}: backend must be one of loky, dask, submitit, got {backend!r}")
+    if isinstance(config.get("slurm_time"), int):
+        # benchopt's reading: YAML turns an unquoted 10:30 into seconds.
+        hours, rest = divmod(config["slurm_time"], 3600)
+        config["slurm_time"] = f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
+    if backend != "submitit":
+        return config
+    if n_jobs is not None or "n_jobs" in config:
+        raise ValueError(
+            f"{path}: -j/n_jobs cannot be combined with backend: submitit (benchopt 1.10 hands it to "
+            "Submitit, which fails); Submitit runs one job per cell, slurm_array_parallelism bounds how many at once"
+        )
+    if "slurm_python" in config:
+        raise ValueError(
+            f"{path}: slurm_python is not accepted by benchopt 1.10 (Submitit takes `python` only when its "
+            "executor is built); wrap each rank with slurm_srun_args, as configs/parallel/slurm_nsys.yml does"
+        )
+    # What benchopt hands Submitit: every key made a slurm_* one (so local_* settings fail).
+    _check_submitit_keys(path, job_parameters(config, {}))
+    if "slurm_time" in config and slurm_minutes(config["slurm_time"]) < MIN_SLURM_MINUTES:
+        raise ValueError(
+            f"{path}: slurm_time={config['slurm_time']!r} is under {MIN_SLURM_MINUTES} minutes; Submitit's "
+            "USR2 signal 90 s before the end kills such jobs as they start"
+        )
+    return config
+
+
+def _check_submitit_keys(path: str | Path, settings: dict[str, Any]) -> None:
+    import tempfile
+
+    import submitit
+
+    with tempfile.TemporaryDirectory() as folder:
+        executor = submitit.AutoExecutor(folder, cluster="local")  # validates keys of every executor
+        try:
+            executor.update_parameters(**settings)
+        except (NameError, ValueError, AssertionError) as err:
+            first = str(err).splitlines()[0]
+            raise ValueError(f"{path}: Submitit refuses these settings: {first}") from None
+
+
+def job_parameters(
+    parallel: Mapping[str, Any],
+    solver_params: Mapping[str, Any],
+    static: Mapping[str, Any] | None = None,
+    *,
+    drop_none: bool = True,
+) -> dict[str, Any]:
+    """The ``slurm_*`` settings of one cell's job, merged as benchopt 1.10 merges them.
+
+    The parallel config, then the solver's static ``slurm_params``, then its ``slurm_*``
+    parameters, each key reduced to Submitit's name (``slurm_tasks_per_node`` is
+    ``slurm_ntasks_per_node``); ``None`` values are dropped as Submitit drops them (kept
+    with ``drop_none=False``: benchopt groups cells into job arrays by the settings with
+    them).
+
+    :Examples:
+        >>> job_parameters({"backend": "submitit", "slurm_time": "01:00:00"}, {"slurm_ntasks_per_node": 2, "slurm_gres": None, "lr": 1})
+        {'slurm_time': '01:00:00', 'slurm_ntasks_per_node': 2}
+    """
+    from submitit.slurm.slurm import SlurmExecutor
+
+    renames = SlurmExecutor._equivalence_dict()
+    merged: dict[str, Any] = {}
+    for source in (parallel, static or {}, {k: v for k, v in solver_params.items() if k.startswith("slurm_")}):
+        for key, value in source.items():
+            if key == "backend":
+                continue
+            bare = key.removeprefix("slurm_")
+            merged["slurm_" + renames.get(bare, bare)] = value
+    return {key: value for key, value in merged.items() if value is not None or not drop_none}
+
+
+def launcher_world_size(job: Mapping[str, Any]) -> int | None:
+    """SLURM tasks of a job (``nodes x ntasks_per_node``), ``None`` when it runs one task."""
+    world = int(job.get("slurm_nodes", 1) or 1) * int(job.get("slurm_ntasks_per_node", 1) or 1)
+    return world if world > 1 else None
+
+
+def sbatch_script(job: Mapping[str, Any], folder: str | Path, python: str | None = None) -> str:
+    """The sbatch script Submitit would write for one job (``ValueError`` for an unknown key)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    params = {key.removeprefix("slurm_"): value for key, value in job.items()}
+    for key in ("python", "array_parallelism", "map_count"):
+        params.pop(key, None)
+    command = f"{python or sys.executable} -u -m submitit.core._submit {folder}"
+    try:
+        return _make_sbatch_string(command=command, folder=str(folder), **params)
+    except TypeError as err:
+        raise ValueError(f"Submitit cannot write an sbatch script from these settings: {err}") from None

@@ -1,0 +1,106 @@
+"""Fixtures for tests that submit real SLURM jobs.
+
+``slurm_cluster`` (session): a real single-node SLURM started once and stopped at the end
+(:mod:`.cluster`). Skipped when its prerequisites are missing outside CI; with ``CI`` set
+(``.ci/run``), a missing prerequisite fails the tests instead, since
+``scripts/install_system_packages.sh`` should have installed it.
+
+``job_folder``: the benchmark's Submitit folder, with the files a test's jobs add removed
+afterwards (job ids restart with each cluster, so stale ``<id>_result.pkl`` files would be
+taken for the results of a new job with the same id).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PARALLEL_CONFIGS = REPO / "configs" / "parallel"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    from .cluster import local_slurm, missing_prerequisites
+
+    missing = missing_prerequisites()
+    if missing:
+        message = (
+            f"a local SLURM needs {', '.join(missing)}; "
+            "scripts/install_system_packages.sh installs the Debian packages (slurmctld slurmd slurm-client munge)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with local_slurm() as cluster:
+        yield cluster
+
+
+class JobFolder:
+    """``<benchmark>/benchopt_run``: what Submitit wrote there since the snapshot."""
+
+    def __init__(self, benchmark: Path) -> None:
+        self.path = benchmark / "benchopt_run"
+        self.before = set(self.path.iterdir()) if self.path.is_dir() else set()
+
+    def new_files(self) -> list[Path]:
+        if not self.path.is_dir():
+            return []
+        return sorted(set(self.path.iterdir()) - self.before)
+
+    def job_ids(self) -> list[str]:
+        """Ids of the jobs submitted since the snapshot (from their sbatch scripts)."""
+        return sorted({p.name.split("_")[0] for p in self.new_files() if p.name.endswith("_submission.sh")}, key=int)
+
+    def read(self, name: str) -> str:
+        path = self.path / name
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def logs(self) -> str:
+        """Every new job log, each under its file name (for assertion messages)."""
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.new_files() if "_log." in p.name
+        )
+
+    def cleanup(self) -> None:
+        for path in self.new_files():
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def job_folder():
+    folder = JobFolder(REPO / "benchmark_inference")
+    yield folder
+    folder.cleanup()
+
+
+@pytest.fixture
+def new_outputs():
+    """Removes the per-rank files a test's runs add to ``benchmark_inference/outputs``."""
+    outputs = REPO / "benchmark_inference" / "outputs"
+    before = set(outputs.iterdir()) if outputs.is_dir() else set()
+
+    def added() -> list[Path]:
+        return sorted(set(outputs.iterdir()) - before) if outputs.is_dir() else []
+
+    yield added
+    for path in added():
+        if path.is_file():
+            path.unlink()
+
+
+def cluster_parallel_config(name: str, cluster, tmp_path: Path, setup_extra: tuple[str, ...] = ()) -> Path:
+    """A shipped parallel config with what differs on the test cluster: its partition, one
+    core per rank (the node has only this machine's cores) and no account/qos/constraint.
+    """
+    config = yaml.safe_load((PARALLEL_CONFIGS / name).read_text())
+    config["slurm_partition"] = cluster.partition
+    config["slurm_additional_parameters"] = {"cpus-per-task": 1}
+    config["slurm_setup"] = list(config.get("slurm_setup", [])) + list(setup_extra)
+    path = tmp_path / f"test_cluster_{name}"
+    path.write_text(yaml.safe_dump(config))
+    return path
