@@ -11,9 +11,11 @@ import resource
 import sys
 from typing import Any
 
-__all__ = ["DeviceOps", "peak_rss_mb", "MB"]
+__all__ = ["DeviceOps", "peak_rss_mb", "MB", "MAXRSS_UNIT"]
 
 MB = 1024.0 * 1024.0
+#: ``ru_maxrss`` unit in bytes: KiB on Linux, bytes on macOS.
+MAXRSS_UNIT = 1.0 if sys.platform == "darwin" else 1024.0
 
 
 def peak_rss_mb() -> float:
@@ -21,8 +23,7 @@ def peak_rss_mb() -> float:
 
     ``ru_maxrss`` is in KiB on Linux and in bytes on macOS.
     """
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / MB if sys.platform == "darwin" else peak / 1024.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * MAXRSS_UNIT / MB
 
 
 class DeviceOps:
