@@ -26,11 +26,30 @@ With ``--quickstart`` it also times ``benchopt run benchmark_inference/. --confi
 benchmark_inference/configs/quickstart.yml`` end to end in a fresh process (imports
 included; goal: under 20 s on 2 CPU cores).
 
+With ``--case denoiser`` it measures the ``Denoiser`` solver instead (issue 13): one
+DnCNN pass (random weights) per iteration on the ``simulated`` dataset's image, run
+
+* ``bare``: a plain loop in this process over ``deepinv.models.DnCNN``, with the
+  allocator set to keep its freed memory (:func:`scopebench.allocator.keep_freed_memory`,
+  called before any large allocation);
+* ``benchopt``: the real ``Denoiser`` solver under ``benchopt run`` (``denoise_time_sec``
+  and ``minor_faults_count`` from the parquet), as users get it by default;
+* ``benchopt_allocator_off`` (with ``--allocator-ab``): the same with
+  ``SCOPEBENCH_KEEP_FREED_MEMORY=0``, i.e. glibc's default thresholds — the state before
+  the fix, where every pass maps, faults in and unmaps its large temporaries.
+
+The three alternate in rounds (order reversed every other round); the ratio of medians
+``benchopt / bare`` is reported with its spread (min-max of the per-round ratios), with
+minor page faults per pass and, per whole ``benchopt run`` process, minor faults and
+system time (``getrusage(RUSAGE_CHILDREN)``). Goal: ratio at most 1.05.
+
 Why: the benchmark is only useful if measuring does not change what is measured.
 
 Run: ``.venv/bin/python benchmarks/inference_overhead.py [--image-size 128]
 [--denoiser tv|drunet] [--rounds 5 --steps 10] [--quickstart]`` (one process; one
-intra-op thread unless ``--threads``).
+intra-op thread unless ``--threads``), or
+``.venv/bin/python benchmarks/inference_overhead.py --case denoiser --threads 2
+[--rounds 4 --steps 8] [--allocator-ab]``.
 
 Output: human-readable lines, then one JSON object on the last line::
 
@@ -40,6 +59,15 @@ Output: human-readable lines, then one JSON object on the last line::
      "inside_benchopt": {"iteration_median_ms": float, "with_callback_median_ms": float,
                          "ratio": float, "ratio_to_bare_scored": float},
      "quickstart_sec": float | null}
+
+  with ``--case denoiser``::
+
+    {"case": "denoiser", "image_size": int, "rounds": int, "steps_per_round": int, "threads": int,
+     "modes": {"bare" | "benchopt" | "benchopt_allocator_off":
+               {"median_ms": float, "p95_ms": float, "minor_faults_median": float,
+                "ratio_to_bare": float | null, "round_ratio_min": float | null,
+                "round_ratio_max": float | null,
+                "process_minor_faults_median": float | null, "process_system_sec_median": float | null}}}
 """
 
 from __future__ import annotations
@@ -179,6 +207,138 @@ def inside_benchopt(image_size: int, denoiser: str, sigma: float, steps: int, th
     return {"total": total, "iteration": iteration}
 
 
+def denoiser_bare(image_size: int, sigma: float, threads: int):
+    """Pass times (s) and minor faults of DnCNN on the ``simulated`` image, allocator kept."""
+    import resource
+
+    from scopebench.allocator import keep_freed_memory
+
+    keep_freed_memory()  # before the model and its activations exist
+    import deepinv as dinv
+
+    from scopebench.imaging.inference import build_problem
+
+    torch.set_num_threads(threads)
+    problem = build_problem("simulated", image_size=image_size, operator="blur", noise_level=0.03)
+    torch.manual_seed(0)
+    model = dinv.models.DnCNN(3, 3, pretrained=None).eval()
+    noisy = problem.physics.A_adjoint(problem.y).reshape(problem.x_true.shape).contiguous()
+
+    def passes(n: int) -> tuple[list[float], list[int]]:
+        times, faults = [], []
+        with torch.no_grad():
+            for _ in range(n):
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                start = time.perf_counter()
+                model(noisy, sigma)
+                times.append(time.perf_counter() - start)
+                faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        return times, faults
+
+    return passes
+
+
+def denoiser_benchopt(image_size: int, sigma: float, steps: int, threads: int, allocator: bool) -> dict[str, list]:
+    """One ``benchopt run`` of the ``Denoiser`` solver (DnCNN, random weights).
+
+    Returns per-iteration ``time`` (``denoise_time_sec``) and ``faults``
+    (``minor_faults_count``), and the whole process's minor faults and system time.
+    """
+    import resource
+    import tempfile
+
+    import pandas as pd
+    import yaml
+
+    from scopebench.runs import run_benchopt
+
+    solver = {
+        "denoiser": "dncnn",
+        "pretrained": "none",
+        "denoiser_sigma": sigma,
+        "profiler_mode": "custom",
+        "profiler_warmup": 2,
+    }
+    config = {
+        "dataset": [f"simulated[image_size={image_size},operator=blur,noise_level=0.03]"],
+        "solver": [{"Denoiser": solver}],
+        "max-runs": steps + 3,
+        "n-repetitions": 1,
+    }
+    env = {"OMP_NUM_THREADS": str(threads)}
+    if not allocator:
+        env["SCOPEBENCH_KEEP_FREED_MEMORY"] = "0"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "denoiser.yml"
+        path.write_text(yaml.safe_dump(config))
+        run = run_benchopt(REPO / "benchmark_inference", path, output=Path(tmp) / "denoiser.parquet", env=env)
+        df = pd.read_parquet(run.parquet)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    df = df[df["objective_denoise_time_sec"].notna()]
+    return {
+        "time": df["objective_denoise_time_sec"].tolist(),
+        "faults": df["objective_minor_faults_count"].tolist(),
+        "process_faults": [after.ru_minflt - before.ru_minflt],
+        "process_system_sec": [after.ru_stime - before.ru_stime],
+    }
+
+
+def denoiser_case(args) -> None:
+    """``--case denoiser``: the ``Denoiser`` solver in ``benchopt run`` vs a bare loop."""
+    from scopebench.stats import median
+
+    bare = denoiser_bare(args.image_size, args.sigma, args.threads)
+    bare(2)  # warm-up, never reported
+    modes = ["bare", "benchopt"] + (["benchopt_allocator_off"] if args.allocator_ab else [])
+    data: dict[str, dict[str, list]] = {m: {"time": [], "faults": []} for m in modes}
+    per_round: dict[str, list[float]] = {m: [] for m in modes}
+    for r in range(args.rounds):
+        for mode in modes if r % 2 == 0 else modes[::-1]:
+            if mode == "bare":
+                times, faults = bare(args.steps)
+                got = {"time": times, "faults": faults}
+            else:
+                got = denoiser_benchopt(
+                    args.image_size, args.sigma, args.steps, args.threads, allocator=mode == "benchopt"
+                )
+            for key, values in got.items():
+                data[mode].setdefault(key, []).extend(values)
+            per_round[mode].append(median(got["time"]))
+            print(f"round {r}: {mode:24s} median {median(got['time']) * 1e3:8.1f} ms", flush=True)
+    result = {
+        "case": "denoiser",
+        "image_size": args.image_size,
+        "rounds": args.rounds,
+        "steps_per_round": args.steps,
+        "threads": args.threads,
+        "modes": {},
+    }
+    bare_median = median(data["bare"]["time"])
+    for mode in modes:
+        s = summarize(data[mode]["time"])
+        ratios = [a / b for a, b in zip(per_round[mode], per_round["bare"])]
+        process = data[mode].get("process_faults")
+        result["modes"][mode] = {
+            "median_ms": s.median * 1e3,
+            "p95_ms": s.p95 * 1e3,
+            "minor_faults_median": median(data[mode]["faults"]),
+            "ratio_to_bare": s.median / bare_median if mode != "bare" else None,
+            "round_ratio_min": min(ratios) if mode != "bare" else None,
+            "round_ratio_max": max(ratios) if mode != "bare" else None,
+            "process_minor_faults_median": median(process) if process else None,
+            "process_system_sec_median": median(data[mode]["process_system_sec"]) if process else None,
+        }
+        line = f"{mode:24s} median {s.median * 1e3:8.1f} ms  p95 {s.p95 * 1e3:8.1f} ms"
+        line += f"  minor faults/pass {median(data[mode]['faults']):9.0f}"
+        if mode != "bare":
+            line += f"  ratio {s.median / bare_median:.3f} [{min(ratios):.3f}-{max(ratios):.3f}]"
+            line += f"  process: {median(process):,.0f} faults, {median(data[mode]['process_system_sec']):.1f} s sys"
+        print(line)
+    print("goal: benchopt / bare <= 1.05")
+    print(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--image-size", type=int, default=128)
@@ -188,7 +348,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="measured steps per round and loop (>= 20 in all)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quickstart", action="store_true", help="also time the benchopt quickstart end to end")
+    parser.add_argument("--case", choices=("pnp", "denoiser"), default="pnp", help="denoiser: the Denoiser solver")
+    parser.add_argument(
+        "--allocator-ab", action="store_true", help="denoiser case: also run benchopt with the allocator fix off"
+    )
     args = parser.parse_args()
+    from scopebench.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the solvers do: the in-process loops get the same allocator as benchopt's
+    if args.case == "denoiser":
+        warnings.simplefilter("ignore")
+        return denoiser_case(args)
     if args.rounds * args.steps < 20:
         parser.error("need at least 20 measured steps per loop (rounds x steps)")
     warnings.simplefilter("ignore")

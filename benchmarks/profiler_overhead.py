@@ -1,44 +1,72 @@
 """Profiler overhead: how much does each backend add to one solver iteration?
 
-What it measures: the same 5-10 ms CPU workload (matrix products in two regions) is run
-by a bare loop and by ``profiler.iterate`` under the ``null``, ``custom`` and ``torch``
-backends. The step time is the interval between two consecutive callback calls, which
-is what a solver pays per iteration, profiler bookkeeping included. Modes are
-interleaved in rounds so that drift on a shared machine hits all of them alike, and each
-mode's median step time is divided by the bare loop's.
+What it measures, in one process, one intra-op thread:
+
+1. **Ratio to a bare loop.** The same 5-10 ms CPU workload (matrix products in two
+   regions) run by a bare loop and by ``profiler.iterate`` under the ``null``, ``custom``
+   and ``torch`` backends. The step time is the interval between two consecutive
+   callback calls (what a solver pays per iteration, profiler included). Modes are
+   interleaved in rounds so that drift on a shared machine hits all of them alike; each
+   mode's median is divided by the bare loop's.
+2. **Bookkeeping.** The ratio carries the machine's noise (a few tenths of a percent), so
+   each backend's own cost is also measured as the mean time of an iteration with two
+   empty regions over many iterations, minus an empty loop's, in microseconds.
+3. **After the clock** (``custom``). After real work, ``end_iteration()`` plus
+   ``get_current_metrics()`` — time outside ``total_time_sec``; the backend reports its
+   share as ``profiler_overhead_sec`` (median shown beside it).
+4. **torch per step on tiny operators.** 200 small matrix products (about 2 ms bare) per
+   iteration, bare vs ``profiler_mode: torch`` per-step mode, interleaved; the per-step
+   overhead is the difference of medians. Then where it goes, phase by phase on one
+   such step: profiler construction and start, stop (with and without
+   ``profile_memory``), reading the raw events, the backend's analysis (region metrics
+   only; with operator rows as with ``save_file``), and ``prof.events()`` (the
+   ``FunctionEvent`` path the backend used before).
+5. With ``--baseline SRC`` (a ``src/`` folder of another version, e.g. extracted with
+   ``git archive <commit> src | tar -x -C /tmp/base``): items 2-4 for both versions in
+   subprocesses, alternating A, B, A, B over ``--rounds``; medians per version, the
+   spread over rounds (min-max), and the ratio of medians new / baseline.
 
 Why: the suite is only useful if measuring does not change what is measured. Goals:
-``custom`` within 1 % of the bare loop, ``null`` within 0.2 %. The ``torch`` backend is
-expected to cost more (it reports its own processing as ``profiler_overhead_sec``).
+``custom`` bookkeeping at most 12 µs per iteration and within 1 % of the workload,
+``null`` within 0.2 %, ``custom`` time after the clock at most 30 µs or accounted for,
+torch per-step overhead on tiny operators at most a third of the former code path's.
 
-The ratio of medians carries the machine's noise (a few tenths of a percent on a shared
-machine); the script therefore also measures each backend's own bookkeeping: the mean
-cost of an iteration with two empty regions over many iterations, minus the bare loop's,
-in microseconds. That figure divided by the workload is the overhead without the noise.
-
-Run: ``.venv/bin/python benchmarks/profiler_overhead.py [--rounds 10 --steps 30]``
-(single process, one intra-op thread for stable timings).
+Run: ``.venv/bin/python benchmarks/profiler_overhead.py [--rounds 10 --steps 30]
+[--baseline /tmp/base/src]``.
 
 Output: human-readable lines, then one JSON object on the last line::
 
     {"workload_ms": float, "rounds": int, "steps_per_round": int,
      "modes": {"bare"|"null"|"custom"|"torch":
                {"median_ms": float, "p95_ms": float, "ratio_to_bare": float,
-                "bookkeeping_us": float, "bookkeeping_pct": float}}}
+                "bookkeeping_us": float, "bookkeeping_pct": float}},
+     "custom_after_clock": {"median_us": float, "reported_overhead_median_us": float},
+     "torch_tiny": {"bare_ms": float, "torch_ms": float, "overhead_ms": float,
+                    "reported_overhead_ms": float, "phases_ms": {phase: float}},
+     "baseline": null | {"src": str, "rounds": int,
+                         "versions": {"new"|"baseline": {metric: {"median": float,
+                                                                   "min": float, "max": float}}},
+                         "ratio_new_to_baseline": {metric: float | null}}}
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from scopebench.profiler import create_profiler
-from scopebench.stats import summarize
+from scopebench.stats import median, summarize
 
 MODES = ("bare", "null", "custom", "torch")
+TINY_OPS = 200
+TINY_SIZE = 64
 
 
 def make_workload(target_ms: float):
@@ -62,27 +90,44 @@ def make_workload(target_ms: float):
     return region, reps
 
 
-def run_mode(mode: str, region, steps: int) -> list[float]:
-    """Step times (s) of ``steps`` iterations: intervals between callback calls."""
+def tiny_ops():
+    """About 2 ms of tiny operators: 200 products of 64 x 64 matrices."""
+    a = torch.randn(TINY_SIZE, TINY_SIZE)
+
+    def step():
+        y = a
+        for _ in range(TINY_OPS):
+            y = a @ y
+        return y
+
+    return step
+
+
+def run_mode(mode: str, body, steps: int, regions=("first", "second")) -> tuple[list[float], list[dict]]:
+    """Step times (s) of ``steps`` iterations (intervals between callback calls) and the
+    metrics each callback saw."""
     stamps: list[float] = []
+    seen: list[dict] = []
+    prof = None
 
     def callback():
         stamps.append(time.perf_counter())
+        if prof is not None:
+            seen.append(prof.get_current_metrics())
         return len(stamps) <= steps
 
     if mode == "bare":
         while callback():
-            region()
-            region()
+            for _ in regions:
+                body()
     else:
         prof = create_profiler(None if mode == "null" else mode, "cpu", f"overhead_{mode}")
         for _ in prof.iterate(callback):
-            with prof.track_step("first"):
-                region()
-            with prof.track_step("second"):
-                region()
+            for name in regions:
+                with prof.track_step(name):
+                    body()
         prof.finalize()
-    return [b - a for a, b in zip(stamps, stamps[1:])][1:]  # drop the first (cold) step
+    return [b - a for a, b in zip(stamps, stamps[1:])][1:], seen[2:]  # drop the first (cold) step
 
 
 def bookkeeping_sec(mode: str, iterations: int) -> float:
@@ -107,20 +152,147 @@ def bookkeeping_sec(mode: str, iterations: int) -> float:
     return (time.perf_counter() - start) / iterations
 
 
+def after_clock(region, steps: int) -> tuple[list[float], list[float]]:
+    """``custom`` after real work: time of ``end_iteration() + get_current_metrics()`` and
+    the ``profiler_overhead_sec`` each iteration reports (s)."""
+    prof = create_profiler("custom", "cpu", "after_clock")
+    spent, reported = [], []
+    for _ in range(steps):
+        with prof.track_step("first"):
+            region()
+        with prof.track_step("second"):
+            region()
+        start = time.perf_counter()
+        prof.end_iteration()
+        metrics = prof.get_current_metrics()
+        spent.append(time.perf_counter() - start)
+        reported.append(metrics.get("profiler_overhead_sec", 0.0))
+    prof.finalize()
+    return spent[2:], reported[2:]
+
+
+def torch_tiny(rounds: int, steps: int) -> dict[str, float]:
+    """Per-step torch overhead on tiny operators: bare and torch interleaved (ms)."""
+    step = tiny_ops()
+    run_mode("torch", step, 2, regions=("step",))  # load torch.profiler once
+    bare, prof, reported = [], [], []
+    for _ in range(rounds):
+        bare += run_mode("bare", step, steps, regions=("step",))[0]
+        times, seen = run_mode("torch", step, steps, regions=("step",))
+        prof += times
+        reported += [m["profiler_overhead_sec"] for m in seen if "profiler_overhead_sec" in m]
+    out = {"bare_ms": median(bare) * 1e3, "torch_ms": median(prof) * 1e3}
+    out["overhead_ms"] = out["torch_ms"] - out["bare_ms"]
+    out["reported_overhead_ms"] = median(reported) * 1e3 if reported else float("nan")
+    return out
+
+
+def torch_phases(repeats: int) -> dict[str, float]:
+    """Median cost (ms) of each phase of one per-step profiler cycle on the tiny step."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from scopebench.profiler.torch_events import analyse_events, kineto_events
+
+    step = tiny_ops()
+    phases: dict[str, list[float]] = {}
+
+    def timed(name, fn):
+        start = time.perf_counter()
+        out = fn()
+        phases.setdefault(name, []).append(time.perf_counter() - start)
+        return out
+
+    for _ in range(repeats):
+        for memory in (False, True):
+            suffix = " (profile_memory)" if memory else ""
+            prof = timed(
+                "construct + start" + suffix,
+                lambda: profile(activities=[ProfilerActivity.CPU], profile_memory=memory).__enter__(),
+            )
+            with record_function("step"):
+                timed("body under the profiler" + suffix, step)
+            timed("stop" + suffix, lambda: prof.__exit__(None, None, None))
+            events = timed("read raw events" + suffix, lambda: kineto_events(prof))
+            timed("analysis: region metrics" + suffix, lambda: analyse_events(events, {"step"}, with_ops=False))
+            timed("analysis: + operator rows" + suffix, lambda: analyse_events(events, {"step"}, with_ops=True))
+            timed("prof.events() (former path)" + suffix, prof.events)
+    timed("bare step", step)
+    return {name: median(values) * 1e3 for name, values in phases.items()}
+
+
+def measure_version(steps: int, workload_ms: float) -> dict[str, float]:
+    """Items 2-4 with whichever ``scopebench`` this interpreter imports (public API only)."""
+    region, _ = make_workload(workload_ms)
+    empty = bookkeeping_sec("bare", 20000)
+    spent, reported = after_clock(region, steps)
+    tiny = torch_tiny(1, steps)
+    return {
+        "custom_bookkeeping_us": (bookkeeping_sec("custom", 20000) - empty) * 1e6,
+        "null_bookkeeping_us": (bookkeeping_sec("null", 20000) - empty) * 1e6,
+        "custom_after_clock_us": median(spent) * 1e6,
+        "custom_reported_overhead_us": median(reported) * 1e6,
+        "torch_tiny_bare_ms": tiny["bare_ms"],
+        "torch_tiny_overhead_ms": tiny["overhead_ms"],
+    }
+
+
+def compare_with(baseline: Path, rounds: int, steps: int, workload_ms: float) -> dict:
+    """Items 2-4 for this tree and ``baseline`` in alternating subprocesses."""
+    here = Path(__file__).resolve()
+    trees = {"new": here.parents[1] / "src", "baseline": baseline.resolve()}
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    for r in range(rounds):
+        for name in list(trees) if r % 2 == 0 else list(trees)[::-1]:
+            env = dict(os.environ, PYTHONPATH=str(trees[name]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            out = subprocess.run(
+                [sys.executable, str(here), "--worker", "--steps", str(steps), "--workload-ms", str(workload_ms)],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    versions = {
+        name: {
+            key: {
+                "median": median([row[key] for row in rows]),
+                "min": min(row[key] for row in rows),
+                "max": max(row[key] for row in rows),
+            }
+            for key in rows[0]
+        }
+        for name, rows in results.items()
+    }
+    ratio = {
+        key: (
+            versions["new"][key]["median"] / versions["baseline"][key]["median"]
+            if versions["baseline"][key]["median"]
+            else None
+        )
+        for key in versions["new"]
+    }
+    return {"src": str(baseline), "rounds": rounds, "versions": versions, "ratio_new_to_baseline": ratio}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--workload-ms", type=float, default=7.0)
+    parser.add_argument("--baseline", type=Path, help="src/ folder of the version to compare with")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.worker:
+        print(json.dumps(measure_version(args.steps, args.workload_ms)))
+        return
     region, _ = make_workload(args.workload_ms)
     samples: dict[str, list[float]] = {m: [] for m in MODES}
     run_mode("torch", region, 3)  # load torch.profiler once, outside the measurement
     for r in range(args.rounds):
         order = MODES if r % 2 == 0 else MODES[::-1]
         for mode in order:
-            samples[mode] += run_mode(mode, region, args.steps)
+            samples[mode] += run_mode(mode, region, args.steps)[0]
     bare = summarize(samples["bare"]).median
     result = {"workload_ms": bare * 1e3, "rounds": args.rounds, "steps_per_round": args.steps, "modes": {}}
     print(f"workload: {bare * 1e3:.2f} ms per bare step; {args.rounds} rounds x {args.steps} steps per mode")
@@ -141,6 +313,36 @@ def main() -> None:
             f"{mode:>7}: median {s.median * 1e3:8.3f} ms  p95 {s.p95 * 1e3:8.3f} ms  ratio {ratio:.4f}"
             f"  bookkeeping {own * 1e6:9.1f} us/iter = {own / bare * 100.0:6.3f} % of the workload"
         )
+    spent, reported = after_clock(region, max(args.steps, 50))
+    result["custom_after_clock"] = {
+        "median_us": median(spent) * 1e6,
+        "reported_overhead_median_us": median(reported) * 1e6,
+    }
+    print(
+        f"custom after the clock: end_iteration + get_current_metrics {median(spent) * 1e6:.1f} us median; "
+        f"reported profiler_overhead_sec {median(reported) * 1e6:.1f} us median"
+    )
+    tiny = torch_tiny(args.rounds, max(5, args.steps // 3))
+    tiny["phases_ms"] = torch_phases(15)
+    result["torch_tiny"] = tiny
+    print(
+        f"torch per step, {TINY_OPS} products of {TINY_SIZE}x{TINY_SIZE}: bare {tiny['bare_ms']:.2f} ms, torch "
+        f"{tiny['torch_ms']:.2f} ms -> overhead {tiny['overhead_ms']:.2f} ms per iteration "
+        f"(reported profiler_overhead_sec {tiny['reported_overhead_ms']:.2f} ms)"
+    )
+    for phase, ms in tiny["phases_ms"].items():
+        print(f"    {phase:<45s} {ms:8.3f} ms")
+    result["baseline"] = None
+    if args.baseline is not None:
+        result["baseline"] = cmp = compare_with(args.baseline, args.rounds, args.steps, args.workload_ms)
+        print(f"against {args.baseline} ({args.rounds} alternating rounds; median [min-max] over rounds):")
+        for key, ratio in cmp["ratio_new_to_baseline"].items():
+            new, old = cmp["versions"]["new"][key], cmp["versions"]["baseline"][key]
+            print(
+                f"    {key:<30s} new {new['median']:9.2f} [{new['min']:.2f}-{new['max']:.2f}]"
+                f"  baseline {old['median']:9.2f} [{old['min']:.2f}-{old['max']:.2f}]"
+                f"  ratio {'-' if ratio is None else f'{ratio:.3f}'}"
+            )
     print(json.dumps(result))
 
 

@@ -1,27 +1,34 @@
 """Keep large freed blocks in the process instead of returning them to the kernel.
 
-glibc serves allocations above ``M_MMAP_THRESHOLD`` (dynamic, at most 32 MiB by default)
-with a fresh ``mmap`` and gives them back with ``munmap`` when freed, and it trims the
-heap above ``M_TRIM_THRESHOLD``. A convolution or a matmul on large activations then
-maps, faults in page by page, and unmaps the same temporaries on every pass: the kernel's
-page-fault handling, not the arithmetic, sets the speed (issue 13; measured in
-``benchmarks/inference_overhead.py``). Raising both thresholds once per process keeps
-those blocks in the heap for reuse.
+glibc serves allocations above ``M_MMAP_THRESHOLD`` with a fresh ``mmap`` and gives them
+back with ``munmap`` when freed, and it returns the free top of the heap to the kernel
+(``brk``) once it exceeds ``M_TRIM_THRESHOLD``. Both thresholds start small (128 KiB) and
+only grow as large mapped blocks are freed (the mmap threshold at most to 32 MiB). A
+convolution network frees and reallocates its activations on every pass — DnCNN on a
+128 px image, 4 MiB each — so the heap shrinks and grows again (or the blocks are mapped
+afresh) every pass, and each new page costs a minor fault: about 25 000 faults and a
+fifth to a quarter of the pass's time here (issue 13; ``benchmarks/inference_overhead.py --case
+denoiser``). Raising both thresholds once per process keeps those blocks for reuse.
+Raising only one does not help: setting either turns off glibc's dynamic adjustment of
+both (measured: trim only, 59 000 faults per pass; mmap only, 26 000; both, none).
 
 The same effect is reached with the environment variables ``MALLOC_MMAP_THRESHOLD_`` and
 ``MALLOC_TRIM_THRESHOLD_`` at process start; :func:`keep_freed_memory` applies it to a
 process already running (the benchopt process) through ``mallopt``, and
 :func:`allocator_env` gives the variables for processes we start (spawned ranks).
-Both are no-ops off glibc.
+Both are no-ops off glibc. ``SCOPEBENCH_KEEP_FREED_MEMORY=0`` in the environment turns
+them off (for A/B measurements of the allocator's effect, e.g.
+``benchmarks/inference_overhead.py --case denoiser --allocator-ab``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
-__all__ = ["MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "allocator_env", "keep_freed_memory"]
+__all__ = ["DISABLE_ENV", "MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "allocator_env", "keep_freed_memory"]
 
 #: Blocks below this size come from the heap (glibc's ceiling for the dynamic threshold
 #: is 32 MiB on 64-bit; 64 MiB covers a DnCNN activation of a 1024 px image in fp32).
@@ -33,11 +40,21 @@ TRIM_THRESHOLD_BYTES = 256 * 1024 * 1024
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
+#: Environment variable that turns the settings off when set to ``0``.
+DISABLE_ENV = "SCOPEBENCH_KEEP_FREED_MEMORY"
+
 _applied: bool | None = None
 
 
+def _disabled() -> bool:
+    return os.environ.get(DISABLE_ENV, "1").strip() == "0"
+
+
 def allocator_env() -> dict[str, str]:
-    """Environment variables that give a new process the same allocator settings."""
+    """Environment variables that give a new process the same allocator settings
+    (none when :data:`DISABLE_ENV` is ``0``)."""
+    if _disabled():
+        return {}
     return {
         "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES),
         "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD_BYTES),
@@ -54,7 +71,7 @@ def keep_freed_memory() -> bool:
     if _applied is not None:
         return _applied
     _applied = False
-    if not sys.platform.startswith("linux"):
+    if _disabled() or not sys.platform.startswith("linux"):
         return _applied
     name = ctypes.util.find_library("c")
     try:

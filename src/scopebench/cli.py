@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from scopebench.allocator import keep_freed_memory
+
+    keep_freed_memory()  # the tools run the same large convolutions and matmuls as the solvers
     args = build_parser().parse_args(argv)
     return args._run(args)
 

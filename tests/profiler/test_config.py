@@ -11,13 +11,14 @@ from scopebench.profiler import PROFILER_DEFAULTS, ProfiledSolverMixin, Profiler
     "kwargs, message",
     [
         ({"mode": "fast"}, r"profiler_mode must be one of null, custom, torch, nvidia, got 'fast'"),
-        ({"mode": "custom", "warmup": -1}, r"profiler_warmup must be a non-negative integer, got -1"),
-        ({"mode": "custom", "active": -2}, r"profiler_active must be a non-negative integer, got -2"),
-        ({"mode": "custom", "active": 2.5}, r"profiler_active must be a non-negative integer, got 2.5 \(float\)"),
-        ({"mode": "custom", "active": "3"}, r"profiler_active must be a non-negative integer, got '3' \(str\)"),
-        ({"mode": "custom", "warmup": True}, r"profiler_warmup must be a non-negative integer"),
-        ({"mode": "custom", "repeat": -1}, r"profiler_repeat"),
-        ({"mode": "custom", "save_file": "yes"}, r"profiler_save_file must be true or false"),
+        ({"mode": "custom", "warmup": -1}, r"profiler_warmup must be an integer >= 0, got -1"),
+        ({"mode": "custom", "active": -2}, r"profiler_active must be an integer >= 0, got -2"),
+        ({"mode": "custom", "active": 2.5}, r"profiler_active must be an integer >= 0, got 2.5 \(float\)"),
+        ({"mode": "custom", "active": "3"}, r"profiler_active must be an integer >= 0, got '3' \(str\)"),
+        ({"mode": "custom", "warmup": True}, r"profiler_warmup must be an integer >= 0, got True \(bool\)"),
+        ({"mode": "custom", "repeat": -1}, r"profiler_repeat must be an integer >= 0, got -1"),
+        ({"mode": "custom", "save_file": "yes"}, r"profiler_save_file must be true or false, got 'yes' \(str\)"),
+        ({"mode": "torch", "per_step": 1}, r"profiler_per_step must be true or false, got 1 \(int\)"),
     ],
 )
 def test_bad_values_are_refused(kwargs, message):

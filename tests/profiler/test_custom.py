@@ -199,3 +199,37 @@ def test_stop_before_any_iteration_leaves_nothing(mode, tmp_path):
     assert list(prof.iterate(lambda: False)) == []
     assert prof.finalize() == []
     assert prof.get_current_metrics() == {}
+
+
+def test_minor_faults_count_sees_fresh_pages_touched_in_the_iteration():
+    import mmap
+
+    size = 16 * 2**20
+    prof = create_profiler("custom", "cpu", "faults")
+    counts = []
+    for touch in (False, True, False):
+        with prof.track_step("work"):
+            if touch:  # a fresh anonymous mapping: every 4 KiB page faults once when written
+                buf = mmap.mmap(-1, size)
+                for offset in range(0, size, mmap.PAGESIZE):
+                    buf[offset] = 1
+                buf.close()
+        prof.end_iteration()
+        counts.append(prof.get_current_metrics()["minor_faults_count"])
+    pages = size // mmap.PAGESIZE
+    assert counts[1] >= 0.9 * pages, counts
+    assert counts[0] < pages / 4 and counts[2] < pages / 4, counts
+
+
+def test_custom_reports_its_own_time_outside_the_clock():
+    seen = _run(create_profiler("custom", "cpu", "own"), 3, _two_regions)
+    for m in seen:
+        assert 0.0 < m["profiler_overhead_sec"] < m["total_time_sec"], m
+
+
+@pytest.mark.parametrize("save_file", [False, True])
+def test_rows_are_kept_only_when_they_will_be_written(save_file, tmp_path):
+    prof = create_profiler("custom", "cpu", "rows", save_file=save_file, output_dir=tmp_path)
+    _run(prof, 4, lambda p: None)
+    assert len(prof.rows) == (4 if save_file else 0)
+    prof.finalize()

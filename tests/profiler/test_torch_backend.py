@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from scopebench.profiler import create_profiler
-from scopebench.profiler.torch_backend import _union_length
+from scopebench.profiler.torch_backend import KEPT_TRACES
+from scopebench.profiler.torch_events import _union_length
 
 
 def _matmuls(prof, n=3):
@@ -78,7 +79,9 @@ def test_scheduled_mode_writes_chrome_trace_with_regions(tmp_path):
     assert [bool(m) for m in seen] == [False, True, True, False, False]
     assert set(seen[1]) >= {"total_time_sec", "max_gpu_mb"}
     assert "forward_cpu_sec" not in seen[1]
-    trace = json.loads((trace_dir / "rank_0.pt.trace.json").read_text())
+    (trace_path,) = trace_dir.glob("sched_*_rank0.pt.trace.json")
+    assert trace_path in prof.files
+    trace = json.loads(trace_path.read_text())
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"forward", "update"} <= names
     ops = next(tmp_path.glob("sched_*_torch_ops.csv"))
@@ -91,7 +94,27 @@ def test_scheduled_repeat_makes_one_trace_per_cycle(tmp_path):
     seen = _matmuls(prof, n=4)
     prof.finalize()
     assert [bool(m) for m in seen] == [True, True, False, False]
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["rank_0.cycle1.pt.trace.json", "rank_0.pt.trace.json"]
+    stem = f"rep_{prof._run_id}_rank0"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}.cycle1.pt.trace.json", f"{stem}.pt.trace.json"]
+
+
+def test_traces_of_two_runs_started_together_do_not_overwrite_each_other(tmp_path):
+    profs = [create_profiler("torch", "cpu", "same", active=1, per_step=False, trace_dir=tmp_path) for _ in range(2)]
+    for prof in profs:
+        _matmuls(prof, n=1)
+        prof.finalize()
+    names = {p.name for p in tmp_path.glob("*.pt.trace.json")}
+    assert len(names) == 2 and {p.files[0].name for p in profs} == names
+
+
+def test_unbounded_repeat_keeps_only_the_last_traces(tmp_path):
+    prof = create_profiler("torch", "cpu", "forever", active=1, repeat=0, per_step=False, trace_dir=tmp_path)
+    _matmuls(prof, n=KEPT_TRACES + 3)
+    files = prof.finalize()
+    stem = f"forever_{prof._run_id}_rank0"
+    kept = [f"{stem}.cycle{k}.pt.trace.json" for k in range(3, KEPT_TRACES + 3)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+    assert sorted(p.name for p in files) == sorted(kept)
 
 
 def test_trace_dir_with_per_step_is_refused(tmp_path):
@@ -102,3 +125,18 @@ def test_trace_dir_with_per_step_is_refused(tmp_path):
 def test_union_length_does_not_double_count_nested_events():
     assert _union_length([(0, 10), (2, 5), (20, 25)]) == 15
     assert _union_length([]) == 0
+
+
+@pytest.mark.parametrize("save_file", [False, True])
+def test_memory_and_operator_rows_only_when_they_will_be_written(save_file, tmp_path):
+    prof = create_profiler("torch", "cpu", "mem", save_file=save_file, output_dir=tmp_path)
+    memory = []
+    calls = iter(range(3))
+    for _ in prof.iterate(lambda: next(calls) < 2):
+        memory.append(prof._prof.profile_memory)
+        with prof.track_step("forward"):
+            torch.randn(64, 64) @ torch.randn(64, 64)
+    assert memory == [save_file, save_file]
+    assert prof.get_current_metrics()["forward_cpu_sec"] > 0
+    assert bool(prof.op_rows) is save_file
+    prof.finalize()

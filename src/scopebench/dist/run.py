@@ -142,12 +142,14 @@ class RankRun:
         """Join or create the ranks, build the work, pass the set-up barrier (idempotent)."""
         import torch
 
+        from scopebench.allocator import keep_freed_memory
         from scopebench.dist.device import resolve_device
         from scopebench.dist.reduce import barrier
         from scopebench.profiler import profiler_from_config
 
         if self.session is not None:
             return self
+        keep_freed_memory()  # every driver of a run (solver, worker, script) gets the allocator settings
         begin = time.perf_counter()
         self._failed = False
         self.profiler, self.setup_time_sec = None, None

@@ -12,16 +12,24 @@ Timeline of one recorded iteration ``i`` (0-based)::
     total_time_sec = A + B,  callback_time_sec = A
 
 The callback at the top of iteration ``i`` scores iteration ``i - 1``; its duration is
-``callback_time_sec`` of iteration ``i``. Backend start/stop and trace processing happen
-outside the clock and are reported as ``profiler_overhead_sec`` where they cost anything.
+``callback_time_sec`` of iteration ``i``. The profiler's own work outside the clock —
+backend start before it, and after it the backend's metrics (torch: stop and trace
+processing), the cross-rank gather and the reduction — is reported as
+``profiler_overhead_sec`` (``custom`` and ``torch``), so the interval between two
+callbacks is ``total_time_sec + profiler_overhead_sec`` up to a few microseconds.
 When the callback says stop, no iteration begins: no empty range, no profiler cycle.
+
+Rows are kept in memory only when they will be written (``save_file``), so a long run
+without files does not grow. The process group must exist before the first iteration
+(rank and world size are read once, when the loop starts, and kept for the file names
+even after the group is destroyed).
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +72,31 @@ def reduce_across_ranks(per_rank: list[dict[str, Any]], time_keys: list[str]) ->
     return out
 
 
+class _Region:
+    """The context manager :meth:`Profiler.track_step` returns (a plain class: a
+    generator-based ``contextmanager`` costs several microseconds per region)."""
+
+    __slots__ = ("prof", "name", "token", "start")
+
+    def __init__(self, prof: Profiler, name: str) -> None:
+        self.prof = prof
+        self.name = name
+        self.start = None
+
+    def __enter__(self) -> None:
+        prof = self.prof
+        if prof._recording:
+            self.token = prof._enter_region(self.name)
+            self.start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.start is not None:
+            prof = self.prof
+            prof._exit_region(self.name, self.token)  # on CUDA: the synchronisation the region waits for
+            wall = prof._region_wall
+            wall[self.name] = wall.get(self.name, 0.0) + time.perf_counter() - self.start
+
+
 class Profiler:
     """Shared machinery of every backend; use :func:`scopebench.profiler.create_profiler`.
 
@@ -76,6 +109,8 @@ class Profiler:
 
     #: Per-region metric whose cross-rank skew is reported (``None``: only the total).
     region_time_key: str | None = None
+    #: Whether rows carry ``profiler_overhead_sec`` (the profiler's time outside the clock).
+    reports_overhead = False
 
     def __init__(self, config: ProfilerConfig, device: Any = "cpu", name: str = "run", output_dir: Any = "outputs"):
         self.config = config
@@ -84,9 +119,12 @@ class Profiler:
         self.output_dir = Path(output_dir)
         self.ops = DeviceOps(device)
         self.iteration = 0
+        self.recorded = 0
         self.rows: list[dict[str, Any]] = []
         self.files: list[Path] = []
         self._run_id = new_run_id()
+        self._world: tuple[int, int] | None = None
+        self._named = False
         self._current: dict[str, Any] = {}
         self._begun = False
         self._recording = False
@@ -99,12 +137,12 @@ class Profiler:
     # -- public API ----------------------------------------------------------------
     @property
     def rank(self) -> int:
-        """Rank in the current process group (0 without one)."""
-        return world()[0]
+        """Rank in the process group (0 without one), as read when the loop started."""
+        return self._world[0] if self._world is not None else world()[0]
 
     @property
     def world_size(self) -> int:
-        return world()[1]
+        return self._world[1] if self._world is not None else world()[1]
 
     @property
     def recording(self) -> bool:
@@ -112,37 +150,31 @@ class Profiler:
         self._ensure_begun()
         return self._recording
 
-    @contextmanager
-    def track_step(self, name: str) -> Iterator[None]:
+    def track_step(self, name: str) -> _Region:
         """Time (and, per backend, trace) one named region of the current iteration."""
-        self._ensure_begun()
-        if not self._recording:
-            yield
-            return
-        token = self._enter_region(name)
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._exit_region(name, token)
-            self._region_wall[name] = self._region_wall.get(name, 0.0) + time.perf_counter() - start
+        if not self._begun:
+            self._ensure_begun()
+        return _Region(self, name)
 
     def end_iteration(self) -> None:
         """Close the current iteration; its metrics become :meth:`get_current_metrics`."""
-        self._ensure_begun()
+        if not self._begun:
+            self._ensure_begun()
         i, self._begun = self.iteration, False
         self.iteration += 1
         if not self._recording:
             self._current = {}
             return
-        self.ops.synchronize()
+        if self.ops.is_cuda:
+            self.ops.synchronize()
+        stop = time.perf_counter()
         # The callback ran just before the clock started (so backends never trace it).
-        total = time.perf_counter() - self._t0 + self._callback_sec
-        start = time.perf_counter()
-        metrics = {"total_time_sec": total, **self._iteration_metrics(i, total)}
-        self._overhead_sec += time.perf_counter() - start
-        if self._overhead_sec > 0.0 and self.reports_overhead:
-            metrics["profiler_overhead_sec"] = self._overhead_sec
+        total = stop - self._t0 + self._callback_sec
+        metrics = {"total_time_sec": total}
+        metrics.update(self._iteration_metrics(i, total))
+        if self.reports_overhead:
+            metrics["profiler_overhead_sec"] = self._overhead_sec + (time.perf_counter() - stop)
+        self.recorded += 1
         self._record(i, metrics)
 
     def get_current_metrics(self) -> dict[str, Any]:
@@ -168,12 +200,16 @@ class Profiler:
 
     def _should_continue(self, callback: Callable[[], bool] | None) -> bool:
         """Rank 0's decision (its callback's, or go on without one), on every rank."""
-        rank = self.rank
+        rank, size = self._world or self._read_world()
         go = callback() if (rank == 0 and callback is not None) else (rank == 0 or None)
-        return broadcast_flag(go, str(self.device))
+        return bool(go) if size == 1 else broadcast_flag(go, str(self.device))
 
     def finalize(self) -> list[Path]:
-        """Stop the backend and write this rank's files (once); returns their paths."""
+        """Stop the backend and write this rank's files (once); returns their paths.
+
+        A file that cannot be written is reported with a ``RuntimeWarning`` naming it and
+        the error; the run's results (benchopt's parquet) are not lost over it.
+        """
         if self._finalized:
             return self.files
         self._finalized = True
@@ -182,8 +218,11 @@ class Profiler:
         self._finish()
         if self.config.save_file and self.rows:
             stem = run_name(self.name, self._run_id, self.rank)
-            self.files.append(write_csv(self.output_dir / METRICS_FILE.format(run_name=stem), self.rows))
+            path = self.output_dir / METRICS_FILE.format(run_name=stem)
+            if self._try_write("profiler_save_file", path, lambda: write_csv(path, self.rows)):
+                self.files.append(path)
             self.files.extend(self._write_extra_files(stem))
+        self._warn_if_window_missed()
         return self.files
 
     def __enter__(self) -> Profiler:
@@ -193,23 +232,32 @@ class Profiler:
         self.finalize()
 
     # -- bookkeeping -------------------------------------------------------------------
-    reports_overhead = False
+    def _read_world(self) -> tuple[int, int]:
+        self._world = world()
+        return self._world
 
     def _ensure_begun(self) -> None:
         if self._begun:
             return
         self._begun = True
         self._recording = self.config.in_window(self.iteration)
-        self._region_wall = {}
         self._callback_sec = 0.0
-        self._overhead_sec = 0.0
         if self._recording:
+            if self._world is None:
+                self._read_world()
+            if not self._named:
+                self._named = True
+                if self._world[1] > 1:  # every rank names its files after rank 0's run
+                    self._run_id = gather_objects(self._run_id)[0]
+            self._region_wall = {}
             start = time.perf_counter()
             self._start_iteration(self.iteration)
-            self._overhead_sec = time.perf_counter() - start
-            self.ops.synchronize()
-            self.ops.reset_peak_memory()
+            ops = self.ops
+            if ops.is_cuda:
+                ops.synchronize()
+                ops.reset_peak_memory()
             self._t0 = time.perf_counter()
+            self._overhead_sec = self._t0 - start
 
     def _abandon_iteration(self) -> None:
         """The loop stopped before the body ran: discard the begun iteration."""
@@ -218,17 +266,54 @@ class Profiler:
         self._begun = False
 
     def _record(self, i: int, metrics: dict[str, Any]) -> None:
+        rank, size = self._world
+        if self.config.save_file:
+            self.rows.append({"iter": i, "rank": rank, **metrics})
+        if size == 1:
+            self._current = metrics
+            return
+        start = time.perf_counter()
+        per_rank = gather_objects(metrics)
+        if rank != 0:
+            self._current = metrics
+            return
         time_keys = ["total_time_sec"]
         if self.region_time_key:
             time_keys += [self.region_time_key.format(r) for r in self._region_wall]
-        gathered = gather_objects((self._run_id, metrics))
-        self._run_id = gathered[0][0]  # every rank names its files after rank 0's run
-        per_rank = [m for _, m in gathered]
-        self._on_gathered(per_rank)
-        self.rows.append({"iter": i, "rank": self.rank, **metrics})
-        self._current = reduce_across_ranks(per_rank, time_keys) if self.rank == 0 else dict(metrics)
-        if self.rank == 0 and len(per_rank) > 1:
-            self._current.update(self._cross_rank_metrics(per_rank))
+        current = reduce_across_ranks(per_rank, time_keys)
+        current.update(self._cross_rank_metrics(per_rank))
+        if self.reports_overhead:
+            # The slowest rank's own overhead, plus the gather and reduction rank 0 waited for.
+            current["profiler_overhead_sec"] += time.perf_counter() - start
+        self._current = current
+
+    def _try_write(self, key: str, path: Path, write: Callable[[], Any]) -> bool:
+        """Run ``write``; on ``OSError`` warn (naming ``key``, the path, the error) and go on."""
+        try:
+            write()
+        except OSError as exc:
+            warnings.warn(
+                f"{key}: could not write {str(path)!r} ({exc}); the run's results are kept without this file",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return False
+        return True
+
+    def _warn_if_window_missed(self) -> None:
+        """Say, at the end of a run, that iterations ran but none was recorded."""
+        if self.recorded or not self.iteration or self.rank != 0:
+            return
+        cfg = self.config
+        files = " and no file was written" if cfg.save_file else ""
+        warnings.warn(
+            f"the profiler window was never reached: profiler_warmup={cfg.warmup}, "
+            f"profiler_active={cfg.active}, but only {self.iteration} iteration(s) ran, so no "
+            f"profiler metrics were recorded{files}; lower profiler_warmup below {self.iteration} "
+            "or run more iterations",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     # -- backend hooks -------------------------------------------------------------------
     def _start_iteration(self, i: int) -> None:
@@ -247,9 +332,6 @@ class Profiler:
 
     def _discard_iteration(self, i: int) -> None:
         """A begun recorded iteration will never run (the loop stopped)."""
-
-    def _on_gathered(self, per_rank: list[dict[str, Any]]) -> None:
-        """Every rank's raw metrics of the iteration just recorded."""
 
     def _cross_rank_metrics(self, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         """Extra rank-0 metrics derived from all ranks (e.g. the straggler)."""

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scopebench.validate import flag, integer
+
 __all__ = ["MODES", "ProfilerConfig", "PROFILER_DEFAULTS", "check_writable_dir", "normalize_mode"]
 
 #: Accepted spellings of each backend. YAML ``null`` arrives as ``None``.
@@ -37,20 +39,6 @@ def normalize_mode(mode: Any) -> str:
     if isinstance(mode, str) and mode.lower() in MODES:
         return mode.lower()
     raise ValueError(f"profiler_mode must be one of null, custom, torch, nvidia, got {mode!r}")
-
-
-def _check_count(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{key} must be a non-negative integer, got {value!r} ({type(value).__name__})")
-    if value < 0:
-        raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
-    return value
-
-
-def _check_flag(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{key} must be true or false, got {value!r}")
-    return value
 
 
 def check_writable_dir(key: str, value: Any) -> Path:
@@ -90,17 +78,20 @@ class ProfilerConfig:
     """torch backend: one profiler cycle per iteration (True) or one scheduled cycle
     over the window (False)."""
     repeat: int = 1
-    """torch scheduled mode: number of ``active``-long cycles, 0 = forever."""
+    """torch scheduled mode: number of ``active``-long cycles, 0 = forever (with
+    ``trace_dir``, only the traces of the last
+    :data:`scopebench.profiler.torch_backend.KEPT_TRACES` (3) cycles are kept)."""
     trace_dir: Path | None = field(default=None)
-    """torch scheduled mode: directory of the Chrome trace ``rank_<rank>.pt.trace.json``."""
+    """torch scheduled mode: directory of the Chrome traces ``<run-name>.pt.trace.json``
+    (``<run-name>`` as in the CSV names: unique per run and rank)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", normalize_mode(self.mode))
-        _check_count("profiler_warmup", self.warmup)
-        _check_count("profiler_active", self.active)
-        _check_count("profiler_repeat", self.repeat)
-        _check_flag("profiler_save_file", self.save_file)
-        _check_flag("profiler_per_step", self.per_step)
+        integer("profiler_warmup", self.warmup, low=0)
+        integer("profiler_active", self.active, low=0)
+        integer("profiler_repeat", self.repeat, low=0)
+        flag("profiler_save_file", self.save_file)
+        flag("profiler_per_step", self.per_step)
         if self.trace_dir is not None:
             if self.mode != "torch":
                 raise ValueError(

@@ -7,22 +7,14 @@ GPU.
 
 from __future__ import annotations
 
-import resource
 import sys
 from typing import Any
 
-__all__ = ["DeviceOps", "peak_rss_mb", "MB"]
+__all__ = ["DeviceOps", "MB", "MAXRSS_UNIT"]
 
 MB = 1024.0 * 1024.0
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process since it started, in MiB.
-
-    ``ru_maxrss`` is in KiB on Linux and in bytes on macOS.
-    """
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / MB if sys.platform == "darwin" else peak / 1024.0
+#: Bytes per unit of ``getrusage().ru_maxrss``: KiB on Linux, bytes on macOS.
+MAXRSS_UNIT = 1.0 if sys.platform == "darwin" else 1024.0
 
 
 class DeviceOps:
