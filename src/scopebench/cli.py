@@ -17,6 +17,11 @@ import sys
 COMMANDS = (
     "info",
     "summary",
+    "profile-step",
+    "profile-dataloader",
+    "find-unused-params",
+    "bench-inference",
+    "decompose-latency",
 )
 
 
@@ -37,7 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # A command that takes free-form ``--key=value`` overrides sets ``overrides=[]`` as a
+    # default; every other command refuses unknown arguments as ``parse_args`` would.
+    if extra and getattr(args, "overrides", None) is None:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = extra
     return args._run(args)
 
 
