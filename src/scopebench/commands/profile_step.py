@@ -14,7 +14,7 @@ How to run::
     scopebench profile-step --config configs/policy/tiny.yml [--batch_size 12] [--steps 50]
     scopebench profile-step --config configs/policy/tiny.yml --nproc-per-node 2      # local gloo ranks
     torchrun --nproc-per-node 2 -m scopebench.cli profile-step --config configs/policy/tiny.yml
-    accelerate launch --multi_gpu --cpu --num_processes 2 -m scopebench.cli profile-step --config ...
+    accelerate launch --multi_gpu --num_processes 2 -m scopebench.cli profile-step --config ...   # CPU too
 
 Environment variables of the upstream script work too (flags win): ``PROFILE_STEPS``
 (200), ``PROFILE_NO_OPTIM`` (0), ``FIND_UNUSED_PARAMS`` (the config's, true by default),
