@@ -8,26 +8,11 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import REPO, run_benchopt_test
+from policy.helpers import TRAIN_COLUMNS, TRAIN_PHASES
 
 from scopebench.runs import benchopt_run, run_benchopt
 
-TRAIN_PHASES = ("dataload_wait", "forward", "bwd", "unscale_clip", "optim_step", "zero_grad_sched", "sync_gather")
-TRAIN_COLUMNS = [f"{p}_time_sec" for p in TRAIN_PHASES] + [
-    "backward_step_time_sec",
-    "samples_per_sec",
-    "steps_per_sec",
-    "max_rss_mb",
-    "max_gpu_mb",
-    "max_rss_mb_rank0",
-    "achieved_flops_per_sec",
-    "mfu",
-    "peak_flops_per_sec",
-    "peak_flops_source",
-    "setup_time_sec",
-    "world_size",
-    "val_loss",
-    "train_loss",
-]
+TRAIN_COLUMNS = [*TRAIN_COLUMNS, "val_loss", "train_loss"]
 
 
 def solver_parameters(name: str) -> dict:

@@ -7,25 +7,11 @@ import os
 import pytest
 
 from scopebench.policy.settings import TrainSettings
-from scopebench.policy.steps import DATALOADER_PHASES, TRAIN_PHASES
+from scopebench.policy.steps import DATALOADER_PHASES
 from scopebench.policy.train_run import PolicyTrainRun
 from scopebench.stats import median
 
-#: Columns other tools (the report's diagnosis rules) read; frozen here.
-TRAIN_COLUMNS = [f"{p}_time_sec" for p in TRAIN_PHASES] + [
-    "backward_step_time_sec",
-    "samples_per_sec",
-    "steps_per_sec",
-    "max_rss_mb",
-    "max_gpu_mb",
-    "max_rss_mb_rank0",
-    "achieved_flops_per_sec",
-    "mfu",
-    "peak_flops_per_sec",
-    "peak_flops_source",
-    "setup_time_sec",
-    "world_size",
-]
+from .helpers import TRAIN_COLUMNS, TRAIN_PHASES
 
 
 def run_steps(root, steps: int = 6, warmup: int = 1, task: str = "train", **settings):

@@ -18,8 +18,6 @@ prompt, repeated to ``prompt_words`` words (then bounded by the model's
 
 from __future__ import annotations
 
-import contextlib
-import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +26,7 @@ from typing import Any
 
 import torch
 
+from scopebench.policy.lifecycle import RunLifecycle
 from scopebench.policy.settings import InferenceSettings
 from scopebench.policy.steps import InferenceStep, policy_for_dataset
 from scopebench.policy.train_run import resolve_device
@@ -102,7 +101,7 @@ def inference_memory_check(settings: InferenceSettings) -> None:
     )
 
 
-class InferenceRun:
+class InferenceRun(RunLifecycle):
     """Set-up, loop and teardown of one inference benchmark (a single process).
 
     Args:
@@ -126,6 +125,7 @@ class InferenceRun:
     ) -> None:
         from scopebench.profiler import ProfilerConfig
 
+        super().__init__()
         self.settings = settings
         self.dataset_root = str(dataset_root)
         self.chunk_size = settings.chunk_size or chunk_size
@@ -146,58 +146,51 @@ class InferenceRun:
         #: Seconds of each warm-up call, by ``num_steps``.
         self.warmup_sec: dict[int, list[float]] = {}
         self.actions: torch.Tensor | None = None
-        self._stack = contextlib.ExitStack()
-        self._started = False
         self._untimed = None
 
     def start(self, warmup_num_steps: Sequence[int] | None = None) -> InferenceRun:
         """Build the model and the observation, compile, warm up; ``warmup_num_steps`` are
         the ``num_steps`` values the run will call with (default: ``settings.num_steps``)."""
+        return super().start(warmup_num_steps)
+
+    def _start(self, warmup_num_steps: Sequence[int] | None = None) -> None:
         from scopebench.policy.dataset import RobotDataset
         from scopebench.policy.runner import PolicyRunner
         from scopebench.profiler import profiler_from_config
 
-        if self._started:
-            return self
-        self._started = True
         s = self.settings
         begin = time.perf_counter()
-        try:
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
-            dataset = RobotDataset(self.dataset_root, chunk_size=self.chunk_size)
-            torch.manual_seed(s.seed)
-            overrides = dict(attention_implementation=s.attention_implementation, dtype=_DTYPES[s.precision])
-            if s.num_cameras is not None:
-                overrides["num_cameras"] = s.num_cameras
-            self.model = policy_for_dataset(s.preset, dataset, **overrides).to(self.device).eval()
-            cameras = self.model.config.num_cameras
-            runner = PolicyRunner(self.model, stats=dataset.stats)
-            prefill, denoise = self.model.prefill, self.model.denoise
-            if s.compile_mode != "none":
-                mode = None if s.compile_mode == "default" else s.compile_mode
-                prefill, denoise = torch.compile(prefill, mode=mode), torch.compile(denoise, mode=mode)
-            self.step = InferenceStep(
-                runner,
-                make_observation(dataset[0], cameras, s.prompt_words),
-                num_steps=s.num_steps,
-                n_action_steps=s.n_action_steps,
-                prefill=prefill,
-                denoise=denoise,
-            )
-            for n in warmup_num_steps or [s.num_steps]:
-                self.warmup_sec[n] = [self.timed_call(n) for _ in range(s.n_warmup)]
-            self._check_compilation()
-            self.profiler = self._stack.enter_context(
-                profiler_from_config(
-                    self.profiler_config, device=self.device, name=self.name, output_dir=self.output_dir
-                )
-            )
-            self.setup_time_sec = time.perf_counter() - begin
-        except BaseException:
-            self.__exit__(*sys.exc_info())
-            raise
-        return self
+        self.warmup_sec = {}
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        dataset = RobotDataset(self.dataset_root, chunk_size=self.chunk_size)
+        torch.manual_seed(s.seed)
+        overrides = dict(attention_implementation=s.attention_implementation, dtype=_DTYPES[s.precision])
+        if s.num_cameras is not None:
+            overrides["num_cameras"] = s.num_cameras
+        self.model = policy_for_dataset(s.preset, dataset, **overrides).to(self.device).eval()
+        cameras = self.model.config.num_cameras
+        runner = PolicyRunner(self.model, stats=dataset.stats)
+        prefill, denoise = self.model.prefill, self.model.denoise
+        if s.compile_mode != "none":
+            mode = None if s.compile_mode == "default" else s.compile_mode
+            prefill, denoise = torch.compile(prefill, mode=mode), torch.compile(denoise, mode=mode)
+        self.step = InferenceStep(
+            runner,
+            make_observation(dataset[0], cameras, s.prompt_words),
+            num_steps=s.num_steps,
+            n_action_steps=s.n_action_steps,
+            prefill=prefill,
+            denoise=denoise,
+            compiled=s.compile_mode != "none",
+        )
+        for n in warmup_num_steps or [s.num_steps]:
+            self.warmup_sec[n] = [self.timed_call(n) for _ in range(s.n_warmup)]
+        self._check_compilation()
+        self.profiler = self._stack.enter_context(
+            profiler_from_config(self.profiler_config, device=self.device, name=self.name, output_dir=self.output_dir)
+        )
+        self.setup_time_sec = time.perf_counter() - begin
 
     def timed_call(self, num_steps: int | None = None) -> float:
         """Seconds of one unprofiled call (synchronised on CUDA), as the warm-up times it."""
@@ -245,17 +238,3 @@ class InferenceRun:
         """The last call's profiler metrics, plus the constant set-up and compile columns."""
         metrics = self.profiler.get_current_metrics() if self.profiler is not None else {}
         return {**metrics, "setup_time_sec": self.setup_time_sec, **self.compile_metrics()}
-
-    def __enter__(self) -> InferenceRun:
-        return self.start()
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            self._stack.__exit__(exc_type, exc, tb)
-        finally:
-            self._stack = contextlib.ExitStack()
-            self._started = False
-
-    def close(self, failed: bool = False) -> None:
-        """Finalize the profiler (writes its files)."""
-        self.__exit__(*((RuntimeError, RuntimeError("inference run failed"), None) if failed else (None,) * 3))

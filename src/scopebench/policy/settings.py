@@ -45,6 +45,7 @@ __all__ = [
     "compile_modes",
     "load_run_config",
     "parse_overrides",
+    "settings_from",
 ]
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -136,12 +137,6 @@ class TrainSettings:
         optional(number, "peak_tflops", self.peak_tflops, low=0, low_open=True)
         choice("device", self.device, DEVICES)
 
-    @classmethod
-    def from_params(cls, params: dict[str, Any]) -> TrainSettings:
-        """From solver parameters (keys that are not fields, like ``profiler_*``, are ignored)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in params.items() if k in names})
-
 
 @dataclass(frozen=True, kw_only=True)
 class InferenceSettings:
@@ -190,12 +185,6 @@ class InferenceSettings:
         integer("seed", self.seed, low=0)
         flag("check_memory", self.check_memory)
         choice("device", self.device, DEVICES)
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any]) -> InferenceSettings:
-        """From solver parameters (other keys are ignored)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in params.items() if k in names})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,6 +238,21 @@ class RunConfig:
     dataset: DatasetSettings
     source: str = field(default="")
     """The file it came from."""
+
+
+def settings_from(cls, source: Any, **extra: Any):
+    """A settings dataclass from the fields found on ``source`` — a dict, or an object with
+    attributes such as a benchopt solver — plus ``extra``; everything else is ignored.
+
+    :Examples:
+
+    >>> settings_from(TrainSettings, {"batch_size": 2, "profiler_mode": "custom"}, seed=3).batch_size
+    2
+    """
+    missing = object()
+    get = source.get if isinstance(source, dict) else (lambda key, default: getattr(source, key, default))
+    values = {name: get(name, missing) for name in _fields(cls)}
+    return cls(**{**{k: v for k, v in values.items() if v is not missing}, **extra})
 
 
 def _fields(cls) -> list[str]:

@@ -27,9 +27,6 @@ class _RunSolverMixin(ProfiledSolverMixin):
     def get_next(self, stop_val: int) -> int:
         return stop_val + 1
 
-    def params(self, names) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in names if hasattr(self, name)}
-
     def pre_run_hook(self, callback) -> None:
         self.policy_run.start()
 
@@ -45,14 +42,11 @@ class TrainSolverMixin(_RunSolverMixin):
     task = "train"
 
     def set_objective(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> None:
-        import dataclasses
-
-        from scopebench.policy.settings import TrainSettings
+        from scopebench.policy.settings import TrainSettings, settings_from
         from scopebench.policy.train_run import PolicyTrainRun
 
         self.validate_profiler()
-        names = [f.name for f in dataclasses.fields(TrainSettings)]
-        settings = TrainSettings.from_params({**self.params(names), "seed": seed})
+        settings = settings_from(TrainSettings, self, seed=seed)
         self.policy_run = PolicyTrainRun(
             settings,
             dataset_root=dataset_root,
@@ -74,15 +68,12 @@ class InferenceSolverMixin(_RunSolverMixin):
     """``Pi05Inference``: one action chunk per iteration."""
 
     def set_objective(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> None:
-        import dataclasses
-
         from scopebench.policy.inference_run import InferenceRun
-        from scopebench.policy.settings import InferenceSettings
+        from scopebench.policy.settings import InferenceSettings, settings_from
 
         self.validate_profiler()
         self.action_dim = eval_batch["actions"].shape[-1]
-        names = [f.name for f in dataclasses.fields(InferenceSettings)]
-        settings = InferenceSettings.from_params({**self.params(names), "seed": seed})
+        settings = settings_from(InferenceSettings, self, seed=seed)
         self.policy_run = InferenceRun(
             settings,
             dataset_root=dataset_root,

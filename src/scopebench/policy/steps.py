@@ -188,6 +188,8 @@ class InferenceStep:
         prefill: The prefill callable (default ``runner.model.prefill``; compiled by the
             run object when asked).
         denoise: The denoise callable ``(cache, noise, num_steps)``.
+        compiled: The callables are ``torch.compile``d: each call starts a new CUDA-graph
+            step (``reduce-overhead``), so the previous call's graph outputs may be reused.
     """
 
     def __init__(
@@ -199,8 +201,10 @@ class InferenceStep:
         n_action_steps: int | None = None,
         prefill: Callable | None = None,
         denoise: Callable | None = None,
+        compiled: bool = False,
     ) -> None:
         self.runner = runner
+        self.compiled = compiled
         self.batch = {k: v for k, v in observation.items() if k not in ("actions", "action_is_pad")}
         self.num_steps = num_steps
         self.n_action_steps = n_action_steps
@@ -211,6 +215,8 @@ class InferenceStep:
     def __call__(self, prof, num_steps: int | None = None) -> torch.Tensor:
         """One action chunk (B, n_action_steps, action_dim) in dataset units, on the CPU."""
         self.runner.model.eval()
+        if self.compiled:
+            torch.compiler.cudagraph_mark_step_begin()
         with prof.track_step("preprocess"):
             obs = self.runner.preprocess(self.batch)
         with prof.track_step("prefill"):

@@ -22,9 +22,7 @@ accelerate's state and destroys what ``start`` created, also on error.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +30,7 @@ from typing import Any
 
 import torch
 
+from scopebench.policy.lifecycle import RunLifecycle
 from scopebench.policy.settings import TrainSettings
 from scopebench.policy.steps import (
     BACKWARD_STEP_PHASES,
@@ -135,7 +134,7 @@ def audit_parameters(settings: TrainSettings, *, dataset_root: str | Path, chunk
     return find_unused_parameters(model, batch, include_zero_grad=include_zero_grad)
 
 
-class PolicyTrainRun:
+class PolicyTrainRun(RunLifecycle):
     """Set-up, loop and teardown of one training or dataloader run, the same on every rank.
 
     Args:
@@ -162,6 +161,7 @@ class PolicyTrainRun:
         from scopebench.dist import check_local_nproc, get_dist_info
         from scopebench.profiler import ProfilerConfig
 
+        super().__init__()
         choice("task", task, TASKS)
         self.settings = settings
         self.dataset_root = str(dataset_root)
@@ -192,9 +192,6 @@ class PolicyTrainRun:
         #: Per rank, gathered at the end of :meth:`loop`: accelerate's world size and a
         #: checksum of the weights (equal on every rank when DDP keeps them in sync).
         self.rank_checks: list[dict[str, Any]] = []
-        self._stack = contextlib.ExitStack()
-        self._threads: int | None = None
-        self._started = False
 
     # -- lifecycle -------------------------------------------------------------------
     def worker_kwargs(self) -> dict[str, Any]:
@@ -211,36 +208,28 @@ class PolicyTrainRun:
             "name": self.name,
         }
 
-    def start(self) -> PolicyTrainRun:
+    def _start(self) -> None:
         """Join or create the ranks and build everything; ends with a barrier."""
         from scopebench.dist import DistSession
 
-        if self._started:
-            return self
-        self._started = True
         start = time.perf_counter()
         session_kwargs = {}
         if self.settings.group_timeout_sec is not None:
             session_kwargs["timeout_sec"] = self.settings.group_timeout_sec
-        try:
-            session = DistSession(
-                self.nproc, worker=WORKER, worker_kwargs=self.worker_kwargs(), device=str(self.device), **session_kwargs
-            )
-            self.info = self._stack.enter_context(session)
-            self.device = resolve_device(self.settings.device, self.info.local_rank)
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
-            elif self.info.source == "spawn":
-                # Spawned CPU ranks share this machine's cores: one thread per core each.
-                self._threads = torch.get_num_threads()
-                torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.info.world_size))
-            self._build()
-            self.accelerator.wait_for_everyone()
-            self.setup_time_sec = time.perf_counter() - start
-        except BaseException:
-            self.__exit__(*sys.exc_info())
-            raise
-        return self
+        session = DistSession(
+            self.nproc, worker=WORKER, worker_kwargs=self.worker_kwargs(), device=str(self.device), **session_kwargs
+        )
+        self.info = self._stack.enter_context(session)
+        self.device = resolve_device(self.settings.device, self.info.local_rank)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        elif self.info.source == "spawn":
+            # Spawned CPU ranks share this machine's cores: one thread per core each.
+            self._stack.callback(torch.set_num_threads, torch.get_num_threads())
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.info.world_size))
+        self._build()
+        self.accelerator.wait_for_everyone()
+        self.setup_time_sec = time.perf_counter() - start
 
     def _build(self) -> None:
         from scopebench.policy.runner import Preprocessor
@@ -310,26 +299,6 @@ class PolicyTrainRun:
             gather_every=s.gather_every,
             memory=memory,
         )
-
-    def __enter__(self) -> PolicyTrainRun:
-        return self.start()
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            self._stack.__exit__(exc_type, exc, tb)
-        finally:
-            self._stack = contextlib.ExitStack()
-            self._started = False  # a later start() (the next benchopt repetition) begins anew
-            if self._threads is not None:
-                torch.set_num_threads(self._threads)
-                self._threads = None
-
-    def close(self, failed: bool = False) -> None:
-        """Finalize the profiler and tear down what :meth:`start` created."""
-        if failed:
-            self.__exit__(RuntimeError, RuntimeError("policy run failed"), None)
-        else:
-            self.__exit__(None, None, None)
 
     # -- the loop --------------------------------------------------------------------
     def loop(self, callback: Callable[[], bool] | None = None) -> None:
