@@ -20,7 +20,8 @@ ratios are of medians, with their spread over rounds):
    (``foreach``) vs ``fused=True`` (what ``FUSED_ADAMW=true`` / ``fused_adamw: true`` selects).
 
 The training parts run with ``fused_adamw: true`` (``--fused-adamw false`` for torch's
-default).
+default), eager unless ``--torch-compile`` (inductor fuses the element-wise work around the
+matmuls; the warm-up steps pay for compilation).
 
 Weights are random: latency and throughput depend on shapes and dtype only.
 
@@ -96,10 +97,12 @@ def bench_adamw(preset: str, repeats: int) -> dict:
 
 
 def bench_training(
-    root, preset: str, batch_size: int, rounds: int, steps: int, warmup: int, fused: bool
+    root, preset: str, batch_size: int, rounds: int, steps: int, warmup: int, fused: bool, compile_model: bool = False
 ) -> tuple[dict, dict]:
     """Profiled loop vs bare loop of the same ``PolicyTrainRun`` step, and MFU."""
-    settings = TrainSettings(preset=preset, batch_size=batch_size, learning_rate=1e-4, fused_adamw=fused)
+    settings = TrainSettings(
+        preset=preset, batch_size=batch_size, learning_rate=1e-4, fused_adamw=fused, torch_compile=compile_model
+    )
     run = PolicyTrainRun(settings, dataset_root=root, chunk_size=DATA[preset]["chunk_size"], name="policy_speed")
     null = create_profiler(None)
     profiled, bare, ratios, achieved, run_mfu, peaks = [], [], [], [], [], []
@@ -219,6 +222,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=2, help="untimed training steps")
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per latency")
     parser.add_argument("--fused-adamw", default="true", choices=["true", "false"], help="AdamW of the training parts")
+    parser.add_argument("--torch-compile", action="store_true", help="compile the training step (inductor)")
     parser.add_argument(
         "--skip", default="", help="comma-separated parts to skip: train, decompose, kv, compile, adamw"
     )
@@ -245,15 +249,17 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if "train" not in skip:
         fused = args.fused_adamw == "true"
-        overhead, mfu = bench_training(root, args.preset, args.batch_size, args.rounds, args.steps, args.warmup, fused)
-        mfu["fused_adamw"] = fused
+        overhead, mfu = bench_training(
+            root, args.preset, args.batch_size, args.rounds, args.steps, args.warmup, fused, args.torch_compile
+        )
+        mfu["fused_adamw"], mfu["torch_compile"] = fused, args.torch_compile
         spread = overhead["ratio_per_round"]
         print(
             f"profile-step loop / bare loop: {overhead['ratio']:.4f} (rounds {min(spread):.3f}..{max(spread):.3f}; "
             f"median step {median(overhead['bare_step_sec']) * 1e3:.1f} ms; goal <= {OVERHEAD_GOAL})"
         )
         print(
-            f"MFU batch={args.batch_size} fused_adamw={fused}: {mfu['mfu']:.3f} of the {mfu['peak_flops_per_sec'] / 1e9:.1f} GFLOP/s "
+            f"MFU batch={args.batch_size} fused_adamw={fused} torch_compile={args.torch_compile}: {mfu['mfu']:.3f} of the {mfu['peak_flops_per_sec'] / 1e9:.1f} GFLOP/s "
             f"matmul peak (achieved {median(mfu['achieved_flops_per_sec']) / 1e9:.1f} GFLOP/s; the run's own "
             f"mfu column: {mfu['run_mfu']:.3f}; goal >= {MFU_GOAL})"
         )

@@ -437,3 +437,9 @@ def test_profile_step_under_accelerate_launch(robot_data, tmp_path):
     report = json.loads((tmp_path / "a.json").read_text())
     assert report["world_size"] == 2 and len(report["per_rank"]) == 2
     assert proc.stdout.count("profile_step results") == 1  # rank 0 reports, rank 1 is quiet
+
+
+def test_commands_without_overrides_still_refuse_unknown_arguments(capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["info", "--batch_size=3"])
+    assert err.value.code == 2 and "unrecognized arguments: --batch_size=3" in capsys.readouterr().err

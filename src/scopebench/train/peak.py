@@ -50,8 +50,12 @@ class PeakFlops:
     """``measured_cpu_matmul``, ``table:<device name>``, ``override``, or None when unknown."""
 
 
-def measure_cpu_matmul_flops(dtype_name: str = "float32", size: int = 2048, repeats: int = 4) -> float:
-    """Best FLOP/s of a ``size x size`` matmul (``2 size^3`` FLOPs) on this process's threads."""
+def measure_cpu_matmul_flops(dtype_name: str = "float32", size: int = 2048, repeats: int = 6) -> float:
+    """Best FLOP/s of a ``size x size`` matmul (``2 size^3`` FLOPs) on this process's threads.
+
+    The best of several repeats: on a shared machine a single sample can land on a moment
+    another process holds a core, and a low peak would inflate MFU.
+    """
     import torch
 
     dtype = getattr(torch, dtype_name)
