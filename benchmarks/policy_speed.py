@@ -1,59 +1,51 @@
-"""CPU speed of the pi05 policy: training throughput, FLOP/s efficiency, inference latency.
+"""CPU speed of the pi05 policy, through the same run objects as the solvers and the tools.
 
-What it measures, for one preset (default ``small``) on the CPU:
+What it measures, for one preset (default ``small``) on the CPU, in interleaved rounds
+(one measurement of each kind per round, so background load hits all of them alike;
+ratios are of medians, with their spread over rounds):
 
-1. **Matmul peak**: the best rate of a large fp32 matrix product (``--peak-size``,
-   default 2048) in this process, sampled before, between the timed training steps and
-   after the workload; the highest sample is the peak. It is the denominator of the
-   efficiency figure, so the figure says how close the model gets to what this machine
-   can do. On a shared machine, sampling throughout the run keeps a burst of other work
-   from lowering only one side of the ratio.
-2. **Training**: forward + backward + AdamW step on a synthetic batch. After
-   ``--warmup`` untimed steps, ``--train-steps`` timed steps; the median step time gives
-   samples/s and achieved GFLOP/s (``model.estimate_flops(B, "train")`` / step time),
-   and its share of the matmul peak (goal: >= 40 %).
-3. **Inference**: ``sample_actions`` at batch 1 with the KV cache at ``num_steps`` 1 and
-   10, and without it (the prefix recomputed at every step) at 10 steps, timed in
-   interleaved rounds (one call of each per round) so that background load affects all
-   of them alike. Reported: the median latencies, the KV-cache speedup at 10 steps
-   (goal: >= 3x), and the affine decomposition ``L(N) = F + N * s`` fitted from the two cached points
-   (``s = (L10 - L1) / 9``, ``F = L1 - s``), next to a directly timed prefill.
+1. **Profiler cost of ``profile-step``**: the period of one iteration of the
+   ``PolicyTrainRun`` loop with the custom profiler (what ``scopebench profile-step`` and
+   ``Pi05Train`` run) against a bare loop calling the same step (goal: <= 1.02x); the two
+   loops alternate their order from round to round.
+2. **MFU**: achieved FLOP/s of the training step (``estimate_flops`` / step time, as the
+   run reports it) over the matmul peak of this process, sampled in every round (the
+   highest sample is the peak, so a burst of other work cannot lower only one side of the
+   ratio). Goal: >= 0.7 of the peak with 2 threads on ``small``.
+3. **Latency decomposition**: ``sample_actions`` at batch 1 for num_steps 1, 2, 5, 10
+   (``InferenceRun``), ``L(N) = F + N * s`` fitted to the medians (``decompose-latency``).
+4. **KV cache**: 10 steps with the cached prefix vs recomputing the prefix each step (goal >= 3x).
+5. **torch.compile**: compiled (``default``) vs eager ``sample_actions``, interleaved calls,
+   plus the one-off compile time.
+6. **AdamW**: one optimizer step over the preset's parameters, torch's default
+   (``foreach``) vs ``fused=True`` (what ``FUSED_ADAMW=true`` / ``fused_adamw: true`` selects).
 
-Why: the policy benchmark's solvers report time per region; these numbers say whether
-the model code itself is efficient enough on a CPU for those regions to mean something,
-and whether the KV cache does its job. Weights are random: latency and throughput
-depend on shapes and dtype only.
+The training parts run with ``fused_adamw: true`` (``--fused-adamw false`` for torch's
+default), eager unless ``--torch-compile`` (inductor fuses the element-wise work around the
+matmuls; the warm-up steps pay for compilation).
 
-How to run (single process, no launcher)::
+Weights are random: latency and throughput depend on shapes and dtype only.
 
-    python benchmarks/policy_speed.py                # small preset, batch 8
-    python benchmarks/policy_speed.py --threads 1    # stable on a shared machine
-    python benchmarks/policy_speed.py --preset tiny --train-steps 3 --json-out out.json
+How to run (a single process, no launcher)::
+
+    python benchmarks/policy_speed.py                      # small, 2 threads, all parts
+    python benchmarks/policy_speed.py --threads 1 --skip compile
+    python benchmarks/policy_speed.py --preset tiny --rounds 3 --json-out out.json
 
 Other work on the machine slows everything down; the load average at start and end is
-part of the output so a noisy run can be recognised. On a shared machine prefer
-``--threads 1``: with several OpenMP threads, every small operator waits for its
-slowest thread, and a thread descheduled by another process stalls the whole step (on a
-loaded 2-core machine a training step took 10 s with 2 threads and 2.6 s with 1), while
-one large matmul barely notices, which would understate the efficiency.
+part of the output so a noisy run can be recognised.
 
-Output: human-readable lines, then one JSON object on the last line::
+Output: readable lines, then one JSON object on the last line::
 
-    {"preset": str, "torch_version": str, "num_threads": int, "num_params": int,
-     "load_average_start": [1m, 5m, 15m], "load_average_end": [...],
-     "matmul_peak_gflop_per_sec": float, "matmul_peak_samples_gflop_per_sec": [float, ...],
-     "train": {"batch_size": int, "warmup_steps": int, "step_time_sec": [float, ...],
-               "step_time_sec_median": float, "samples_per_sec": float,
-               "flops_per_step": int, "achieved_gflop_per_sec": float,
-               "peak_fraction_pct": float},
-     "inference": {"batch_size": 1, "repeats": int,
-                   "latency_sec": {"kv_1": float, "kv_10": float, "recompute_10": float},
-                   "latency_sec_min": {same keys},
-                   "kv_cache_speedup": float, "fixed_cost_sec": float,
-                   "per_step_sec": float, "prefill_sec": float,
-                   "flops_per_call": {"1": int, "10": int}},
-     "goals": {"peak_fraction_pct": 40.0, "kv_cache_speedup": 3.0,
-               "peak_fraction_met": bool, "kv_cache_speedup_met": bool}}
+    {"preset", "torch_version", "num_threads", "num_params", "load_average_start", "load_average_end",
+     "overhead": {"profiled_step_sec": [...], "bare_step_sec": [...], "ratio": float,
+                  "ratio_per_round": [...], "goal": 1.02, "met": bool},
+     "mfu": {"batch_size", "flops_per_step", "achieved_flops_per_sec": [...], "matmul_peak_samples": [...],
+             "peak_flops_per_sec", "mfu", "run_mfu", "goal": 0.7, "met": bool},
+     "decompose": {"num_steps": [...], "median_sec": {N: s}, "fixed_sec", "per_step_sec", "r2"},
+     "kv_cache": {"cached_10_sec", "recompute_10_sec", "speedup", "goal": 3.0, "met": bool},
+     "compile": {"eager_sec", "compiled_sec", "speedup", "compile_time_sec", "first_call_ratio"},
+     "adamw": {"default_step_sec", "fused_step_sec", "speedup"}}
 """
 
 from __future__ import annotations
@@ -61,198 +53,254 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import tempfile
 import time
 
 import torch
 
-from scopebench.policy import Pi05Policy, make_policy
+from scopebench.policy.inference_run import InferenceRun, fit_latency
+from scopebench.policy.settings import DatasetSettings, InferenceSettings, TrainSettings
+from scopebench.policy.train_run import PolicyTrainRun
+from scopebench.profiler import create_profiler
+from scopebench.stats import median
+from scopebench.train.peak import measure_cpu_matmul_flops
 
-PEAK_FRACTION_GOAL_PCT = 40.0
+OVERHEAD_GOAL = 1.02
+MFU_GOAL = 0.7
 KV_SPEEDUP_GOAL = 3.0
+#: Dataset shapes that match each preset's images and chunk.
+DATA = {"tiny": dict(image_size=32, chunk_size=8), "small": dict(image_size=96, chunk_size=16)}
 
 
-def matmul_peak_gflops(size: int, repeats: int = 4) -> float:
-    """Best GFLOP/s of one ``size x size`` fp32 matmul (``2 size^3`` FLOPs) over repeats."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    for _ in range(2):  # let the BLAS pick its kernels and threads settle
-        a @ b
-    best = float("inf")
+def bench_adamw(preset: str, repeats: int) -> dict:
+    """One AdamW step over the preset's parameters: torch's default vs fused, interleaved."""
+    from scopebench.policy import make_policy
+    from scopebench.train import build_adamw
+
+    params = list(make_policy(preset).parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opts = {"default": build_adamw(params, lr=1e-4), "fused": build_adamw(params, lr=1e-4, fused=True)}
+    times = {name: [] for name in opts}
+    for opt in opts.values():
+        opt.step()
     for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
-
-
-def synthetic_batch(model: Pi05Policy, batch_size: int, seed: int = 0) -> dict:
-    """A training batch of random inputs with the model's shapes."""
-    cfg = model.config
-    g = torch.Generator().manual_seed(seed)
-    s = cfg.vision.image_size
+        for name, opt in opts.items():
+            start = time.perf_counter()
+            opt.step()
+            times[name].append(time.perf_counter() - start)
+    med = {name: median(v) for name, v in times.items()}
     return {
-        "images": torch.rand(batch_size, cfg.num_cameras, 3, s, s, generator=g),
-        "prompt_ids": torch.randint(2, cfg.text_vocab_size, (batch_size, cfg.prompt_max_length), generator=g),
-        "prompt_mask": torch.ones(batch_size, cfg.prompt_max_length, dtype=torch.bool),
-        "state": torch.rand(batch_size, cfg.state_dim, generator=g) * 2 - 1,
-        "actions": torch.randn(batch_size, cfg.chunk_size, cfg.action_dim, generator=g),
-        "action_is_pad": torch.zeros(batch_size, cfg.chunk_size, dtype=torch.bool),
+        "default_step_sec": med["default"],
+        "fused_step_sec": med["fused"],
+        "speedup": med["default"] / med["fused"],
     }
-
-
-def time_calls(fn, repeats: int, warmup: int = 1) -> list[float]:
-    """Wall times of ``repeats`` calls after ``warmup`` untimed calls (CPU: no sync)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def bench_training(
-    model: Pi05Policy, batch_size: int, warmup: int, steps: int, peak_size: int
-) -> tuple[dict, list[float]]:
-    """Forward + backward + AdamW step; median of the timed steps.
+    root, preset: str, batch_size: int, rounds: int, steps: int, warmup: int, fused: bool, compile_model: bool = False
+) -> tuple[dict, dict]:
+    """Profiled loop vs bare loop of the same ``PolicyTrainRun`` step, and MFU."""
+    settings = TrainSettings(
+        preset=preset, batch_size=batch_size, learning_rate=1e-4, fused_adamw=fused, torch_compile=compile_model
+    )
+    run = PolicyTrainRun(settings, dataset_root=root, chunk_size=DATA[preset]["chunk_size"], name="policy_speed")
+    null = create_profiler(None)
+    profiled, bare, ratios, achieved, run_mfu, peaks = [], [], [], [], [], []
+    with run:
+        for _ in range(warmup):
+            run.step(null)
+        for r in range(rounds):
+            peaks.append(measure_cpu_matmul_flops())
+            ticks: list[float] = []
 
-    Returns:
-        The training figures, and the matmul-peak samples taken before each timed step
-        (outside its timing).
-    """
-    model.train()
-    batch = synthetic_batch(model, batch_size)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+            def callback() -> bool:
+                ticks.append(time.perf_counter())
+                if len(ticks) > 1:
+                    m = run.current_metrics()
+                    achieved.append(m["achieved_flops_per_sec"])
+                    run_mfu.append(m["mfu"])
+                return len(ticks) <= steps
 
-    def step() -> None:
-        loss, _ = model(batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+            def bare_loop() -> list[float]:
+                out = []
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    run.step(null)
+                    out.append(time.perf_counter() - start)
+                return out
 
-    for _ in range(warmup):
-        step()
-    times, peaks = [], []
-    for _ in range(steps):
-        peaks.append(matmul_peak_gflops(peak_size))
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    median = statistics.median(times)
-    flops = model.estimate_flops(batch_size, "train")
-    result = {
+            # A B in even rounds, B A in odd ones: whatever the first loop after the
+            # matmul-peak sample pays (cold caches) falls on both sides alike.
+            b = bare_loop() if r % 2 else []
+            run.loop(callback)
+            b = b or bare_loop()
+            a = [t1 - t0 for t0, t1 in zip(ticks, ticks[1:])]
+            profiled += a
+            bare += b
+            ratios.append(median(a) / median(b))
+        peaks.append(measure_cpu_matmul_flops())
+        flops = run.flops_per_sample * batch_size
+        setup_peak = run.peak.flops_per_sec
+    ratio = median(profiled) / median(bare)
+    peak = max(peaks + [setup_peak])
+    mfu = median(achieved) / peak
+    overhead = {
+        "profiled_step_sec": profiled,
+        "bare_step_sec": bare,
+        "ratio": ratio,
+        "ratio_per_round": ratios,
+        "goal": OVERHEAD_GOAL,
+        "met": ratio <= OVERHEAD_GOAL,
+    }
+    mfu_result = {
         "batch_size": batch_size,
-        "warmup_steps": warmup,
-        "step_time_sec": times,
-        "step_time_sec_median": median,
-        "samples_per_sec": batch_size / median,
         "flops_per_step": flops,
-        "achieved_gflop_per_sec": flops / median / 1e9,
+        "achieved_flops_per_sec": achieved,
+        "matmul_peak_samples": peaks + [setup_peak],
+        "peak_flops_per_sec": peak,
+        "mfu": mfu,
+        "run_mfu": median(run_mfu),
+        "goal": MFU_GOAL,
+        "met": mfu >= MFU_GOAL,
     }
-    return result, peaks
+    return overhead, mfu_result
 
 
-def bench_inference(model: Pi05Policy, repeats: int) -> dict:
-    """``sample_actions`` latencies at batch 1, with and without the KV cache.
-
-    Calls are interleaved round by round, after one untimed round of warm-up."""
-    model.eval()
-    obs = synthetic_batch(model, 1)
-    noise = torch.randn(1, model.config.chunk_size, model.config.action_dim)
-    calls = {
-        "kv_1": lambda: model.sample_actions(obs, 1, noise),
-        "kv_10": lambda: model.sample_actions(obs, 10, noise),
-        "recompute_10": lambda: model.sample_actions(obs, 10, noise, use_kv_cache=False),
-        "prefill": lambda: model.prefill(obs),
-    }
-    lat = {name: [] for name in calls}
-    with torch.inference_mode():
+def bench_inference(root, preset: str, repeats: int, skip: set[str]) -> dict:
+    """Decomposition, KV cache and compile, each in interleaved rounds."""
+    chunk = DATA[preset]["chunk_size"]
+    out: dict = {}
+    steps = [1, 2, 5, 10]
+    eager = InferenceRun(InferenceSettings(preset=preset, n_warmup=2), dataset_root=root, chunk_size=chunk)
+    with eager:
+        eager.start(warmup_num_steps=steps)
+        lat = {n: [] for n in steps}
         for _ in range(repeats):
-            for name, fn in calls.items():
-                lat[name] += time_calls(fn, repeats=1, warmup=1 if not lat[name] else 0)
-    med = {k: statistics.median(v) for k, v in lat.items()}
-    per_step = (med["kv_10"] - med["kv_1"]) / 9
-    return {
-        "batch_size": 1,
-        "repeats": repeats,
-        "latency_sec": {k: med[k] for k in ("kv_1", "kv_10", "recompute_10")},
-        "latency_sec_min": {k: min(lat[k]) for k in ("kv_1", "kv_10", "recompute_10")},
-        "kv_cache_speedup": med["recompute_10"] / med["kv_10"],
-        "fixed_cost_sec": med["kv_1"] - per_step,
-        "per_step_sec": per_step,
-        "prefill_sec": med["prefill"],
-        "flops_per_call": {str(n): model.estimate_flops(1, "inference", n) for n in (1, 10)},
-    }
+            for n in steps:
+                lat[n].append(eager.timed_call(n))
+        med = {n: median(v) for n, v in lat.items()}
+        fit = fit_latency(steps, [med[n] for n in steps])
+        out["decompose"] = {"num_steps": steps, "median_sec": {str(n): v for n, v in med.items()}, **fit}
+        if "kv" not in skip:
+            model = eager.model
+            obs = eager.step.runner.preprocess(eager.step.batch)
+            noise = torch.randn(1, model.config.chunk_size, model.config.action_dim)
+            cached, recompute = [], []
+            with torch.inference_mode():
+                model.sample_actions(obs, 10, noise, use_kv_cache=False)  # warm-up
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    model.sample_actions(obs, 10, noise)
+                    cached.append(time.perf_counter() - start)
+                    start = time.perf_counter()
+                    model.sample_actions(obs, 10, noise, use_kv_cache=False)
+                    recompute.append(time.perf_counter() - start)
+            speedup = median(recompute) / median(cached)
+            out["kv_cache"] = {
+                "cached_10_sec": median(cached),
+                "recompute_10_sec": median(recompute),
+                "speedup": speedup,
+                "goal": KV_SPEEDUP_GOAL,
+                "met": speedup >= KV_SPEEDUP_GOAL,
+            }
+        if "compile" not in skip:
+            settings = InferenceSettings(preset=preset, compile_mode="default", n_warmup=3)
+            with InferenceRun(settings, dataset_root=root, chunk_size=chunk) as compiled:
+                e, c = [], []
+                for _ in range(repeats):
+                    e.append(eager.timed_call(10))
+                    c.append(compiled.timed_call(10))
+                out["compile"] = {
+                    "eager_sec": median(e),
+                    "compiled_sec": median(c),
+                    "speedup": median(e) / median(c),
+                    **compiled.compile_metrics(),
+                }
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="small", choices=["tiny", "small"])
+    parser.add_argument("--preset", default="small", choices=sorted(DATA))
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (the MFU goal is for 2)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved training rounds")
+    parser.add_argument("--steps", type=int, default=3, help="steps per loop and round")
     parser.add_argument("--warmup", type=int, default=2, help="untimed training steps")
-    parser.add_argument("--train-steps", type=int, default=5, help="timed training steps")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per latency")
-    parser.add_argument("--peak-size", type=int, default=2048)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per latency")
+    parser.add_argument("--fused-adamw", default="true", choices=["true", "false"], help="AdamW of the training parts")
+    parser.add_argument("--torch-compile", action="store_true", help="compile the training step (inductor)")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated parts to skip: train, decompose, kv, compile, adamw"
+    )
+    parser.add_argument("--data-dir", default=None, help="dataset cache (default: a temporary folder)")
     parser.add_argument("--json-out", default=None, help="also write the JSON to this file")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     load_start = list(os.getloadavg())
-    model = make_policy(args.preset)
-    print(
-        f"preset={args.preset} params={model.num_params() / 1e6:.1f}M "
-        f"threads={torch.get_num_threads()} torch={torch.__version__} load={load_start[0]:.2f}"
-    )
+    data_dir = args.data_dir or tempfile.mkdtemp(prefix="policy_speed_")
+    root = DatasetSettings(num_episodes=4, episode_length=24, cache_dir=data_dir, **DATA[args.preset]).materialize()
+    from scopebench.policy import make_policy
 
-    peaks = [matmul_peak_gflops(args.peak_size)]
-    train, train_peaks = bench_training(model, args.batch_size, args.warmup, args.train_steps, args.peak_size)
-    peaks += train_peaks
-    infer = bench_inference(model, args.repeats)
-    peaks.append(matmul_peak_gflops(args.peak_size))
-    peak = max(peaks)
-    print(
-        f"matmul peak (fp32 {args.peak_size}^3): {peak:.1f} GFLOP/s "
-        f"(samples {', '.join(f'{p:.0f}' for p in peaks)})"
-    )
-    train["peak_fraction_pct"] = 100 * train["achieved_gflop_per_sec"] / peak
-
-    print(
-        f"train  batch={args.batch_size}: step median {train['step_time_sec_median']:.3f} s "
-        f"(steps {', '.join(f'{t:.2f}' for t in train['step_time_sec'])}), "
-        f"{train['samples_per_sec']:.2f} samples/s, {train['achieved_gflop_per_sec']:.1f} GFLOP/s "
-        f"= {train['peak_fraction_pct']:.1f}% of peak (goal >= {PEAK_FRACTION_GOAL_PCT:.0f}%)"
-    )
-    lat = infer["latency_sec"]
-    print(
-        f"sample_actions batch=1: N=1 {lat['kv_1'] * 1e3:.1f} ms, N=10 {lat['kv_10'] * 1e3:.1f} ms, "
-        f"N=10 recomputing the prefix {lat['recompute_10'] * 1e3:.1f} ms"
-    )
-    print(f"KV-cache speedup at N=10: {infer['kv_cache_speedup']:.2f}x (goal >= {KV_SPEEDUP_GOAL:.0f}x)")
-    print(
-        f"L(N) = F + N*s: F = {infer['fixed_cost_sec'] * 1e3:.1f} ms, s = {infer['per_step_sec'] * 1e3:.2f} ms/step "
-        f"(prefill timed alone: {infer['prefill_sec'] * 1e3:.1f} ms)"
-    )
+    with torch.device("meta"):
+        num_params = make_policy(args.preset).num_params()
+    print(f"preset={args.preset} params={num_params / 1e6:.1f}M threads={torch.get_num_threads()} load={load_start}")
     result = {
         "preset": args.preset,
         "torch_version": torch.__version__,
         "num_threads": torch.get_num_threads(),
-        "num_params": model.num_params(),
+        "num_params": num_params,
         "load_average_start": load_start,
-        "load_average_end": list(os.getloadavg()),
-        "matmul_peak_gflop_per_sec": peak,
-        "matmul_peak_samples_gflop_per_sec": peaks,
-        "train": train,
-        "inference": infer,
-        "goals": {
-            "peak_fraction_pct": PEAK_FRACTION_GOAL_PCT,
-            "kv_cache_speedup": KV_SPEEDUP_GOAL,
-            "peak_fraction_met": train["peak_fraction_pct"] >= PEAK_FRACTION_GOAL_PCT,
-            "kv_cache_speedup_met": infer["kv_cache_speedup"] >= KV_SPEEDUP_GOAL,
-        },
     }
+    if "train" not in skip:
+        fused = args.fused_adamw == "true"
+        overhead, mfu = bench_training(
+            root, args.preset, args.batch_size, args.rounds, args.steps, args.warmup, fused, args.torch_compile
+        )
+        mfu["fused_adamw"], mfu["torch_compile"] = fused, args.torch_compile
+        spread = overhead["ratio_per_round"]
+        print(
+            f"profile-step loop / bare loop: {overhead['ratio']:.4f} (rounds {min(spread):.3f}..{max(spread):.3f}; "
+            f"median step {median(overhead['bare_step_sec']) * 1e3:.1f} ms; goal <= {OVERHEAD_GOAL})"
+        )
+        print(
+            f"MFU batch={args.batch_size} fused_adamw={fused} torch_compile={args.torch_compile}: {mfu['mfu']:.3f} of the {mfu['peak_flops_per_sec'] / 1e9:.1f} GFLOP/s "
+            f"matmul peak (achieved {median(mfu['achieved_flops_per_sec']) / 1e9:.1f} GFLOP/s; the run's own "
+            f"mfu column: {mfu['run_mfu']:.3f}; goal >= {MFU_GOAL})"
+        )
+        result.update(overhead=overhead, mfu=mfu)
+    if "decompose" not in skip:
+        infer = bench_inference(root, args.preset, args.repeats, skip)
+        d = infer["decompose"]
+        print(
+            f"L(N) = F + N*s: F = {d['fixed_sec'] * 1e3:.1f} ms, s = {d['per_step_sec'] * 1e3:.2f} ms/step, "
+            f"R^2 = {d['r2']:.4f} (medians at N = {d['num_steps']})"
+        )
+        if "kv_cache" in infer:
+            k = infer["kv_cache"]
+            print(
+                f"KV cache, 10 steps: {k['cached_10_sec'] * 1e3:.1f} ms vs {k['recompute_10_sec'] * 1e3:.1f} ms "
+                f"recomputing the prefix: {k['speedup']:.2f}x (goal >= {KV_SPEEDUP_GOAL})"
+            )
+        if "compile" in infer:
+            c = infer["compile"]
+            print(
+                f"sample_actions, 10 steps: eager {c['eager_sec'] * 1e3:.1f} ms, compiled {c['compiled_sec'] * 1e3:.1f} ms "
+                f"({c['speedup']:.2f}x); compile {c.get('compile_time_sec', float('nan')):.1f} s, first call "
+                f"{c.get('first_call_ratio', float('nan')):.0f}x a steady one"
+            )
+        result.update(infer)
+    if "adamw" not in skip:
+        result["adamw"] = a = bench_adamw(args.preset, args.repeats)
+        print(
+            f"AdamW step: torch's default {a['default_step_sec'] * 1e3:.1f} ms, fused {a['fused_step_sec'] * 1e3:.1f} ms "
+            f"({a['speedup']:.2f}x)"
+        )
+    result["load_average_end"] = list(os.getloadavg())
+    print(f"load average at the end: {result['load_average_end']}")
     if args.json_out:
         with open(args.json_out, "w") as fh:
             json.dump(result, fh, indent=2)

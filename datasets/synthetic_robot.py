@@ -17,8 +17,7 @@ class Dataset(BaseDataset):
     }
 
     def get_data(self):
-        from scopebench.policy.data import SyntheticRobotConfig
-        from scopebench.policy.steps import cached_synthetic_dataset
+        from scopebench.policy.data import SyntheticRobotConfig, cached_synthetic_dataset
 
         config = SyntheticRobotConfig(
             num_episodes=self.num_episodes,

@@ -5,7 +5,10 @@ peak of allocated memory per region, and a larger region gets a larger peak; (2)
 torch profiler reports CUDA time inside a region; (3) the nvidia backend emits NVTX
 ranges through torch and calls cudaProfilerStart/Stop without error; (4) the tiny pi05
 policy trains one step and samples actions on the GPU; (5) a deepinv PnP step runs on
-the GPU. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
+the GPU; (6) the policy's training run object (accelerate, fused AdamW, bf16 autocast)
+steps on the GPU and reports per-region GPU memory, a table peak and MFU; (7) the policy's
+inference run object compiles prefill and denoise with ``reduce-overhead`` (CUDA graphs)
+and the first call is at least 5x a steady one. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
 status is 1 if any check failed, 77 if CUDA is absent.
 
 Run: ``bash scripts/gpu_check.sh`` (under five minutes on one GPU).
@@ -107,6 +110,59 @@ def pnp_step():
     return {"ok": bool(torch.isfinite(out).all()), "device": str(out.device)}
 
 
+def _policy_data():
+    import tempfile
+
+    from scopebench.policy.settings import DatasetSettings
+
+    settings = DatasetSettings(cache_dir=tempfile.mkdtemp(prefix="gpu_check_"))
+    return settings, settings.materialize()
+
+
+def policy_train_run():
+    from scopebench.policy.settings import TrainSettings
+    from scopebench.policy.train_run import PolicyTrainRun
+
+    data, root = _policy_data()
+    settings = TrainSettings(device="cuda", precision="bf16", fused_adamw=True)
+    calls, metrics = [0], []
+
+    def callback():
+        if calls[0]:
+            metrics.append(run.current_metrics())
+        calls[0] += 1
+        return calls[0] <= 4
+
+    run = PolicyTrainRun(
+        settings, dataset_root=root, chunk_size=data.chunk_size, profiler_params={"profiler_warmup": 1}
+    )
+    with run:
+        run.loop(callback)
+    m = metrics[-1]
+    ok = (
+        m["forward_max_gpu_mb"] > 0
+        and m["max_gpu_mb_rank0"] > 0
+        and str(m["peak_flops_source"]).startswith("table:")
+        and 0 < (m["mfu"] or 0) < 1
+        and run.step.optimizer.defaults["fused"] is True
+    )
+    keys = ("forward_time_sec", "bwd_time_sec", "max_gpu_mb", "mfu", "peak_flops_source", "samples_per_sec")
+    return {"ok": ok, **{k: m.get(k) for k in keys}}
+
+
+def policy_inference_compile():
+    from scopebench.policy.inference_run import InferenceRun
+    from scopebench.policy.settings import InferenceSettings
+
+    data, root = _policy_data()
+    settings = InferenceSettings(device="cuda", compile_mode="reduce-overhead", n_warmup=5, precision="bf16")
+    with InferenceRun(settings, dataset_root=root, chunk_size=data.chunk_size) as run:
+        steady = [run.timed_call() for _ in range(5)]
+        info = run.compile_metrics()
+    ok = info["first_call_ratio"] >= 5 and tuple(run.actions.shape)[0] == 1
+    return {"ok": ok, **info, "steady_ms": sorted(steady)[2] * 1e3}
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"check": "cuda", "ok": False, "error": "CUDA is not available"}))
@@ -115,7 +171,15 @@ def main() -> int:
         json.dumps({"check": "device", "ok": True, "name": torch.cuda.get_device_name(0), "torch": torch.__version__}),
         flush=True,
     )
-    checks = [custom_memory, torch_cuda_time, nvidia_markers, policy_step, pnp_step]
+    checks = [
+        custom_memory,
+        torch_cuda_time,
+        nvidia_markers,
+        policy_step,
+        pnp_step,
+        policy_train_run,
+        policy_inference_compile,
+    ]
     results = [_report(fn.__name__, fn) for fn in checks]
     return 0 if all(results) else 1
 

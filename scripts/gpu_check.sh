@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU code paths that CPU CI cannot run: profiler memory/CUDA time/NVTX, pi05 and PnP on
-# CUDA. Under five minutes on one GPU. Prints one JSON line per check (scripts/gpu_check.py),
-# then runs the tests marked `gpu` (the ones pytest skips on a machine without CUDA).
+# CUDA, the policy's training run (accelerate, fused AdamW, bf16) and compiled inference
+# (reduce-overhead / CUDA graphs). Under five minutes on one GPU. Prints one JSON line per
+# check (scripts/gpu_check.py), then runs the tests marked `gpu` (the ones pytest skips on
+# a machine without CUDA).
 # Usage: bash scripts/gpu_check.sh   (installs into .venv first if needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."

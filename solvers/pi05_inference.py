@@ -1,45 +1,39 @@
-"""Pi05Inference: one action chunk per iteration (preprocess, prefill, denoise, postprocess)."""
+"""Pi05Inference: one ``sample_actions`` call per iteration, at batch 1.
+
+Regions ``preprocess`` (host: tokenize, resize, normalize), ``prefill``, ``denoise``,
+``postprocess``; with ``compile_mode`` (``none``, ``default``, ``reduce-overhead``,
+``max-autotune``...) ``torch.compile`` wraps prefill and denoise, the ``n_warmup`` calls
+of ``pre_run_hook`` pay for it, and ``compile_time_sec`` / ``first_call_ratio`` are
+reported apart. Every parameter is a field of
+``scopebench.policy.settings.InferenceSettings`` (documented there).
+"""
 
 from pathlib import Path
 
 from benchopt import BaseSolver
 from benchopt.stopping_criterion import NoCriterion
 
-from scopebench.profiler import ProfiledSolverMixin
-
-OUTPUTS = Path(__file__).resolve().parents[1] / "outputs"
+from scopebench.policy.solver import InferenceSolverMixin
 
 
-class Solver(ProfiledSolverMixin, BaseSolver):
+class Solver(InferenceSolverMixin, BaseSolver):
     name = "Pi05Inference"
     sampling_strategy = "callback"
     stopping_criterion = NoCriterion(strategy="callback")
+    output_dir = Path(__file__).resolve().parents[1] / "outputs"
     parameters = {
-        **ProfiledSolverMixin.parameters,
+        **InferenceSolverMixin.parameters,
         "preset": ["tiny"],
+        "num_cameras": [None],
         "num_steps": [10],
+        "chunk_size": [None],
+        "n_action_steps": [None],
+        "compile_mode": ["none"],
+        "precision": ["fp32"],
+        "attention_implementation": ["sdpa"],
+        "n_warmup": [5],
+        "prompt_words": [24],
+        "check_memory": [True],
+        "device": ["auto"],
     }
-
-    def get_next(self, stop_val):
-        return stop_val + 1
-
-    def set_objective(self, dataset, eval_batch, seed):
-        import torch
-
-        from scopebench.policy.steps import InferenceStep, policy_for_dataset
-
-        self.validate_profiler()
-        torch.manual_seed(seed)
-        model = policy_for_dataset(self.preset, dataset)
-        self.step = InferenceStep(model, eval_batch, num_steps=self.num_steps, stats=dataset.stats)
-        # Before the first chunk the result is "no motion" (scored like any other).
-        self.actions = torch.zeros_like(eval_batch["actions"])
-
-    def run(self, callback):
-        def chunk(prof):
-            self.actions = self.step(prof)
-
-        self.run_profiled(callback, chunk, name="pi05_inference", output_dir=OUTPUTS)
-
-    def get_result(self):
-        return dict(actions=self.actions, **self.current_metrics())
+    test_config = {"n_warmup": 1}

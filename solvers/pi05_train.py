@@ -1,56 +1,50 @@
-"""Pi05Train: AdamW training steps of the pi05 policy, one benchopt iteration per step."""
+"""Pi05Train: training steps of the pi05 policy on accelerate, one benchopt iteration per step.
+
+Phases ``dataload_wait``, ``forward``, ``bwd``, ``unscale_clip``, ``optim_step``,
+``zero_grad_sched``, ``sync_gather`` (see ``scopebench.policy.steps``); reports global
+``samples_per_sec``, ``steps_per_sec``, per-rank and worst-rank peak memory, achieved
+FLOP/s and MFU, ``setup_time_sec`` and ``world_size``. Ranks come from torchrun / SLURM
+or are spawned locally (``nproc_per_node``). Every parameter is a field of
+``scopebench.policy.settings.TrainSettings`` (documented there).
+"""
 
 from pathlib import Path
 
 from benchopt import BaseSolver
 from benchopt.stopping_criterion import NoCriterion
 
-from scopebench.profiler import ProfiledSolverMixin
-
-OUTPUTS = Path(__file__).resolve().parents[1] / "outputs"
+from scopebench.policy.solver import TrainSolverMixin
 
 
-class Solver(ProfiledSolverMixin, BaseSolver):
+class Solver(TrainSolverMixin, BaseSolver):
     name = "Pi05Train"
     sampling_strategy = "callback"
     stopping_criterion = NoCriterion(strategy="callback")
+    output_dir = Path(__file__).resolve().parents[1] / "outputs"
+    task = "train"
     parameters = {
-        **ProfiledSolverMixin.parameters,
+        **TrainSolverMixin.parameters,
         "preset": ["tiny"],
         "batch_size": [4],
-        "learning_rate": [1e-3],
-        "grad_clip": [1.0],
         "num_workers": [0],
+        "prefetch_factor": [2],
+        "nproc_per_node": [1],
+        "no_optim": [False],
+        "find_unused_params": [True],
+        "fused_adamw": [None],
+        "attention_implementation": ["sdpa"],
+        "gradient_checkpointing": [False],
+        "torch_compile": [False],
+        "precision": ["fp32"],
+        "learning_rate": [1e-3],
+        "weight_decay": [0.0],
+        "grad_clip": [1.0],
+        "scheduler": ["constant"],
+        "warmup_steps": [0],
+        "gather_every": [1],
+        "ce_weight": [1.0],
+        "group_timeout_sec": [None],
+        "peak_tflops": [None],
+        "check_memory": [True],
+        "device": ["auto"],
     }
-
-    def get_next(self, stop_val):
-        return stop_val + 1
-
-    def set_objective(self, dataset, eval_batch, seed):
-        import torch
-
-        from scopebench.policy.steps import TrainStep, policy_for_dataset
-
-        self.validate_profiler()
-        torch.manual_seed(seed)
-        self.model = policy_for_dataset(self.preset, dataset)
-        self.step = TrainStep(
-            self.model,
-            dataset,
-            batch_size=self.batch_size,
-            learning_rate=self.learning_rate,
-            grad_clip=self.grad_clip,
-            num_workers=self.num_workers,
-            seed=seed,
-        )
-
-    def run(self, callback):
-        self.run_profiled(callback, self.step, name="pi05_train", output_dir=OUTPUTS)
-
-    def get_result(self):
-        from scopebench.stats import samples_per_sec
-
-        metrics = self.current_metrics()
-        if "total_time_sec" in metrics:
-            metrics["samples_per_sec"] = samples_per_sec(self.batch_size, metrics)
-        return dict(model=self.model, **metrics)

@@ -20,6 +20,11 @@ COMMANDS = (
     "summary",
     "report",
     "compare",
+    "profile-step",
+    "profile-dataloader",
+    "find-unused-params",
+    "bench-inference",
+    "decompose-latency",
 )
 
 
@@ -43,7 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     from scopebench.allocator import keep_freed_memory
 
     keep_freed_memory()  # the tools run the same large convolutions and matmuls as the solvers
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # A command that takes free-form ``--key=value`` overrides sets ``overrides=[]`` as a
+    # default; every other command refuses unknown arguments as ``parse_args`` would.
+    if extra and getattr(args, "overrides", None) is None:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = extra
     return args._run(args)
 
 

@@ -19,3 +19,12 @@ def tiny() -> Pi05Policy:
 def single_thread(one_thread):
     """Every policy test on one thread (see ``tests/conftest.py``)."""
     yield
+
+
+@pytest.fixture(scope="session")
+def robot_data(tmp_path_factory):
+    """The tiny run config's dataset, written once per session: (settings, root)."""
+    from scopebench.policy.settings import DatasetSettings
+
+    settings = DatasetSettings(cache_dir=str(tmp_path_factory.mktemp("datasets")))
+    return settings, settings.materialize()

@@ -6,6 +6,24 @@ import torch
 
 from scopebench.policy import Pi05Policy
 
+#: ``Pi05Train``'s phases and the columns other tools (the report's diagnosis rules) read:
+#: frozen here, independently of the library's own constants.
+TRAIN_PHASES = ("dataload_wait", "forward", "bwd", "unscale_clip", "optim_step", "zero_grad_sched", "sync_gather")
+TRAIN_COLUMNS = [f"{p}_time_sec" for p in TRAIN_PHASES] + [
+    "backward_step_time_sec",
+    "samples_per_sec",
+    "steps_per_sec",
+    "max_rss_mb",
+    "max_gpu_mb",
+    "max_rss_mb_rank0",
+    "achieved_flops_per_sec",
+    "mfu",
+    "peak_flops_per_sec",
+    "peak_flops_source",
+    "setup_time_sec",
+    "world_size",
+]
+
 
 def make_batch(model: Pi05Policy, batch_size: int = 4, seed: int = 0) -> dict:
     """A training batch for ``model`` with a padded prompt and padded action tails."""

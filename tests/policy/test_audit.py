@@ -15,7 +15,7 @@ def test_no_unused_parameter_with_both_losses(tiny):
     assert all(p.grad is None for p in tiny.parameters())  # gradients are cleared again
     # zero-initialised gates give the expert blocks all-zero gradients at init
     assert "layers.0.expert.q_proj.weight" in audit.zero_grad
-    assert "No unused" not in audit.format() and "find_unused_parameters=False" in audit.format()
+    assert "UNUSED is empty: DDP can run with find_unused_parameters=False" in audit.format()
 
 
 def test_discrete_head_is_unused_when_its_weight_is_zero():
@@ -23,7 +23,9 @@ def test_discrete_head_is_unused_when_its_weight_is_zero():
     audit = find_unused_parameters(model, make_batch(model))
     assert {"discrete_head.weight", "discrete_head.bias", "prefix_norm.weight"} <= set(audit.unused)
     assert not any(".expert." in name for name in audit.unused)
-    assert "== unused: " in audit.format()
+    text = audit.format()
+    assert "UNUSED (requires_grad=True, grad is None)" in text and "  [discrete_head]  (2 tensors," in text
+    assert "keep find_unused_parameters=True" in text
 
 
 def test_frozen_parameters_are_reported():

@@ -145,3 +145,40 @@ def test_runner_stages_turn_a_loader_batch_into_actions(root):
     assert actions.shape == (3, 8, 4)
     with pytest.raises(ValueError, match=r"batch lacks key\(s\) \['camera1'\]"):
         runner.preprocess({k: v for k, v in batch.items() if k != "camera1"})
+
+
+def test_cached_dataset_is_written_once_and_a_dead_writers_temporary_is_removed(tmp_path, data_config):
+    """A second Ctrl-C mid-write leaves ``.synthetic_robot_<key>.<pid>.<random>.tmp``; the next
+    write removes it (its process is gone), and a complete dataset is reused as is."""
+    import subprocess
+    import sys
+
+    from scopebench.policy.data import cached_synthetic_dataset
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    root = cached_synthetic_dataset(tmp_path, data_config)
+    stale = tmp_path / f".{root.name}.{pid}.abc123.tmp"
+    stale.mkdir()
+    (stale / "half_written.png").write_bytes(b"x")
+    import shutil
+
+    shutil.rmtree(root)
+    again = cached_synthetic_dataset(tmp_path, data_config)
+    assert again == root and (root / "meta" / "info.json").is_file()
+    assert not stale.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [root.name]
+    mtime = (root / "meta" / "info.json").stat().st_mtime_ns
+    assert cached_synthetic_dataset(tmp_path, data_config) == root
+    assert (root / "meta" / "info.json").stat().st_mtime_ns == mtime  # reused, not rewritten
+
+
+def test_a_folder_of_the_same_name_without_a_dataset_is_refused(tmp_path, data_config):
+    from scopebench.policy.data import cached_synthetic_dataset
+
+    root = cached_synthetic_dataset(tmp_path, data_config)
+    import shutil
+
+    shutil.rmtree(root / "meta")
+    with pytest.raises(ValueError, match=r"exists but holds no dataset \(no meta/info.json\): remove it"):
+        cached_synthetic_dataset(tmp_path, data_config)

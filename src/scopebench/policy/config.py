@@ -15,16 +15,24 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from scopebench.validate import choice, flag, integer, number
+
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 DTYPES = ("float32", "bfloat16", "float16")
+_FLAGS = (
+    "discrete_state",
+    "knowledge_insulation",
+    "gradient_checkpointing",
+    "freeze_vision_encoder",
+    "train_expert_only",
+)
 
 
 def _check_positive(obj: Any, *names: str) -> None:
-    """Raise ValueError for the first field in ``names`` that is not a positive int."""
+    """``ValueError`` (from :func:`scopebench.validate.integer`) for the first field in
+    ``names`` that is not an integer >= 1, named ``<Class>.<field>``."""
     for name in names:
-        value = getattr(obj, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{type(obj).__name__}.{name} must be a positive int, got {value!r}")
+        integer(f"{type(obj).__name__}.{name}", getattr(obj, name), low=1)
 
 
 @dataclass(kw_only=True)
@@ -170,22 +178,15 @@ class Pi05Config:
                     f"pair up channels), got {getattr(self, name)}"
                 )
         for name in ("mse_weight", "ce_weight"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"Pi05Config.{name} must be a float >= 0, got {value!r}")
+            setattr(self, name, number(f"Pi05Config.{name}", getattr(self, name), low=0))
         if self.mse_weight == 0 and self.ce_weight == 0:
             raise ValueError("Pi05Config.mse_weight and ce_weight are both 0: no loss")
-        if self.attention_implementation not in ATTENTION_IMPLEMENTATIONS:
-            raise ValueError(
-                f"Pi05Config.attention_implementation must be one of "
-                f"{ATTENTION_IMPLEMENTATIONS}, got {self.attention_implementation!r}"
-            )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"Pi05Config.dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.rope_theta <= 0 or self.rms_eps <= 0:
-            raise ValueError(
-                f"Pi05Config.rope_theta and rms_eps must be > 0, got " f"{self.rope_theta!r} and {self.rms_eps!r}"
-            )
+        for name in _FLAGS:
+            flag(f"Pi05Config.{name}", getattr(self, name))
+        choice("Pi05Config.attention_implementation", self.attention_implementation, ATTENTION_IMPLEMENTATIONS)
+        choice("Pi05Config.dtype", self.dtype, DTYPES)
+        for name in ("rope_theta", "rms_eps"):
+            setattr(self, name, number(f"Pi05Config.{name}", getattr(self, name), low=0, low_open=True))
 
     # Token-id layout: [0 = pad | text ids | begin-of-actions | action bins | state bins].
     @property
@@ -284,8 +285,7 @@ def make_config(preset: str, **overrides: Any) -> Pi05Config:
     >>> make_config("tiny", vision={"depth": 1}).vision.depth
     1
     """
-    if preset not in PRESETS:
-        raise ValueError(f"unknown policy preset {preset!r}; expected one of {sorted(PRESETS)}")
+    choice("preset", preset, PRESETS)
     known = {f.name for f in dataclasses.fields(Pi05Config)}
     unknown = sorted(set(overrides) - known)
     if unknown:

@@ -18,12 +18,18 @@ Layout under ``root`` (LeRobot v2 style, PNG frames instead of videos)::
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from scopebench.validate import integer
+
+#: Column and feature names of the state and action vectors (LeRobot's), the one definition.
+STATE_KEY = "observation.state"
+ACTION_KEY = "action"
 DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
 IMAGE_PATH = "images/{image_key}/episode_{episode_index:06d}/frame_{frame_index:06d}.png"
 CHUNKS_SIZE = 1000  # episodes per data/chunk-XXX folder, as in LeRobot
@@ -61,19 +67,11 @@ class SyntheticRobotConfig:
     """Seed of every random trajectory; the same seed writes the same dataset."""
 
     def __post_init__(self) -> None:
-        for name in ("num_episodes", "episode_length", "num_cameras", "image_size"):
-            self._check_int(name, 1)
-        for name in ("state_dim", "action_dim", "fps", "num_tasks"):
-            self._check_int(name, 1)
-        if self.image_size < 8:
-            raise ValueError(f"SyntheticRobotConfig.image_size must be >= 8, got {self.image_size}")
-        if self.num_tasks > len(TASKS):
-            raise ValueError(f"SyntheticRobotConfig.num_tasks must be at most {len(TASKS)}, got {self.num_tasks}")
-
-    def _check_int(self, name: str, low: int) -> None:
-        value = getattr(self, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"SyntheticRobotConfig.{name} must be an int >= {low}, got {value!r}")
+        for name in ("num_episodes", "episode_length", "num_cameras", "state_dim", "action_dim", "fps"):
+            integer(f"SyntheticRobotConfig.{name}", getattr(self, name), low=1)
+        integer("SyntheticRobotConfig.image_size", self.image_size, low=8)
+        integer("SyntheticRobotConfig.num_tasks", self.num_tasks, low=1, high=len(TASKS))
+        integer("SyntheticRobotConfig.seed", self.seed, low=0)
 
     @property
     def cameras(self) -> list[str]:
@@ -175,8 +173,8 @@ def write_synthetic_dataset(root: str | Path, config: SyntheticRobotConfig | Non
         n = cfg.episode_length
         table = pa.table(
             {
-                "observation.state": pa.FixedSizeListArray.from_arrays(ep.state.ravel(), cfg.state_dim),
-                "action": pa.FixedSizeListArray.from_arrays(ep.actions.ravel(), cfg.action_dim),
+                STATE_KEY: pa.FixedSizeListArray.from_arrays(ep.state.ravel(), cfg.state_dim),
+                ACTION_KEY: pa.FixedSizeListArray.from_arrays(ep.actions.ravel(), cfg.action_dim),
                 "timestamp": pa.array(np.arange(n, dtype=np.float32) / cfg.fps),
                 "frame_index": pa.array(np.arange(n, dtype=np.int64)),
                 "episode_index": pa.array(np.full(n, e, dtype=np.int64)),
@@ -200,12 +198,12 @@ def write_synthetic_dataset(root: str | Path, config: SyntheticRobotConfig | Non
         index += n
     s = cfg.image_size
     features = {
-        "observation.state": {
+        STATE_KEY: {
             "dtype": "float32",
             "shape": [cfg.state_dim],
             "names": [f"joint_{i}" for i in range(cfg.state_dim)],
         },
-        "action": {
+        ACTION_KEY: {
             "dtype": "float32",
             "shape": [cfg.action_dim],
             "names": [f"joint_{i}" for i in range(cfg.action_dim)],
@@ -232,8 +230,8 @@ def write_synthetic_dataset(root: str | Path, config: SyntheticRobotConfig | Non
         "features": features,
     }
     stats = {
-        "observation.state": _feature_stats(np.concatenate(states)),
-        "action": _feature_stats(np.concatenate(actions)),
+        STATE_KEY: _feature_stats(np.concatenate(states)),
+        ACTION_KEY: _feature_stats(np.concatenate(actions)),
     }
     for cam, parts in pixels.items():
         total, total_sq, lows, highs, counts = zip(*parts)
@@ -252,4 +250,25 @@ def write_synthetic_dataset(root: str | Path, config: SyntheticRobotConfig | Non
     tasks = [{"task_index": i, "task": TASKS[i][0]} for i in range(cfg.num_tasks)]
     (root / "meta" / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     (root / "meta" / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    return root
+
+
+def cached_synthetic_dataset(cache_dir: str | Path, config: SyntheticRobotConfig) -> Path:
+    """Write the synthetic dataset once per config under ``cache_dir`` and reuse it.
+
+    The folder is ``synthetic_robot_<key>`` (``key``: a hash of the config). It is written
+    through :func:`scopebench.atomic.atomic_dir`, so an interrupted write never leaves a
+    dataset that looks complete, the temporary folder of a process that died mid-write
+    (a second Ctrl-C, ``kill -9``) is removed by the next write, and two processes writing
+    the same dataset at once (ranks of one run) keep the first complete copy.
+    """
+    from scopebench.atomic import atomic_dir
+
+    key = hashlib.sha1(json.dumps(vars(config), sort_keys=True).encode()).hexdigest()[:12]
+    root = Path(cache_dir) / f"synthetic_robot_{key}"
+    if not (root / "meta" / "info.json").is_file():
+        with atomic_dir(root, exist_ok=True) as tmp:
+            write_synthetic_dataset(tmp, config)
+    if not (root / "meta" / "info.json").is_file():  # a folder of the same name not written here
+        raise ValueError(f"{root} exists but holds no dataset (no meta/info.json): remove it and run again")
     return root

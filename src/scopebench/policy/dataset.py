@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
-from scopebench.policy.data import CHUNKS_SIZE
+from scopebench.policy.data import ACTION_KEY, CHUNKS_SIZE, STATE_KEY
+from scopebench.validate import integer
 
 INFO_KEYS = ("fps", "features", "total_episodes", "data_path", "image_path")
-STATE_KEY, ACTION_KEY = "observation.state", "action"
 
 
 def _read_json(path: Path) -> dict:
@@ -81,8 +81,7 @@ class RobotDataset(Dataset):
     def __init__(self, root: str | Path, chunk_size: int) -> None:
         import pyarrow.parquet as pq
 
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        integer("chunk_size", chunk_size, low=1)
         self.root = Path(root)
         self.chunk_size = chunk_size
         info_path = self.root / "meta" / "info.json"
@@ -267,8 +266,8 @@ def make_dataloader(
     datasets = [datasets] if isinstance(datasets, RobotDataset) else list(datasets)
     if not datasets:
         raise ValueError("make_dataloader needs at least one dataset, got none")
-    if batch_size < 1 or num_workers < 0:
-        raise ValueError(f"expected batch_size >= 1 and num_workers >= 0, got {batch_size}, {num_workers}")
+    integer("batch_size", batch_size, low=1)
+    integer("num_workers", num_workers, low=0)
     first = datasets[0]
     signature = (len(first.cameras), first.image_shape, first.state_dim, first.action_dim, first.chunk_size)
     for ds in datasets[1:]:
@@ -290,3 +289,19 @@ def make_dataloader(
         collate_fn=collate_robot_batch,
         drop_last=drop_last,
     )
+
+
+def fixed_eval_batch(dataset: RobotDataset, batch_size: int) -> dict:
+    """``batch_size`` frames evenly spread over the dataset, always the same ones.
+
+    :Examples:
+
+    >>> class Frames(list):
+    ...     pass
+    >>> batch = fixed_eval_batch(Frames({"i": torch.tensor(i)} for i in range(10)), 3)
+    >>> batch["i"].tolist()
+    [0, 3, 6]
+    """
+    integer("eval_batch_size", batch_size, low=1, high=len(dataset))
+    step = len(dataset) // batch_size
+    return collate_robot_batch([dataset[i * step] for i in range(batch_size)])

@@ -1,5 +1,9 @@
 """The four inference stages of a pi05 policy, as separate calls a profiler can wrap.
 
+:class:`Preprocessor` holds the host-side half (batch -> normalised, padded, tokenised
+tensors on the device, and back), which needs only the config: the dataloader
+benchmark uses it without a model. :class:`PolicyRunner` adds the model's two stages.
+
 The model knows nothing about profiling; a solver times the stages from outside::
 
     runner = PolicyRunner(model, stats=dataset.stats)
@@ -23,11 +27,10 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
+from scopebench.policy.config import Pi05Config
+from scopebench.policy.data import ACTION_KEY, STATE_KEY
 from scopebench.policy.model import Pi05Policy, PrefixCache
 from scopebench.policy.tokenizer import PromptTokenizer
-
-STATE_KEY = "observation.state"
-ACTION_KEY = "action"
 
 
 def _pad_last(x: torch.Tensor, size: int, name: str) -> torch.Tensor:
@@ -37,24 +40,25 @@ def _pad_last(x: torch.Tensor, size: int, name: str) -> torch.Tensor:
     return F.pad(x, (0, size - x.shape[-1]))
 
 
-class PolicyRunner:
-    """Batches from :func:`~scopebench.policy.dataset.make_dataloader` in, actions out.
+class Preprocessor:
+    """Dataloader batches to model inputs on the device, and actions back (host side).
 
     Args:
-        model: the policy.
+        config: the policy's config (cameras, image size, prompt length, padded sizes).
         stats: ``meta/stats.json`` of the dataset (``observation.state`` and ``action``
             with ``min`` and ``max``): states and actions are mapped to [-1, 1] with
             them, and actions mapped back in :meth:`postprocess`. None skips this.
-        device: where the model runs; default: the device of its parameters.
+        device: where the model runs.
+        dtype: the dtype of the model's image input.
     """
 
-    def __init__(self, model: Pi05Policy, stats: Mapping | None = None, device=None) -> None:
-        self.model = model
-        self.config = model.config
-        self.tokenizer = PromptTokenizer.from_config(model.config)
-        param = next(model.parameters())
-        self.device = torch.device(device) if device is not None else param.device
-        self.dtype = param.dtype
+    def __init__(
+        self, config: Pi05Config, stats: Mapping | None = None, device="cpu", dtype: torch.dtype = torch.float32
+    ) -> None:
+        self.config = config
+        self.tokenizer = PromptTokenizer.from_config(config)
+        self.device = torch.device(device)
+        self.dtype = dtype
         self.stats = {}
         for key in (STATE_KEY, ACTION_KEY):
             if stats is not None and key in stats:
@@ -115,20 +119,6 @@ class PolicyRunner:
             obs["action_is_pad"] = is_pad.to(self.device)
         return obs
 
-    @torch.inference_mode()
-    def prefill(self, obs: Mapping) -> PrefixCache:
-        """Vision tower and prefix decoder once; returns the per-layer KV cache."""
-        return self.model.prefill(obs)
-
-    @torch.inference_mode()
-    def denoise(self, cache: PrefixCache, num_steps: int | None = None, noise=None) -> torch.Tensor:
-        """Euler integration of the action expert over the cached prefix.
-
-        Returns:
-            Normalised actions (B, chunk_size, action_dim), float32.
-        """
-        return self.model.denoise(cache, noise=noise, num_steps=num_steps)
-
     def postprocess(self, actions: torch.Tensor, action_dim: int | None = None) -> torch.Tensor:
         """Crop padded action dims and undo the normalisation; returns a CPU tensor.
 
@@ -146,6 +136,35 @@ class PolicyRunner:
             lo, span = (s.to(actions.device) for s in self.stats[ACTION_KEY])
             actions = (actions + 1.0) * 0.5 * span[: actions.shape[-1]] + lo[: actions.shape[-1]]
         return actions.cpu()
+
+
+class PolicyRunner(Preprocessor):
+    """Batches from :func:`~scopebench.policy.dataset.make_dataloader` in, actions out.
+
+    Args:
+        model: the policy.
+        stats: dataset statistics, as for :class:`Preprocessor`.
+        device: where the model runs; default: the device of its parameters.
+    """
+
+    def __init__(self, model: Pi05Policy, stats: Mapping | None = None, device=None) -> None:
+        param = next(model.parameters())
+        super().__init__(model.config, stats, device if device is not None else param.device, param.dtype)
+        self.model = model
+
+    @torch.inference_mode()
+    def prefill(self, obs: Mapping) -> PrefixCache:
+        """Vision tower and prefix decoder once; returns the per-layer KV cache."""
+        return self.model.prefill(obs)
+
+    @torch.inference_mode()
+    def denoise(self, cache: PrefixCache, num_steps: int | None = None, noise=None) -> torch.Tensor:
+        """Euler integration of the action expert over the cached prefix.
+
+        Returns:
+            Normalised actions (B, chunk_size, action_dim), float32.
+        """
+        return self.model.denoise(cache, noise=noise, num_steps=num_steps)
 
     def __call__(self, batch: Mapping, num_steps: int | None = None, noise=None) -> torch.Tensor:
         """All four stages: batch in, actions in the dataset's units out (B, chunk, a)."""

@@ -1,177 +1,231 @@
-"""One training step and one action-chunk inference, in named phases.
+"""One training step, one dataloader step and one action-chunk inference, in named phases.
 
-The solvers of the policy benchmark (repository root) call these with a profiler; the
-phase names follow the upstream ``profile_step`` breakdown: ``dataload_wait``,
-``forward``, ``bwd``, ``unscale_clip``, ``optim_step``, ``zero_grad_sched`` for training
-and ``preprocess``, ``prefill``, ``denoise``, ``postprocess`` for inference. The model
-itself never sees the profiler (STYLE.md rule 3).
+The run objects (:mod:`~scopebench.policy.train_run`, :mod:`~scopebench.policy.inference_run`)
+call these with a profiler; each phase is a profiler region, and the tuples below are the
+one source of the phase names (solvers, command-line tools and tests read them here). The
+model itself never sees the profiler (STYLE.md rule 3).
+
+Training phases (the upstream ``profile_step`` breakdown):
+
+* ``dataload_wait``: the next batch, host preprocessing (tokenize, normalise, pad) and the
+  copy to the device;
+* ``forward``: the forward pass and the weighted loss;
+* ``bwd``: the backward pass, including DDP's gradient all-reduce;
+* ``unscale_clip``: gradient unscaling (fp16) and clipping;
+* ``optim_step``: the optimizer step;
+* ``zero_grad_sched``: ``zero_grad`` and the LR scheduler step;
+* ``sync_gather``: the per-step gathers of loss terms and memory peaks across ranks and
+  their ``.tolist()`` (every ``gather_every`` steps; the region is empty otherwise).
+
+``backward_step`` (derived) is ``bwd`` through ``zero_grad_sched``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
-from scopebench.policy.data import SyntheticRobotConfig, write_synthetic_dataset
-from scopebench.policy.dataset import RobotDataset, make_dataloader
+from scopebench.policy.config import Pi05Config, make_config
+from scopebench.policy.dataset import RobotDataset
 from scopebench.policy.model import Pi05Policy
-from scopebench.policy.runner import PolicyRunner
+from scopebench.policy.runner import PolicyRunner, Preprocessor
 
 __all__ = [
-    "cached_synthetic_dataset",
-    "fixed_eval_batch",
-    "policy_for_dataset",
+    "BACKWARD_STEP_PHASES",
+    "DATALOADER_PHASES",
+    "GATHERED_KEYS",
+    "INFERENCE_PHASES",
+    "TRAIN_PHASES",
+    "BatchStream",
+    "DataloaderStep",
     "InferenceStep",
     "TrainStep",
+    "config_for_dataset",
+    "policy_for_dataset",
     "validation_loss",
 ]
 
-TRAIN_PHASES = ("dataload_wait", "forward", "bwd", "unscale_clip", "optim_step", "zero_grad_sched")
+TRAIN_PHASES = ("dataload_wait", "forward", "bwd", "unscale_clip", "optim_step", "zero_grad_sched", "sync_gather")
+#: Phases summed into the derived ``backward_step``.
+BACKWARD_STEP_PHASES = ("bwd", "unscale_clip", "optim_step", "zero_grad_sched")
+DATALOADER_PHASES = ("fetch", "h2d")
 INFERENCE_PHASES = ("preprocess", "prefill", "denoise", "postprocess")
+#: Per-rank values of the ``sync_gather`` phase, in the order of the gathered tensor.
+GATHERED_KEYS = ("train_loss", "mse_loss", "ce_loss", "max_rss_mb", "max_gpu_mb")
 
 
-def cached_synthetic_dataset(cache_dir: str | Path, config: SyntheticRobotConfig) -> Path:
-    """Write the synthetic dataset once per config under ``cache_dir`` and reuse it.
+class BatchStream:
+    """Endless batches from a dataloader: a new epoch starts when one ends."""
 
-    The folder is written beside its final name and renamed, so an interrupted write
-    never leaves a dataset that looks complete.
-    """
-    key = hashlib.sha1(json.dumps(vars(config), sort_keys=True).encode()).hexdigest()[:12]
-    root = Path(cache_dir) / f"synthetic_robot_{key}"
-    if (root / "meta" / "info.json").is_file():
-        return root
-    tmp = root.with_name(f".{root.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        write_synthetic_dataset(tmp, config)
+    def __init__(self, loader: Iterable) -> None:
+        self.loader = loader
+        self._iter: Iterator | None = None
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self) -> Mapping:
+        if self._iter is None:
+            self._iter = iter(self.loader)
         try:
-            os.replace(tmp, root)
-        except OSError:  # another process finished first: keep its copy
-            if not (root / "meta" / "info.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return root
-
-
-def fixed_eval_batch(dataset: RobotDataset, batch_size: int) -> dict:
-    """The first ``batch_size`` frames, evenly spread over the dataset (deterministic)."""
-    from scopebench.policy.dataset import collate_robot_batch
-
-    if not 1 <= batch_size <= len(dataset):
-        raise ValueError(f"eval batch size must be in [1, {len(dataset)}], got {batch_size}")
-    step = len(dataset) // batch_size
-    return collate_robot_batch([dataset[i * step] for i in range(batch_size)])
+            return next(self._iter)
+        except StopIteration:
+            self._iter = iter(self.loader)
+            return next(self._iter)
 
 
 class TrainStep:
-    """AdamW training of the policy on a dataloader, one call = one optimizer step.
+    """One optimizer step of a model prepared by an ``accelerate.Accelerator``.
 
     Args:
-        model: the policy (its parameters' device is used).
-        dataset: training data.
-        batch_size: samples per step.
-        learning_rate: AdamW learning rate.
-        grad_clip: max global gradient norm (``clip_grad_norm_``); 0 disables clipping.
-        num_workers: dataloader worker processes.
-        seed: sampler seed.
+        accelerator: Owns the backward, the clipping and the gathers.
+        model: The prepared model (DDP-wrapped with several ranks).
+        optimizer: The prepared optimizer, or None (``no_optim``: gradients are dropped).
+        scheduler: The prepared LR scheduler, or None.
+        batches: Endless dataloader batches.
+        preprocessor: Batch -> model inputs on the device.
+        grad_clip: Maximum global gradient norm; 0 disables clipping.
+        gather_every: Gather loss terms and peaks every this many steps.
+        memory: ``() -> (rss_mb, gpu_mb)`` of this rank, read in ``sync_gather``.
     """
 
     def __init__(
         self,
-        model: Pi05Policy,
-        dataset: RobotDataset,
         *,
-        batch_size: int,
-        learning_rate: float,
-        grad_clip: float = 1.0,
-        num_workers: int = 0,
-        seed: int = 0,
+        accelerator: Any,
+        model: torch.nn.Module,
+        optimizer: Any,
+        scheduler: Any,
+        batches: Iterator,
+        preprocessor: Preprocessor,
+        grad_clip: float,
+        gather_every: int = 1,
+        memory: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
     ) -> None:
-        if learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
-        if grad_clip < 0:
-            raise ValueError(f"grad_clip must be >= 0, got {grad_clip}")
+        self.accelerator = accelerator
         self.model = model
-        self.runner = PolicyRunner(model, stats=dataset.stats)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.batches = batches
+        self.preprocessor = preprocessor
         self.grad_clip = grad_clip
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=learning_rate)
-        self.loader = make_dataloader(
-            dataset, batch_size, seed=seed, num_workers=num_workers, persistent_workers=num_workers > 0
-        )
-        self._iter = iter(self.loader)
-        self.last_loss: float | None = None
-        self.batch_size = batch_size
+        self.gather_every = gather_every
+        self.memory = memory
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.steps = 0
+        #: Every rank's :data:`GATHERED_KEYS` at the last gather (rank order), or None.
+        self.gathered: list[dict[str, float]] | None = None
 
-    def _next_batch(self) -> Mapping:
-        try:
-            return next(self._iter)
-        except StopIteration:  # a new epoch
-            self._iter = iter(self.loader)
-            return next(self._iter)
-
-    def __call__(self, prof) -> float:
-        """One step; each phase is a profiler region. Returns the loss."""
+    def __call__(self, prof) -> None:
+        acc = self.accelerator
         self.model.train()
         with prof.track_step("dataload_wait"):
-            batch = self._next_batch()
+            obs = self.preprocessor.preprocess(next(self.batches))
         with prof.track_step("forward"):
-            loss, _ = self.model(self.runner.preprocess(batch))
+            with acc.autocast():
+                loss, terms = self.model(obs)
         with prof.track_step("bwd"):
-            loss.backward()
+            acc.backward(loss)
         with prof.track_step("unscale_clip"):
-            if self.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            if self.optimizer is not None and self.grad_clip > 0:
+                acc.clip_grad_norm_(self.params, self.grad_clip)
         with prof.track_step("optim_step"):
-            self.optimizer.step()
+            if self.optimizer is not None:
+                self.optimizer.step()
         with prof.track_step("zero_grad_sched"):
-            self.optimizer.zero_grad(set_to_none=True)
-        self.last_loss = float(loss.detach())
-        return self.last_loss
+            (self.optimizer or self.model).zero_grad(set_to_none=True)
+            if self.scheduler is not None:
+                self.scheduler.step()
+        with prof.track_step("sync_gather"):
+            if self.steps % self.gather_every == 0:
+                self._gather(loss, terms)
+        self.steps += 1
+
+    def _gather(self, loss: torch.Tensor, terms: Mapping[str, torch.Tensor]) -> None:
+        nan = torch.tensor(float("nan"), device=loss.device)
+        rss, gpu = self.memory()
+        values = torch.stack(
+            [
+                loss.detach().float(),
+                terms.get("mse_loss", nan).float(),
+                terms.get("ce_loss", nan).float(),
+                torch.tensor(rss, device=loss.device),
+                torch.tensor(gpu, device=loss.device),
+            ]
+        )
+        rows = self.accelerator.gather(values[None]).tolist()  # (ranks, keys); the host sync
+        self.gathered = [dict(zip(GATHERED_KEYS, row)) for row in rows]
+
+
+class DataloaderStep:
+    """One batch of the training dataloader, without a model: ``fetch`` then ``h2d``.
+
+    ``h2d`` is the host preprocessing and the copy to the device, exactly what
+    ``dataload_wait`` adds to the fetch in :class:`TrainStep`.
+    """
+
+    def __init__(self, batches: Iterator, preprocessor: Preprocessor) -> None:
+        self.batches = batches
+        self.preprocessor = preprocessor
+
+    def __call__(self, prof) -> None:
+        with prof.track_step("fetch"):
+            batch = next(self.batches)
+        with prof.track_step("h2d"):
+            self.preprocessor.preprocess(batch)
 
 
 class InferenceStep:
-    """``sample_actions`` on one fixed batch, split into its four phases.
+    """``sample_actions`` on one observation, split into its four phases.
 
     Args:
-        model: the policy.
-        batch: a dataloader batch (observations; actions are ignored).
-        num_steps: Euler steps of the action expert.
-        stats: dataset statistics for (un)normalisation.
+        runner: Preprocessing and the model's two stages.
+        observation: A dataloader-style batch (actions, if any, are ignored).
+        num_steps: Euler steps of the action expert (a call may override it).
+        n_action_steps: Actions returned per call (None: the whole chunk).
+        prefill: The prefill callable (default ``runner.model.prefill``; compiled by the
+            run object when asked).
+        denoise: The denoise callable ``(cache, noise, num_steps)``.
+        compiled: The callables are ``torch.compile``d: each call starts a new CUDA-graph
+            step (``reduce-overhead``), so the previous call's graph outputs may be reused.
     """
 
-    def __init__(self, model: Pi05Policy, batch: Mapping, *, num_steps: int, stats: Mapping | None = None) -> None:
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-            raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}")
-        self.runner = PolicyRunner(model, stats=stats)
-        self.batch = {k: v for k, v in batch.items() if k not in ("actions", "action_is_pad")}
+    def __init__(
+        self,
+        runner: PolicyRunner,
+        observation: Mapping,
+        *,
+        num_steps: int,
+        n_action_steps: int | None = None,
+        prefill: Callable | None = None,
+        denoise: Callable | None = None,
+        compiled: bool = False,
+    ) -> None:
+        self.runner = runner
+        self.compiled = compiled
+        self.batch = {k: v for k, v in observation.items() if k not in ("actions", "action_is_pad")}
         self.num_steps = num_steps
-        self.model = model
+        self.n_action_steps = n_action_steps
+        self.prefill = prefill or runner.model.prefill
+        self.denoise = denoise or runner.model.denoise
 
     @torch.inference_mode()
-    def __call__(self, prof) -> torch.Tensor:
-        """One action chunk per batch element (B, chunk, action_dim), dataset units."""
-        self.model.eval()
+    def __call__(self, prof, num_steps: int | None = None) -> torch.Tensor:
+        """One action chunk (B, n_action_steps, action_dim) in dataset units, on the CPU."""
+        self.runner.model.eval()
+        if self.compiled:
+            torch.compiler.cudagraph_mark_step_begin()
         with prof.track_step("preprocess"):
             obs = self.runner.preprocess(self.batch)
         with prof.track_step("prefill"):
-            cache = self.runner.prefill(obs)
+            cache = self.prefill(obs)
         with prof.track_step("denoise"):
-            actions = self.runner.denoise(cache, num_steps=self.num_steps)
+            actions = self.denoise(cache, None, num_steps or self.num_steps)
         with prof.track_step("postprocess"):
-            return self.runner.postprocess(actions, action_dim=self.action_dim)
-
-    @property
-    def action_dim(self) -> int | None:
-        stats = self.runner.stats.get("action")
-        return None if stats is None else stats[0].numel()
+            actions = self.runner.postprocess(actions)
+            return actions[:, : self.n_action_steps] if self.n_action_steps else actions
 
 
 def validation_loss(model: Pi05Policy, batch: Mapping, stats: Mapping | None, seed: int = 0) -> float:
@@ -190,10 +244,8 @@ def validation_loss(model: Pi05Policy, batch: Mapping, stats: Mapping | None, se
     return float(loss)
 
 
-def policy_for_dataset(preset: str, dataset: RobotDataset, **overrides):
-    """A policy of ``preset`` whose cameras, chunk and padded state/action sizes fit ``dataset``."""
-    from scopebench.policy import make_config, make_policy
-
+def config_for_dataset(preset: str, dataset: RobotDataset, **overrides) -> Pi05Config:
+    """The config of ``preset`` with cameras, chunk and padded state/action sizes that fit ``dataset``."""
     base = make_config(preset)
     sizes = dict(
         num_cameras=len(dataset.cameras),
@@ -201,4 +253,10 @@ def policy_for_dataset(preset: str, dataset: RobotDataset, **overrides):
         state_dim=max(base.state_dim, dataset.state_dim),
         action_dim=max(base.action_dim, dataset.action_dim),
     )
-    return make_policy(preset, **{**sizes, **overrides})
+    return make_config(preset, **{**sizes, **overrides})
+
+
+def policy_for_dataset(preset: str, dataset: RobotDataset, **overrides) -> Pi05Policy:
+    """A randomly initialised policy with :func:`config_for_dataset`'s config."""
+    config = config_for_dataset(preset, dataset, **overrides)
+    return Pi05Policy(config).to(getattr(torch, config.dtype))

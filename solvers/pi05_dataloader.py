@@ -1,0 +1,33 @@
+"""Pi05Dataloader: the dataloader ceiling, one benchopt iteration per batch.
+
+The same dataloader as ``Pi05Train`` (sampler, workers, prefetch, the host preprocessing
+and copy to the device of its ``dataload_wait``), without a model and without any
+collective: regions ``fetch`` and ``h2d``; reports ``batches_per_sec`` (per rank, the
+slowest) and cluster ``samples_per_sec``. Compare with ``Pi05Train``'s samples/s: when
+this ceiling is not well above it, the input pipeline is the bottleneck.
+"""
+
+from pathlib import Path
+
+from benchopt import BaseSolver
+from benchopt.stopping_criterion import NoCriterion
+
+from scopebench.policy.solver import TrainSolverMixin
+
+
+class Solver(TrainSolverMixin, BaseSolver):
+    name = "Pi05Dataloader"
+    sampling_strategy = "callback"
+    stopping_criterion = NoCriterion(strategy="callback")
+    output_dir = Path(__file__).resolve().parents[1] / "outputs"
+    task = "dataloader"
+    parameters = {
+        **TrainSolverMixin.parameters,
+        "preset": ["tiny"],
+        "batch_size": [4],
+        "num_workers": [0],
+        "prefetch_factor": [2],
+        "nproc_per_node": [1],
+        "group_timeout_sec": [None],
+        "device": ["auto"],
+    }

@@ -1,0 +1,18 @@
+"""Command-line options shared by the policy tools (stdlib only: ``scopebench --help`` stays fast)."""
+
+from __future__ import annotations
+
+import argparse
+
+OVERRIDES_HELP = (
+    "Any setting of the config can be overridden: --batch_size=12, --policy.num_steps=5, "
+    "--dataset.image_size=64 (values are YAML scalars; unknown keys are refused)."
+)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--config`` and free-form ``--key=value`` overrides (collected by ``scopebench.cli``)."""
+    parser.add_argument("--config", required=True, help="policy run config (YAML), e.g. configs/policy/tiny.yml")
+    parser.add_argument("--json", default=None, help="also write the JSON summary to this path")
+    parser.set_defaults(overrides=[])
+    parser.epilog = OVERRIDES_HELP

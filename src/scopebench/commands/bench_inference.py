@@ -1,0 +1,165 @@
+"""Latency of one ``sample_actions`` call at batch 1 (upstream ``benchmark_inference``).
+
+What it measures: the full call of ``Pi05Inference`` (the same
+:class:`scopebench.policy.inference_run.InferenceRun`): host preprocessing (tokenize,
+resize, normalize), prefill, ``num_steps`` denoising steps, postprocessing, on an
+observation of ``num_cameras`` images, a ``prompt_words``-word prompt and a state, with
+random weights (latency depends on shapes, dtype and compilation, not on weight values).
+``BENCH_N_WARMUP`` calls first (the first pays for ``torch.compile``; with compilation the
+first-call / steady-call ratio is checked, >= 5x or a warning), then ``BENCH_N_TIMED``
+timed calls: mean / std / p50 / p95 / p99 / min / max, per-phase medians, peak memory.
+
+How to run (a single process)::
+
+    scopebench bench-inference --config configs/policy/tiny.yml
+    BENCH_NO_COMPILE=1 scopebench bench-inference --config configs/policy/small.yml
+    BENCH_COMPILE_MODE=default scopebench bench-inference --config configs/policy/small.yml
+
+Environment (flags win): ``BENCH_NO_COMPILE`` (0), ``BENCH_COMPILE_MODE`` (unset: the
+config's ``policy.compile_mode``; upstream defaults to ``max-autotune``, which takes many
+minutes to tune on a CPU, so here the config decides), ``BENCH_N_WARMUP`` (the config's,
+5), ``BENCH_N_TIMED`` (50), ``BENCH_OUTPUT_DIR`` (``benchmark_results``).
+
+Output: a summary on stdout, and ``<BENCH_OUTPUT_DIR>/<host>_<preset>_<timestamp>.json``
+(and ``--json``), keys: ``tool`` ("bench-inference"), ``config``, ``settings``,
+``policy`` (the preset), ``compile_mode``, ``num_params``, ``n_warmup``, ``n_timed``,
+``warmup_sec`` (list), ``samples_sec`` (every timed call), ``summary`` (``mean, std, p50,
+p95, p99, min, max`` in seconds), ``phases`` (phase -> ``mean_sec, median_sec,
+p95_sec``), ``compile_time_sec`` and ``first_call_ratio`` (null without compilation),
+``peak_memory`` (``max_rss_mb``, ``max_gpu_mb``), ``environment`` (host, device, CUDA
+driver and runtime, cuDNN, Python, torch, accelerate, scopebench, threads, load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "latency of one sample_actions call at batch 1 (mean / p50 / p95 / p99, compile)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from scopebench.commands._policy_options import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--no-compile", action="store_true", default=None, help="BENCH_NO_COMPILE")
+    parser.add_argument("--compile-mode", default=None, help="BENCH_COMPILE_MODE")
+    parser.add_argument("--n-warmup", type=int, default=None, help="BENCH_N_WARMUP")
+    parser.add_argument("--n-timed", type=int, default=None, help="BENCH_N_TIMED (50)")
+    parser.add_argument("--output-dir", default=None, help="BENCH_OUTPUT_DIR (benchmark_results)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from scopebench.policy.tools import env_bool, env_int, load_config
+
+    try:
+        no_compile = True if args.no_compile else env_bool("BENCH_NO_COMPILE", False)
+        mode = args.compile_mode or os.environ.get("BENCH_COMPILE_MODE") or None
+        forced = {"policy.compile_mode": "none" if no_compile else mode}
+        warmup = args.n_warmup if args.n_warmup is not None else env_int("BENCH_N_WARMUP", -1, low=0)
+        if warmup >= 0:
+            forced["policy.n_warmup"] = warmup
+        timed = args.n_timed if args.n_timed is not None else env_int("BENCH_N_TIMED", 50)
+        if timed < 1:
+            raise ValueError(f"--n-timed must be >= 1, got {timed}")
+        config = load_config(args, **forced)
+        out_dir = args.output_dir or os.environ.get("BENCH_OUTPUT_DIR") or "benchmark_results"
+        return _bench(config, timed, out_dir, args.json)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"scopebench bench-inference: {err}", file=sys.stderr)
+        return 2
+
+
+def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
+    import socket
+    import time
+    from pathlib import Path
+
+    from scopebench.policy.inference_run import InferenceRun
+    from scopebench.policy.steps import INFERENCE_PHASES
+    from scopebench.policy.tools import (
+        StepCounter,
+        environment_info,
+        progress_bar,
+        settings_dict,
+        summary_sec,
+        write_json,
+    )
+    from scopebench.profiler.config import check_writable_dir
+    from scopebench.stats import summarize
+
+    check_writable_dir("BENCH_OUTPUT_DIR", out_dir)
+    s = config.inference
+    root = config.dataset.materialize()
+    params = {"profiler_mode": "custom", "profiler_active": n_timed}
+    per_call: list[dict] = []
+    with InferenceRun(s, dataset_root=root, chunk_size=config.dataset.chunk_size, profiler_params=params) as run:
+        with progress_bar(n_timed, "bench-inference") as bar:
+            run.loop(StepCounter(n_timed, lambda: per_call.append(run.current_metrics()), bar))
+        rows = list(run.profiler.rows)
+        num_params = run.model.num_params()
+        warm = next(iter(run.warmup_sec.values()), [])
+        compile_info = run.compile_metrics()
+    calls = [row["total_time_sec"] - row.get("callback_time_sec", 0.0) for row in rows]
+    stats = summarize(calls)
+    report = {
+        "tool": "bench-inference",
+        "config": config.source,
+        "settings": settings_dict(s),
+        "policy": s.preset,
+        "compile_mode": s.compile_mode,
+        "num_params": num_params,
+        "n_warmup": s.n_warmup,
+        "n_timed": len(calls),
+        "warmup_sec": warm,
+        "samples_sec": calls,
+        "summary": {
+            "mean": stats.mean,
+            "std": stats.std,
+            "p50": stats.median,
+            "p95": stats.p95,
+            "p99": stats.p99,
+            "min": stats.min,
+            "max": stats.max,
+        },
+        "phases": {p: summary_sec([row[f"{p}_time_sec"] for row in rows]) for p in INFERENCE_PHASES},
+        "compile_time_sec": compile_info.get("compile_time_sec"),
+        "first_call_ratio": compile_info.get("first_call_ratio"),
+        "peak_memory": {
+            "max_rss_mb": max(row.get("max_rss_mb", 0.0) for row in rows),
+            "max_gpu_mb": max(row.get("max_gpu_mb", 0.0) for row in rows),
+        },
+        "environment": environment_info(run.device),
+    }
+    stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
+    path = Path(out_dir) / f"{socket.gethostname()}_{s.preset}_{stamp}.json"
+    write_json(path, report)
+    if json_path:
+        write_json(json_path, report)
+    print(format_report(report))
+    print(f"wrote {path}")
+    return 0
+
+
+def format_report(report: dict) -> str:
+    s, m = report["settings"], report["summary"]
+    lines = [
+        f"bench-inference: preset={report['policy']} compile_mode={report['compile_mode']} batch=1 "
+        f"num_steps={s['num_steps']} prompt_words={s['prompt_words']} precision={s['precision']} "
+        f"params={report['num_params'] / 1e6:.2f}M",
+        "warm-up calls (ms): " + " ".join(f"{t * 1e3:.1f}" for t in report["warmup_sec"]),
+        f"{report['n_timed']} timed calls (ms): mean={m['mean'] * 1e3:.2f} std={m['std'] * 1e3:.2f} "
+        f"p50={m['p50'] * 1e3:.2f} p95={m['p95'] * 1e3:.2f} p99={m['p99'] * 1e3:.2f} "
+        f"min={m['min'] * 1e3:.2f} max={m['max'] * 1e3:.2f}",
+        "phases (median ms): " + ", ".join(f"{p} {v['median_sec'] * 1e3:.2f}" for p, v in report["phases"].items()),
+    ]
+    if report["compile_time_sec"] is not None:
+        lines.append(
+            f"compile: {report['compile_time_sec']:.2f} s in the first call "
+            f"(first / steady call = {report['first_call_ratio']:.1f}x)"
+        )
+    mem = report["peak_memory"]
+    lines.append(f"peak memory: rss {mem['max_rss_mb']:.0f} MB, gpu {mem['max_gpu_mb']:.0f} MB")
+    return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""Where a ``sample_actions`` call spends its time: ``L(N) = F + N * s``.
+
+What it measures: one call at batch 1 (the ``Pi05Inference`` run object) for each
+``num_steps`` N of ``--num-steps`` (default 1,2,5,10), ``--repeats`` times each in
+interleaved rounds (one call per N per round, so background load hits every N alike),
+after ``n_warmup`` calls per N (compilation happens per N). Fits ``L(N) = F + N * s`` by
+least squares to the median latency of each N: ``F`` is the fixed cost (host
+preprocessing, vision tower and prefix prefill, postprocessing), ``s`` one action-expert
+step over the cached prefix. Prints F, s, R² (of the fit to the medians; the R² over
+every call is given too) and the share of the call spent in the expert loop at the
+largest N (``N s / L(N)``, next to the measured ``denoise`` region's share). Why: it says
+whether compilation or a smaller expert would pay (the expert loop) or the prefill does.
+
+How to run::
+
+    scopebench decompose-latency --config configs/policy/small.yml --num-steps 1,2,5,10
+    scopebench decompose-latency --config configs/policy/tiny.yml --policy.compile_mode=default
+
+Output: a table (N, median and p95 ms, fitted ms) and the fit. JSON (``--json``), keys:
+``tool`` ("decompose-latency"), ``config``, ``settings``, ``num_steps`` (list),
+``repeats``, ``latency_sec`` (N -> every call), ``median_sec`` (N -> median),
+``denoise_sec`` (N -> median denoise region), ``fixed_sec``, ``per_step_sec``, ``r2``,
+``r2_all_calls``, ``expert_share`` (at the largest N), ``denoise_share`` (measured),
+``environment``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "fit sample_actions latency as F + N*s over num_steps (fixed cost vs per expert step)"
+
+
+def _num_steps(text: str) -> list[int]:
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        values = []
+    if len(values) < 2 or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected two or more positive integers like 1,2,5,10, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from scopebench.commands._policy_options import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--num-steps", type=_num_steps, default=[1, 2, 5, 10], help="comma-separated N (1,2,5,10)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed calls per N (20)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from scopebench.policy.tools import load_config
+
+    try:
+        if args.repeats < 1:
+            raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+        config = load_config(args)
+        return _decompose(config, args.num_steps, args.repeats, args.json)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"scopebench decompose-latency: {err}", file=sys.stderr)
+        return 2
+
+
+def _decompose(config, steps: list[int], repeats: int, json_path: str | None) -> int:
+    from scopebench.policy.inference_run import InferenceRun, fit_latency
+    from scopebench.policy.tools import StepCounter, environment_info, progress_bar, settings_dict, write_json
+    from scopebench.stats import median, percentile
+
+    total = repeats * len(steps)
+    params = {"profiler_mode": "custom", "profiler_active": total}
+    run = InferenceRun(
+        config.inference,
+        dataset_root=config.dataset.materialize(),
+        chunk_size=config.dataset.chunk_size,
+        profiler_params=params,
+    )
+    with run:
+        run.start(warmup_num_steps=steps)
+        with progress_bar(total, "decompose-latency") as bar:
+            run.loop(StepCounter(total, bar=bar), schedule=steps)
+        rows = list(run.profiler.rows)
+        device = run.device
+    latency = {n: [] for n in steps}
+    denoise = {n: [] for n in steps}
+    for i, row in enumerate(rows):
+        n = steps[i % len(steps)]
+        latency[n].append(row["total_time_sec"] - row.get("callback_time_sec", 0.0))
+        denoise[n].append(row["denoise_time_sec"])
+    med = {n: median(v) for n, v in latency.items()}
+    fit = fit_latency(steps, [med[n] for n in steps])
+    every = fit_latency([n for n in steps for _ in latency[n]], [t for n in steps for t in latency[n]])
+    top = steps[-1]
+    report = {
+        "tool": "decompose-latency",
+        "config": config.source,
+        "settings": settings_dict(config.inference),
+        "num_steps": steps,
+        "repeats": repeats,
+        "latency_sec": {str(n): v for n, v in latency.items()},
+        "median_sec": {str(n): v for n, v in med.items()},
+        "p95_sec": {str(n): percentile(v, 95) for n, v in latency.items()},
+        "denoise_sec": {str(n): median(v) for n, v in denoise.items()},
+        "fixed_sec": fit["fixed_sec"],
+        "per_step_sec": fit["per_step_sec"],
+        "r2": fit["r2"],
+        "r2_all_calls": every["r2"],
+        "expert_share": top * fit["per_step_sec"] / (fit["fixed_sec"] + top * fit["per_step_sec"]),
+        "denoise_share": median(denoise[top]) / med[top],
+        "environment": environment_info(device),
+    }
+    print(format_report(report))
+    if json_path:
+        write_json(json_path, report)
+        print(f"wrote {json_path}")
+    return 0
+
+
+def format_report(report: dict) -> str:
+    s = report["settings"]
+    f, k = report["fixed_sec"], report["per_step_sec"]
+    lines = [
+        f"decompose-latency: preset={s['preset']} compile_mode={s['compile_mode']} batch=1 "
+        f"{report['repeats']} calls per num_steps, interleaved",
+        f"{'num_steps':>9}  {'median_ms':>9}  {'p95_ms':>8}  {'fit_ms':>8}",
+    ]
+    for n in report["num_steps"]:
+        lines.append(
+            f"{n:>9}  {report['median_sec'][str(n)] * 1e3:9.2f}  {report['p95_sec'][str(n)] * 1e3:8.2f}  "
+            f"{(f + n * k) * 1e3:8.2f}"
+        )
+    top = report["num_steps"][-1]
+    lines += [
+        f"fit: L(N) = F + N*s   F = {f * 1e3:.2f} ms   s = {k * 1e3:.3f} ms/step   "
+        f"R^2 = {report['r2']:.4f} (medians), {report['r2_all_calls']:.4f} (every call)",
+        f"at N={top}: expert loop {report['expert_share'] * 100:.1f}% of the call "
+        f"(denoise region measured: {report['denoise_share'] * 100:.1f}%)",
+    ]
+    return "\n".join(lines)

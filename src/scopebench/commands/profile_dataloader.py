@@ -1,0 +1,146 @@
+"""The dataloader's throughput ceiling: batches with no model and no collective (upstream ``profile_dataloader``).
+
+What it measures: ``--warmup`` batches (20), then ``--batches`` measured batches (300) of
+exactly the dataloader of ``Pi05Train`` (the same sampler, workers, prefetch, and the
+host preprocessing and copy to the device of its ``dataload_wait`` phase), through the
+run object of ``Pi05Dataloader``: per rank, ``fetch`` (waiting for the next batch) and
+``h2d`` (preprocessing + copy) mean / median / p95; per-rank batches/s (min / mean / max
+over ranks) and the cluster's samples/s. Why: if the cluster's samples/s here is not well
+above ``profile-step``'s, the input pipeline is the bottleneck. A bimodal fetch (median
+near 0, p95 large) means the prefetch buffer is alternately full and empty.
+
+How to run (under the launcher training uses, so the host sees the same pressure)::
+
+    scopebench profile-dataloader --config configs/policy/tiny.yml [--batches 300]
+    scopebench profile-dataloader --config configs/policy/small.yml --nproc-per-node 2 --num_workers=2
+    torchrun --nproc-per-node 2 -m scopebench.cli profile-dataloader --config configs/policy/tiny.yml
+
+Environment: ``PROFILE_BATCHES`` (300; ``--batches`` wins).
+
+Output: one line per rank, then the summary block. JSON (``--json``), keys: ``tool``
+("profile-dataloader"), ``config``, ``settings``, ``warmup``, ``measured``,
+``world_size``, ``batch_size``, ``num_workers``, ``prefetch_factor``, ``wall_clock_sec``,
+``per_rank`` (list of ``rank``, ``fetch`` and ``h2d`` (``mean_sec, median_sec,
+p95_sec``), ``batches_per_sec``, ``samples``: raw ``fetch_time_sec`` / ``h2d_time_sec``),
+``batches_per_sec`` (``min, mean, max`` over ranks), ``cluster_samples_per_sec``,
+``environment``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "dataloader throughput ceiling per rank (no model, no collective)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from scopebench.commands._policy_options import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--batches", type=int, default=None, help="measured batches (PROFILE_BATCHES, 300)")
+    parser.add_argument("--warmup", type=int, default=20, help="unmeasured batches first (20)")
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None, dest="nproc_per_node")
+
+
+def run(args: argparse.Namespace) -> int:
+    from scopebench.policy.tools import env_int, load_config
+
+    try:
+        batches = args.batches if args.batches is not None else env_int("PROFILE_BATCHES", 300)
+        if batches < 1 or args.warmup < 0:
+            raise ValueError(f"--batches must be >= 1 and --warmup >= 0, got {batches} and {args.warmup}")
+        config = load_config(args, nproc_per_node=args.nproc_per_node)
+        return _profile(config, args.warmup, batches, args.json)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"scopebench profile-dataloader: {err}", file=sys.stderr)
+        return 2
+
+
+def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
+    import time
+
+    from scopebench.dist import writes_reports
+    from scopebench.policy.tools import StepCounter, environment_info, progress_bar, settings_dict, summary_sec
+    from scopebench.policy.train_run import PolicyTrainRun
+
+    root = config.dataset.materialize()
+    params = {"profiler_mode": "custom", "profiler_warmup": warmup, "profiler_active": batches}
+    run = PolicyTrainRun(
+        config.train,
+        dataset_root=root,
+        chunk_size=config.dataset.chunk_size,
+        task="dataloader",
+        profiler_params=params,
+        name="profile_dataloader",
+    )
+    with run:
+        with progress_bar(warmup + batches, "profile-dataloader", enabled=run.rank == 0) as bar:
+            start = time.perf_counter()
+            run.loop(StepCounter(warmup + batches, bar=bar))
+            wall = time.perf_counter() - start
+        if not writes_reports():
+            return 0
+    s = config.train
+    per_rank = []
+    for r, rows in enumerate(run.rank_rows):
+        own = [row["total_time_sec"] - row.get("callback_time_sec", 0.0) for row in rows]
+        fetch = [row["fetch_time_sec"] for row in rows]
+        h2d = [row["h2d_time_sec"] for row in rows]
+        per_rank.append(
+            {
+                "rank": r,
+                "fetch": summary_sec(fetch),
+                "h2d": summary_sec(h2d),
+                "batches_per_sec": len(own) / sum(own),
+                "samples": {"fetch_time_sec": fetch, "h2d_time_sec": h2d},
+            }
+        )
+    rates = [p["batches_per_sec"] for p in per_rank]
+    report = {
+        "tool": "profile-dataloader",
+        "config": config.source,
+        "settings": settings_dict(s),
+        "warmup": warmup,
+        "measured": len(run.rank_rows[0]),
+        "world_size": run.world_size,
+        "batch_size": s.batch_size,
+        "num_workers": s.num_workers,
+        "prefetch_factor": s.prefetch_factor,
+        "wall_clock_sec": wall,
+        "per_rank": per_rank,
+        "batches_per_sec": {"min": min(rates), "mean": sum(rates) / len(rates), "max": max(rates)},
+        "cluster_samples_per_sec": sum(rates) * s.batch_size,
+        "environment": environment_info(run.device),
+    }
+    print(format_report(report))
+    if json_path:
+        from scopebench.policy.tools import write_json
+
+        write_json(json_path, report)
+        print(f"wrote {json_path}")
+    return 0
+
+
+def format_report(report: dict) -> str:
+    """The upstream ``profile_dataloader`` text layout."""
+    from scopebench.policy.tools import format_ms_stats
+
+    w = report["world_size"]
+    lines = [
+        f"[rank {p['rank']}/{w}] fetch={format_ms_stats(p['fetch'])} | h2d={format_ms_stats(p['h2d'])}"
+        for p in report["per_rank"]
+    ]
+    b = report["batches_per_sec"]
+    title = f"{'=' * 11} profile_dataloader summary (rank 0) {'=' * 11}"
+    lines += [
+        "",
+        title,
+        f"world_size={w} batch_size={report['batch_size']} num_workers={report['num_workers']} "
+        f"prefetch_factor={report['prefetch_factor']}",
+        f"wall-clock over full loop: {report['wall_clock_sec']:.2f}s",
+        f"per-rank batches/s (min / mean / max): {b['min']:.2f} / {b['mean']:.2f} / {b['max']:.2f}",
+        f"cluster-wide samples/s (ceiling, no model): {report['cluster_samples_per_sec']:.1f}",
+        "=" * len(title),
+    ]
+    return "\n".join(lines)

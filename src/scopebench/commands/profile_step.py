@@ -1,0 +1,225 @@
+"""Per-step wall-clock of the policy's training step, split into phases (upstream ``profile_step``).
+
+What it measures: ``--warmup`` steps (20) then ``--steps`` measured steps (200) of the
+training step of ``Pi05Train`` (the same :class:`scopebench.policy.train_run.PolicyTrainRun`,
+on accelerate), each split into ``dataload_wait``, ``forward``, ``bwd``, ``unscale_clip``,
+``optim_step``, ``zero_grad_sched``, ``sync_gather`` and the derived ``backward_step``;
+per phase mean / median / p95 over the measured steps and its share of the mean step;
+steps/s and global samples/s; peak memory per rank; achieved FLOP/s and MFU. Each step's
+phase times are the slowest rank's (as in the parquet); the JSON keeps every rank's raw
+samples. Why: "why is my policy's training slow?" — read the shares (see the README).
+
+How to run::
+
+    scopebench profile-step --config configs/policy/tiny.yml [--batch_size 12] [--steps 50]
+    scopebench profile-step --config configs/policy/tiny.yml --nproc-per-node 2      # local gloo ranks
+    torchrun --nproc-per-node 2 -m scopebench.cli profile-step --config configs/policy/tiny.yml
+    accelerate launch --multi_gpu --num_processes 2 -m scopebench.cli profile-step --config ...   # CPU too
+
+Environment variables of the upstream script work too (flags win): ``PROFILE_STEPS``
+(200), ``PROFILE_NO_OPTIM`` (0), ``FIND_UNUSED_PARAMS`` (the config's, true by default),
+``FUSED_ADAMW`` (unset: torch's default), ``PROFILE_STEP_JSON`` (path of the JSON).
+Any config setting is overridable: ``--learning_rate=3e-4``, ``--policy.num_steps=5``.
+
+Output: the upstream text layout on rank 0 (header, one line per phase, ``backward_step``,
+``sync_gather``, ``total``, throughput, memory, MFU). JSON (``--json`` or
+``PROFILE_STEP_JSON``), keys: ``tool`` ("profile-step"), ``config``, ``settings``,
+``warmup``, ``measured``, ``world_size``, ``batch_size``, ``num_workers``,
+``prefetch_factor``, ``wall_clock_sec``, ``setup_time_sec``, ``phases`` (phase ->
+``mean_sec, median_sec, p95_sec, share``; also ``backward_step`` and ``total``),
+``throughput`` (``steps_per_sec``, ``global_samples_per_sec``), ``memory``
+(``max_rss_mb``, ``max_gpu_mb``, ``per_rank``: list of ``rank, max_rss_mb, max_gpu_mb``),
+``mfu`` (``mfu``, ``achieved_flops_per_sec``, ``peak_flops_per_sec``, ``peak_flops_source``),
+``per_rank`` (list of ``rank``, ``step_time_sec`` stats and ``samples``: every raw
+``<phase>_time_sec`` and ``step_time_sec`` of that rank), ``samples`` (phase -> the
+per-step values of the table), ``environment``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "per-phase time of the policy's training step (mean / median / p95, MFU)"
+BAR = "=" * 53
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from scopebench.commands._policy_options import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--batch_size", "--batch-size", type=int, default=None, help="samples per step and rank")
+    parser.add_argument("--steps", type=int, default=None, help="measured steps (PROFILE_STEPS, 200)")
+    parser.add_argument("--warmup", type=int, default=20, help="unmeasured steps first (20)")
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None, dest="nproc_per_node")
+    parser.add_argument("--no-optim", action="store_true", default=None, help="no optimizer (PROFILE_NO_OPTIM)")
+    parser.add_argument("--find-unused-params", choices=["true", "false"], default=None, help="FIND_UNUSED_PARAMS")
+    parser.add_argument("--fused-adamw", choices=["true", "false"], default=None, help="FUSED_ADAMW")
+
+
+def _flag(text: str | None) -> bool | None:
+    return None if text is None else text == "true"
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from scopebench.policy.tools import env_bool, env_int, load_config
+
+    try:
+        steps = args.steps if args.steps is not None else env_int("PROFILE_STEPS", 200)
+        if steps < 1 or args.warmup < 0:
+            raise ValueError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {args.warmup}")
+        forced = {
+            "no_optim": True if args.no_optim else env_bool("PROFILE_NO_OPTIM"),
+            "find_unused_params": (
+                _flag(args.find_unused_params) if args.find_unused_params else env_bool("FIND_UNUSED_PARAMS")
+            ),
+            "fused_adamw": _flag(args.fused_adamw) if args.fused_adamw else env_bool("FUSED_ADAMW"),
+            "batch_size": args.batch_size,
+            "nproc_per_node": args.nproc_per_node,
+        }
+        config = load_config(args, **forced)
+        json_path = args.json or os.environ.get("PROFILE_STEP_JSON") or None
+        return _profile(config, warmup=args.warmup, steps=steps, json_path=json_path)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"scopebench profile-step: {err}", file=sys.stderr)
+        return 2
+
+
+def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
+    import time
+
+    from scopebench.dist import writes_reports
+    from scopebench.policy.tools import StepCounter, progress_bar
+    from scopebench.policy.train_run import PolicyTrainRun
+
+    root = config.dataset.materialize()
+    params = {"profiler_mode": "custom", "profiler_warmup": warmup, "profiler_active": steps}
+    run = PolicyTrainRun(
+        config.train,
+        dataset_root=root,
+        chunk_size=config.dataset.chunk_size,
+        profiler_params=params,
+        name="profile_step",
+    )
+    per_step: list[dict] = []
+    with run:
+        main = run.rank == 0
+        with progress_bar(warmup + steps, "profile-step", enabled=main) as bar:
+            counter = StepCounter(warmup + steps, lambda: per_step.append(run.current_metrics()), bar)
+            start = time.perf_counter()
+            run.loop(counter)
+            wall = time.perf_counter() - start
+        if not writes_reports():
+            return 0
+        report = build_report(run, [m for m in per_step if "total_time_sec" in m], warmup, steps, wall)
+    print(format_report(report))
+    if json_path:
+        from scopebench.policy.tools import write_json
+
+        write_json(json_path, {**report, "config": config.source})
+        print(f"wrote {json_path}")
+    return 0
+
+
+def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float) -> dict:
+    """The JSON summary (see the module docstring) from rank 0's per-step metrics."""
+    from scopebench.policy.steps import TRAIN_PHASES
+    from scopebench.policy.tools import environment_info, settings_dict, summary_sec
+
+    step_times = [m["total_time_sec"] - m.get("callback_time_sec", 0.0) for m in per_step]
+    total = summary_sec(step_times)
+    samples = {p: [m[f"{p}_time_sec"] for m in per_step] for p in TRAIN_PHASES}
+    samples["backward_step"] = [m["backward_step_time_sec"] for m in per_step]
+    phases = {name: {**summary_sec(v), "share": sum(v) / sum(step_times)} for name, v in samples.items()}
+    phases["total"] = {**total, "share": 1.0}
+    s = run.settings
+    steps_per_sec = 1.0 / total["mean_sec"]
+    last = per_step[-1]
+    per_rank = []
+    for r, rows in enumerate(run.rank_rows):
+        own = [row["total_time_sec"] - row.get("callback_time_sec", 0.0) for row in rows]
+        raw = {f"{p}_time_sec": [row.get(f"{p}_time_sec") for row in rows] for p in TRAIN_PHASES}
+        per_rank.append({"rank": r, "step_time_sec": summary_sec(own), "samples": {**raw, "step_time_sec": own}})
+    achieved = [m["achieved_flops_per_sec"] for m in per_step]
+    mean_achieved = sum(achieved) / len(achieved)
+    peak = last.get("peak_flops_per_sec")
+    return {
+        "tool": "profile-step",
+        "settings": settings_dict(s),
+        "warmup": warmup,
+        "measured": len(per_step),
+        "world_size": run.world_size,
+        "batch_size": s.batch_size,
+        "num_workers": s.num_workers,
+        "prefetch_factor": s.prefetch_factor,
+        "wall_clock_sec": wall,
+        "setup_time_sec": run.setup_time_sec,
+        "phases": phases,
+        "throughput": {
+            "steps_per_sec": steps_per_sec,
+            "global_samples_per_sec": steps_per_sec * s.batch_size * run.world_size,
+        },
+        "memory": {
+            "max_rss_mb": last.get("max_rss_mb"),
+            "max_gpu_mb": last.get("max_gpu_mb"),
+            "per_rank": [
+                {
+                    "rank": r,
+                    "max_rss_mb": last.get(f"max_rss_mb_rank{r}"),
+                    "max_gpu_mb": last.get(f"max_gpu_mb_rank{r}"),
+                }
+                for r in range(run.world_size)
+            ],
+        },
+        "mfu": {
+            "mfu": None if not peak else mean_achieved / peak,
+            "achieved_flops_per_sec": mean_achieved,
+            "peak_flops_per_sec": peak,
+            "peak_flops_source": last.get("peak_flops_source"),
+        },
+        "per_rank": per_rank,
+        "samples": {**samples, "total": step_times},
+        "environment": environment_info(run.device),
+    }
+
+
+def format_report(report: dict) -> str:
+    """The upstream ``profile_step`` text layout."""
+    from scopebench.policy.steps import TRAIN_PHASES
+    from scopebench.policy.tools import format_ms_stats
+
+    lines = [
+        f"{'=' * 11} profile_step results (rank 0; each step: slowest rank) {'=' * 11}",
+        f"warmup={report['warmup']} measured={report['measured']} ranks={report['world_size']}",
+        f"batch_size={report['batch_size']} num_workers={report['num_workers']} "
+        f"prefetch_factor={report['prefetch_factor']}",
+        f"wall-clock over full loop: {report['wall_clock_sec']:.2f}s (set-up before it: {report['setup_time_sec']:.2f}s)",
+        "",
+        f"{'phase':<17}{'stats':<64}share",
+        "-" * 90,
+    ]
+    order = [p for p in TRAIN_PHASES if p != "sync_gather"] + ["backward_step", "sync_gather"]
+    for name in order:
+        stats = report["phases"][name]
+        lines.append(f"{name:<17}{format_ms_stats(stats):<64}{stats['share'] * 100:5.1f}%")
+    lines.append(f"{'total':<17}{format_ms_stats(report['phases']['total']):<64}<-- total")
+    t = report["throughput"]
+    lines += ["", f"throughput: {t['steps_per_sec']:.2f} steps/s, {t['global_samples_per_sec']:.1f} global samples/s"]
+    mem = report["memory"]
+    ranks = ", ".join(f"rank{r['rank']}={r['max_rss_mb']:.0f}" for r in mem["per_rank"] if r["max_rss_mb"] is not None)
+    lines.append(f"peak memory: max_rss_mb={mem['max_rss_mb']:.0f} ({ranks}) max_gpu_mb={mem['max_gpu_mb']:.0f}")
+    m = report["mfu"]
+    if m["mfu"] is None:
+        lines.append(
+            f"mfu: unknown (no peak FLOP/s for this device; set --peak_tflops=...), "
+            f"achieved {m['achieved_flops_per_sec'] / 1e9:.2f} GFLOP/s"
+        )
+    else:
+        lines.append(
+            f"mfu: {m['mfu']:.3f} (achieved {m['achieved_flops_per_sec'] / 1e9:.2f} GFLOP/s of "
+            f"{m['peak_flops_per_sec'] / 1e9:.2f} GFLOP/s peak, {m['peak_flops_source']})"
+        )
+    lines.append(BAR)
+    return "\n".join(lines)

@@ -1,0 +1,332 @@
+"""Validated settings of the policy runs, and the policy run configs (``configs/policy/*.yml``).
+
+Three dataclasses, each the parameter set of one consumer, validated when built (every
+error names the key, the value and what is allowed, through :mod:`scopebench.validate`):
+
+* :class:`TrainSettings`: the ``Pi05Train`` / ``Pi05Dataloader`` solver parameters (less
+  the ``profiler_*`` ones) and the top level of a run config;
+* :class:`InferenceSettings`: the ``Pi05Inference`` parameters and the ``policy:`` section;
+* :class:`DatasetSettings`: the synthetic dataset and the ``dataset:`` section.
+
+A run config is YAML (see ``configs/policy/tiny.yml``)::
+
+    preset: tiny            # top level: TrainSettings fields
+    batch_size: 4
+    policy:                 # InferenceSettings fields (preset, precision, attention,
+      num_steps: 10         #   seed, device and check_memory come from the top level)
+    dataset:                # DatasetSettings fields
+      num_episodes: 4
+
+:func:`load_run_config` reads it and applies command-line overrides ``--batch_size=12``,
+``--policy.num_steps=5``, ``--dataset.image_size=64`` (values parsed as YAML scalars, so
+``--fused_adamw=null`` is ``None`` and ``--batch_size=abc`` is refused by the validator).
+An unknown key, in the file or in an override, is an error that lists the known ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scopebench.policy.config import ATTENTION_IMPLEMENTATIONS, PRESETS
+from scopebench.policy.data import SyntheticRobotConfig
+from scopebench.train.accelerator import PRECISIONS
+from scopebench.train.optim import SCHEDULERS
+from scopebench.validate import choice, flag, integer, number, optional
+
+__all__ = [
+    "DatasetSettings",
+    "InferenceSettings",
+    "RunConfig",
+    "TrainSettings",
+    "compile_modes",
+    "load_run_config",
+    "parse_overrides",
+    "settings_from",
+]
+
+DEVICES = ("auto", "cpu", "cuda")
+#: Top-level keys a policy section inherits from the top level of a run config.
+SHARED_KEYS = ("preset", "precision", "attention_implementation", "seed", "device", "check_memory")
+
+
+@functools.lru_cache(maxsize=1)
+def compile_modes() -> tuple[str, ...]:
+    """``none`` plus every ``torch.compile`` mode this torch knows."""
+    import torch._inductor
+
+    return ("none", *torch._inductor.list_mode_options())
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSettings:
+    """One training (or dataloader) run of the policy, on every rank."""
+
+    preset: str = "tiny"
+    """Model size: ``tiny``, ``small`` or ``pi05``."""
+    batch_size: int = 4
+    """Samples per step and rank (global batch = ``batch_size x ranks``)."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank (0: load in the training process)."""
+    prefetch_factor: int = 2
+    """Batches prefetched per worker (ignored with 0 workers)."""
+    nproc_per_node: int = 1
+    """Processes to start on this machine when no launcher started them (this one is rank 0)."""
+    no_optim: bool = False
+    """No optimizer is created or stepped (raw forward + backward; gradients are dropped)."""
+    find_unused_params: bool = True
+    """DDP's ``find_unused_parameters`` (see ``scopebench find-unused-params``)."""
+    fused_adamw: bool | None = None
+    """None: torch's default AdamW; true/false: force the fused kernel on or off."""
+    attention_implementation: str = "sdpa"
+    """``sdpa`` or ``eager``."""
+    gradient_checkpointing: bool = False
+    """Recompute each joint layer in the backward pass."""
+    torch_compile: bool = False
+    """Compile the model (inductor); the first steps pay for compilation."""
+    precision: str = "fp32"
+    """``fp32``, or ``bf16`` autocast over fp32 weights."""
+    learning_rate: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Maximum global gradient norm; 0 disables clipping."""
+    scheduler: str = "constant"
+    """Learning-rate schedule after warm-up: ``constant`` or ``cosine``."""
+    warmup_steps: int = 0
+    """Steps of linear learning-rate warm-up."""
+    gather_every: int = 1
+    """Gather the loss terms and memory peaks across ranks every this many steps."""
+    ce_weight: float = 1.0
+    """Weight of the discrete-action cross-entropy (0 leaves the discrete head unused)."""
+    seed: int = 0
+    """Seed of the weights and the sampler."""
+    group_timeout_sec: float | None = None
+    """Process-group timeout (None: DistSession's default for local runs)."""
+    peak_tflops: float | None = None
+    """Peak TFLOP/s of one device for MFU (None: measured on CPU, looked up on CUDA)."""
+    check_memory: bool = True
+    """Refuse a preset whose weights and optimizer state exceed the free memory."""
+    device: str = "auto"
+    """``auto`` (this rank's GPU if any, else CPU), ``cpu`` or ``cuda``."""
+
+    def __post_init__(self) -> None:
+        choice("preset", self.preset, PRESETS)
+        integer("batch_size", self.batch_size, low=1)
+        integer("num_workers", self.num_workers, low=0)
+        integer("prefetch_factor", self.prefetch_factor, low=1)
+        integer("nproc_per_node", self.nproc_per_node, low=1)
+        for name in ("no_optim", "find_unused_params", "gradient_checkpointing", "torch_compile", "check_memory"):
+            flag(name, getattr(self, name))
+        optional(flag, "fused_adamw", self.fused_adamw)
+        choice("attention_implementation", self.attention_implementation, ATTENTION_IMPLEMENTATIONS)
+        choice("precision", self.precision, PRECISIONS)
+        number("learning_rate", self.learning_rate, low=0, low_open=True)
+        number("weight_decay", self.weight_decay, low=0)
+        number("grad_clip", self.grad_clip, low=0)
+        choice("scheduler", self.scheduler, SCHEDULERS)
+        integer("warmup_steps", self.warmup_steps, low=0)
+        integer("gather_every", self.gather_every, low=1)
+        number("ce_weight", self.ce_weight, low=0)
+        integer("seed", self.seed, low=0)
+        optional(number, "group_timeout_sec", self.group_timeout_sec, low=0, low_open=True)
+        optional(number, "peak_tflops", self.peak_tflops, low=0, low_open=True)
+        choice("device", self.device, DEVICES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceSettings:
+    """One ``sample_actions`` benchmark at batch 1."""
+
+    preset: str = "tiny"
+    """Model size: ``tiny``, ``small`` or ``pi05``."""
+    num_cameras: int | None = None
+    """Camera images per observation (None: the dataset's)."""
+    num_steps: int = 10
+    """Euler steps of the action expert per call."""
+    chunk_size: int | None = None
+    """Actions predicted per call (None: the dataset's chunk size)."""
+    n_action_steps: int | None = None
+    """Actions returned per call, at most ``chunk_size`` (None: all of them)."""
+    compile_mode: str = "none"
+    """``none`` (eager) or a ``torch.compile`` mode, applied to prefill and denoise only."""
+    precision: str = "fp32"
+    """Weights and activations: ``fp32`` or ``bf16``."""
+    attention_implementation: str = "sdpa"
+    """``sdpa`` or ``eager``."""
+    n_warmup: int = 5
+    """Calls before timing (the first pays for compilation)."""
+    prompt_words: int = 24
+    """Words of the prompt (bounded by the model's ``prompt_max_length`` tokens)."""
+    seed: int = 0
+    """Seed of the weights and the noise."""
+    check_memory: bool = True
+    """Refuse a preset whose weights exceed the free memory."""
+    device: str = "auto"
+    """``auto`` (the GPU if any, else CPU), ``cpu`` or ``cuda``."""
+
+    def __post_init__(self) -> None:
+        choice("preset", self.preset, PRESETS)
+        optional(integer, "num_cameras", self.num_cameras, low=1)
+        integer("num_steps", self.num_steps, low=1)
+        optional(integer, "chunk_size", self.chunk_size, low=1)
+        optional(integer, "n_action_steps", self.n_action_steps, low=1)
+        if self.chunk_size is not None and self.n_action_steps is not None and self.n_action_steps > self.chunk_size:
+            raise ValueError(f"n_action_steps must be at most chunk_size={self.chunk_size}, got {self.n_action_steps}")
+        choice("compile_mode", self.compile_mode, compile_modes())
+        choice("precision", self.precision, PRECISIONS)
+        choice("attention_implementation", self.attention_implementation, ATTENTION_IMPLEMENTATIONS)
+        integer("n_warmup", self.n_warmup, low=2 if self.compile_mode != "none" else 0)
+        integer("prompt_words", self.prompt_words, low=1)
+        integer("seed", self.seed, low=0)
+        flag("check_memory", self.check_memory)
+        choice("device", self.device, DEVICES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSettings:
+    """The synthetic robot dataset a run reads (written once, then cached)."""
+
+    num_episodes: int = 4
+    """Episodes."""
+    episode_length: int = 24
+    """Frames per episode."""
+    image_size: int = 32
+    """Side of the camera frames in pixels."""
+    num_cameras: int = 2
+    """Cameras per frame."""
+    chunk_size: int = 8
+    """Actions per training sample (the policy's chunk size in training)."""
+    seed: int = 0
+    """Seed of the trajectories."""
+    cache_dir: str = "outputs/datasets"
+    """Folder of the cached datasets (relative to the working directory)."""
+
+    def __post_init__(self) -> None:
+        integer("dataset.chunk_size", self.chunk_size, low=1)
+        if not isinstance(self.cache_dir, str) or not self.cache_dir:
+            raise ValueError(f"dataset.cache_dir must be a folder path, got {self.cache_dir!r}")
+        self.synthetic()  # validates the rest
+
+    def synthetic(self) -> SyntheticRobotConfig:
+        """The writer's config."""
+        return SyntheticRobotConfig(
+            num_episodes=self.num_episodes,
+            episode_length=self.episode_length,
+            image_size=self.image_size,
+            num_cameras=self.num_cameras,
+            seed=self.seed,
+        )
+
+    def materialize(self) -> Path:
+        """Write the dataset if it is not cached yet; returns its folder."""
+        from scopebench.policy.data import cached_synthetic_dataset
+
+        return cached_synthetic_dataset(self.cache_dir, self.synthetic())
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A policy run config after overrides: one settings object per consumer."""
+
+    train: TrainSettings
+    inference: InferenceSettings
+    dataset: DatasetSettings
+    source: str = field(default="")
+    """The file it came from."""
+
+
+def settings_from(cls, source: Any, **extra: Any):
+    """A settings dataclass from the fields found on ``source`` — a dict, or an object with
+    attributes such as a benchopt solver — plus ``extra``; everything else is ignored.
+
+    :Examples:
+
+    >>> settings_from(TrainSettings, {"batch_size": 2, "profiler_mode": "custom"}, seed=3).batch_size
+    2
+    """
+    missing = object()
+    get = source.get if isinstance(source, dict) else (lambda key, default: getattr(source, key, default))
+    values = {name: get(name, missing) for name in _fields(cls)}
+    return cls(**{**{k: v for k, v in values.items() if v is not missing}, **extra})
+
+
+def _fields(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
+    """``--key=value`` / ``--section.key=value`` arguments as (dotted key, YAML value) pairs.
+
+    :Examples:
+
+    >>> parse_overrides(["--batch_size=12", "--policy.num_steps=5", "--fused_adamw=null"])
+    [('batch_size', 12), ('policy.num_steps', 5), ('fused_adamw', None)]
+    """
+    pairs = []
+    for arg in args:
+        if not arg.startswith("--") or "=" not in arg:
+            raise ValueError(f"expected an override --key=value, got {arg!r}")
+        key, text = arg[2:].split("=", 1)
+        pairs.append((key.replace("-", "_"), _scalar(text)))
+    return pairs
+
+
+def _scalar(text: str) -> Any:
+    """A command-line value: an int, a float (``1e-3`` too, which YAML 1.1 reads as a
+    string), else a YAML scalar (``true``, ``null``, words stay strings)."""
+    import yaml
+
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return yaml.safe_load(text) if text else None
+
+
+def load_run_config(path: str | Path, overrides: list[tuple[str, Any]] | None = None) -> RunConfig:
+    """Read a policy run config and apply overrides; validates everything.
+
+    Raises:
+        FileNotFoundError: the file does not exist (the message names it).
+        ValueError: an unknown key (in the file or an override) or an invalid value.
+    """
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"policy config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path} is not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a mapping of settings, got {type(raw).__name__}")
+    sections = {"policy": dict(raw.pop("policy", None) or {}), "dataset": dict(raw.pop("dataset", None) or {})}
+    top = dict(raw)
+    known = {
+        "": _fields(TrainSettings),
+        "policy": [k for k in _fields(InferenceSettings) if k not in SHARED_KEYS],
+        "dataset": _fields(DatasetSettings),
+    }
+    for section, values in (("", top), *sections.items()):
+        unknown = sorted(set(values) - set(known[section]))
+        if unknown:
+            where = f"section {section!r} of {path}" if section else str(path)
+            raise ValueError(f"unknown key(s) {unknown} in {where}; expected some of {known[section]}")
+    for key, value in overrides or []:
+        section, _, name = key.rpartition(".")
+        if section not in known or name not in known[section]:
+            allowed = [k for k in known[""]] + [f"{s}.{k}" for s in ("policy", "dataset") for k in known[s]]
+            raise ValueError(f"unknown override key {key!r}; expected one of {allowed}")
+        (sections[section] if section else top)[name] = value
+    train = TrainSettings(**top)
+    shared = {k: getattr(train, k) for k in SHARED_KEYS}
+    inference = InferenceSettings(**{**shared, **sections["policy"]})
+    dataset = DatasetSettings(**sections["dataset"])
+    return RunConfig(train=train, inference=inference, dataset=dataset, source=str(path))

@@ -1,0 +1,192 @@
+"""Shared plumbing of the policy command-line tools (``scopebench profile-step`` ...).
+
+The tools read a policy run config (:func:`scopebench.policy.settings.load_run_config`),
+apply the upstream scripts' environment variables and then the command-line flags (flags
+win over environment variables, which win over the file), drive the run objects of
+:mod:`scopebench.policy.train_run` / :mod:`~scopebench.policy.inference_run`, show a
+progress bar on a terminal (tqdm on stderr, only when it is a TTY, only on rank 0) and
+write their JSON atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "StepCounter",
+    "env_bool",
+    "env_int",
+    "environment_info",
+    "format_ms_stats",
+    "load_config",
+    "progress_bar",
+    "summary_sec",
+    "write_json",
+]
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def env_bool(name: str, default: bool | None = None, environ=None) -> bool | None:
+    """An environment variable as a boolean (``1``/``true``/``yes``/``on`` or their opposites).
+
+    :Examples:
+
+    >>> env_bool("PROFILE_NO_OPTIM", False, {"PROFILE_NO_OPTIM": "1"})
+    True
+    >>> env_bool("PROFILE_NO_OPTIM", False, {"PROFILE_NO_OPTIM": "maybe"})
+    Traceback (most recent call last):
+    ...
+    ValueError: environment variable PROFILE_NO_OPTIM must be true or false (1/0), got 'maybe'
+    """
+    value = (os.environ if environ is None else environ).get(name)
+    if value is None:
+        return default
+    if value.strip().lower() in _TRUE:
+        return True
+    if value.strip().lower() in _FALSE:
+        return False
+    raise ValueError(f"environment variable {name} must be true or false (1/0), got {value!r}")
+
+
+def env_int(name: str, default: int, low: int = 1, environ=None) -> int:
+    """An environment variable as an integer >= ``low``.
+
+    :Examples:
+
+    >>> env_int("PROFILE_STEPS", 200, environ={})
+    200
+    >>> env_int("PROFILE_STEPS", 200, environ={"PROFILE_STEPS": "0"})
+    Traceback (most recent call last):
+    ...
+    ValueError: environment variable PROFILE_STEPS must be an integer >= 1, got '0'
+    """
+    value = (os.environ if environ is None else environ).get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if number < low:
+        raise ValueError(f"environment variable {name} must be an integer >= {low}, got {value!r}")
+    return number
+
+
+def load_config(args: argparse.Namespace, **forced: Any):
+    """The run config of ``args.config`` with ``args.overrides`` and then ``forced`` top-level values.
+
+    ``forced`` holds flags and environment variables already resolved by the tool
+    (``None`` values are skipped).
+    """
+    from scopebench.policy.settings import load_run_config, parse_overrides
+
+    overrides = parse_overrides(list(args.overrides or []))
+    overrides += [(key, value) for key, value in forced.items() if value is not None]
+    return load_run_config(args.config, overrides)
+
+
+def progress_bar(total: int, desc: str, enabled: bool = True, stream=None):
+    """A tqdm bar on ``stream`` (stderr) when it is a terminal; a silent one otherwise."""
+    from tqdm import tqdm
+
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", lambda: False)
+    return tqdm(total=total, desc=desc, file=stream, disable=not (enabled and isatty()), leave=False)
+
+
+class StepCounter:
+    """A benchopt-style callback: True for ``total`` iterations, then False.
+
+    Each call also hands the metrics of the iteration that just ended to ``collect``
+    (none before the first) and advances the progress bar.
+    """
+
+    def __init__(self, total: int, collect: Callable[[], None] | None = None, bar=None) -> None:
+        self.total = total
+        self.calls = 0
+        self.collect = collect
+        self.bar = bar
+
+    def __call__(self) -> bool:
+        if self.calls and self.collect is not None:
+            self.collect()
+        if self.calls and self.bar is not None:
+            self.bar.update(1)
+        self.calls += 1
+        return self.calls <= self.total
+
+
+def summary_sec(samples: Sequence[float]) -> dict[str, float]:
+    """Mean, median and p95 of samples in seconds (:mod:`scopebench.stats`)."""
+    from scopebench.stats import summarize
+
+    s = summarize(samples)
+    return {"mean_sec": s.mean, "median_sec": s.median, "p95_sec": s.p95}
+
+
+def format_ms_stats(stats: dict[str, float]) -> str:
+    """``mean=  1.24ms  median=   1.18ms  p95=   1.60ms`` (the upstream layout)."""
+    return (
+        f"mean={stats['mean_sec'] * 1e3:8.2f}ms  median={stats['median_sec'] * 1e3:8.2f}ms  "
+        f"p95={stats['p95_sec'] * 1e3:8.2f}ms"
+    )
+
+
+def environment_info(device: Any = "cpu") -> dict[str, Any]:
+    """Host, device, driver and library versions of this process."""
+    import torch
+
+    from scopebench.environment import device_name, package_version
+
+    driver = None
+    if torch.cuda.is_available():
+        try:
+            import ctypes
+
+            lib = ctypes.CDLL("libcuda.so.1")
+            version = ctypes.c_int()
+            lib.cuDriverGetVersion(ctypes.byref(version))
+            driver = f"{version.value // 1000}.{version.value % 1000 // 10}"
+        except OSError:
+            driver = None
+    return {
+        "host": socket.gethostname(),
+        "device": device_name(device),
+        "cuda_driver": driver,
+        "cuda_runtime": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "accelerate": package_version("accelerate"),
+        "scopebench": package_version("scopebench"),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def settings_dict(settings: Any) -> dict[str, Any]:
+    """A settings dataclass as a JSON-able dict."""
+    return dataclasses.asdict(settings)
+
+
+def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` atomically (:func:`scopebench.atomic.atomic_write`)."""
+    from scopebench.atomic import atomic_write
+
+    path = Path(path)
+    with atomic_write(path) as fh:
+        json.dump(payload, fh, indent=2, default=str)
+        fh.write("\n")
+    return path

@@ -1,0 +1,39 @@
+"""The policy's CUDA paths (scripts/gpu_check.sh runs the same on a GPU machine)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA; run scripts/gpu_check.sh on a GPU machine"),
+]
+
+
+def test_training_run_on_cuda_reports_gpu_memory_and_a_table_peak(robot_data):
+    from scopebench.policy.settings import TrainSettings
+    from scopebench.policy.train_run import PolicyTrainRun
+
+    calls, metrics = [0], []
+
+    def callback():
+        if calls[0]:
+            metrics.append(run.current_metrics())
+        calls[0] += 1
+        return calls[0] <= 3
+
+    run = PolicyTrainRun(TrainSettings(device="cuda"), dataset_root=robot_data[1], chunk_size=8)
+    with run:
+        run.loop(callback)
+    m = metrics[-1]
+    assert m["forward_max_gpu_mb"] > 0 and m["max_gpu_mb_rank0"] > 0
+    assert m["peak_flops_source"] is None or m["peak_flops_source"].startswith("table:")
+
+
+def test_inference_run_on_cuda(robot_data):
+    from scopebench.policy.inference_run import InferenceRun
+    from scopebench.policy.settings import InferenceSettings
+
+    with InferenceRun(InferenceSettings(device="cuda", n_warmup=1), dataset_root=robot_data[1], chunk_size=8) as run:
+        assert run.timed_call() > 0 and run.actions.device.type == "cpu"
