@@ -30,6 +30,7 @@ def run_steps(root, steps: int = 6, warmup: int = 1, task: str = "train", **sett
         chunk_size=8,
         task=task,
         profiler_params={"profiler_warmup": warmup},
+        keep_rows=True,  # rank_rows: every rank's samples, as the tools read them
     )
     with run:
         run.loop(callback)
@@ -136,3 +137,11 @@ def test_two_ranks_share_the_work_and_count_both_in_samples_per_sec(robot_data):
     assert m["max_rss_mb"] == max(m["max_rss_mb_rank0"], m["max_rss_mb_rank1"], m["max_rss_mb"])
     assert len(run.rank_rows) == 2 and len(run.rank_rows[1]) == 4
     assert len({x["setup_time_sec"] for x in metrics}) == 1
+
+
+def test_rows_are_kept_only_when_asked_or_written(robot_data):
+    run = PolicyTrainRun(TrainSettings(), dataset_root=robot_data[1], chunk_size=8)
+    calls = iter([True, True, False])
+    with run:
+        run.loop(lambda: next(calls))
+    assert run.rank_rows == [[]] and run.profiler.last_local["total_time_sec"] > 0

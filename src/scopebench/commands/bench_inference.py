@@ -95,7 +95,9 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
     root = config.dataset.materialize()
     params = {"profiler_mode": "custom", "profiler_active": n_timed}
     per_call: list[dict] = []
-    with InferenceRun(s, dataset_root=root, chunk_size=config.dataset.chunk_size, profiler_params=params) as run:
+    with InferenceRun(
+        s, dataset_root=root, chunk_size=config.dataset.chunk_size, profiler_params=params, keep_rows=True
+    ) as run:
         with progress_bar(n_timed, "bench-inference") as bar:
             run.loop(StepCounter(n_timed, lambda: per_call.append(run.current_metrics()), bar))
         rows = list(run.profiler.rows)

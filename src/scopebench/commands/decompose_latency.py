@@ -75,6 +75,7 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
         dataset_root=config.dataset.materialize(),
         chunk_size=config.dataset.chunk_size,
         profiler_params=params,
+        keep_rows=True,
     )
     with run:
         run.start(warmup_num_steps=steps)

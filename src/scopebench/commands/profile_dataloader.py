@@ -73,6 +73,7 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
         task="dataloader",
         profiler_params=params,
         name="profile_dataloader",
+        keep_rows=True,
     )
     with run:
         with progress_bar(warmup + batches, "profile-dataloader", enabled=run.rank == 0) as bar:

@@ -102,6 +102,7 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
         chunk_size=config.dataset.chunk_size,
         profiler_params=params,
         name="profile_step",
+        keep_rows=True,
     )
     per_step: list[dict] = []
     with run:

@@ -111,6 +111,8 @@ class InferenceRun(RunLifecycle):
         profiler_params: The ``profiler_*`` values (default: custom backend).
         output_dir: Folder of the profiler's files.
         name: Stem of the run's files.
+        keep_rows: Keep every recorded call's raw metrics in ``profiler.rows`` (the tools
+            report every sample); otherwise only when ``profiler_save_file`` writes them.
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class InferenceRun(RunLifecycle):
         profiler_params: dict[str, Any] | None = None,
         output_dir: str | Path = "outputs",
         name: str = "pi05_inference",
+        keep_rows: bool = False,
     ) -> None:
         from scopebench.profiler import ProfilerConfig
 
@@ -137,6 +140,7 @@ class InferenceRun(RunLifecycle):
         self.output_dir = Path(output_dir)
         self.profiler_config.check_outputs(self.output_dir)
         self.name = name
+        self.keep_rows = keep_rows
         inference_memory_check(settings)
         self.device = resolve_device(settings.device)
         self.model = None
@@ -190,6 +194,7 @@ class InferenceRun(RunLifecycle):
         self.profiler = self._stack.enter_context(
             profiler_from_config(self.profiler_config, device=self.device, name=self.name, output_dir=self.output_dir)
         )
+        self.profiler.keep_rows |= self.keep_rows
         self.setup_time_sec = time.perf_counter() - begin
 
     def timed_call(self, num_steps: int | None = None) -> float:

@@ -145,6 +145,9 @@ class PolicyTrainRun(RunLifecycle):
         profiler_params: The ``profiler_*`` values (default: the custom backend, every iteration).
         output_dir: Folder of the profiler's per-rank files.
         name: Stem of the run's files.
+        keep_rows: Keep every recorded iteration's raw metrics on each rank (gathered into
+            :attr:`rank_rows` by :meth:`loop`; the tools report every sample). Otherwise only
+            when ``profiler_save_file`` writes them.
     """
 
     def __init__(
@@ -157,6 +160,7 @@ class PolicyTrainRun(RunLifecycle):
         profiler_params: dict[str, Any] | None = None,
         output_dir: str | Path = "outputs",
         name: str = "pi05_train",
+        keep_rows: bool = False,
     ) -> None:
         from scopebench.dist import check_local_nproc, get_dist_info
         from scopebench.profiler import ProfilerConfig
@@ -172,6 +176,7 @@ class PolicyTrainRun(RunLifecycle):
         self.output_dir = Path(output_dir)
         self.profiler_config.check_outputs(self.output_dir)
         self.name = name
+        self.keep_rows = keep_rows
         launcher = get_dist_info()
         device = resolve_device(settings.device)
         nproc = 1 if launcher.is_distributed else check_local_nproc("nproc_per_node", settings.nproc_per_node, device)
@@ -206,6 +211,7 @@ class PolicyTrainRun(RunLifecycle):
             "profiler_params": self.profiler_params,
             "output_dir": str(self.output_dir),
             "name": self.name,
+            "keep_rows": self.keep_rows,
         }
 
     def _start(self) -> None:
@@ -261,6 +267,7 @@ class PolicyTrainRun(RunLifecycle):
         self.profiler = self._stack.enter_context(
             profiler_from_config(self.profiler_config, device=self.device, name=self.name, output_dir=self.output_dir)
         )
+        self.profiler.keep_rows |= self.keep_rows
 
     def _build_training(self, model, loader, preprocessor) -> None:
         from scopebench.profiler.device import DeviceOps, peak_rss_mb
@@ -283,9 +290,8 @@ class PolicyTrainRun(RunLifecycle):
         def memory() -> tuple[float, float]:
             # The custom profiler resets the device's peak at every region; fold in its
             # per-iteration peaks so far (this rank's rows) for the run's peak.
-            rows = self.profiler.rows if self.profiler is not None else []
-            if rows:
-                peak_gpu[0] = max(peak_gpu[0], rows[-1].get("max_gpu_mb", 0.0) or 0.0)
+            last = self.profiler.last_local if self.profiler is not None else {}
+            peak_gpu[0] = max(peak_gpu[0], last.get("max_gpu_mb", 0.0) or 0.0)
             return peak_rss_mb(), max(peak_gpu[0], ops.max_memory_mb())
 
         self.step = TrainStep(
@@ -399,6 +405,7 @@ def run_worker(
     profiler_params: dict[str, Any],
     output_dir: str,
     name: str,
+    keep_rows: bool = False,
 ) -> None:
     """Rank > 0 of a locally spawned run: the same loop as rank 0, without a callback."""
     run = PolicyTrainRun(
@@ -409,6 +416,7 @@ def run_worker(
         profiler_params=profiler_params,
         output_dir=output_dir,
         name=name,
+        keep_rows=keep_rows,
     )
     with run:
         run.loop(None)

@@ -120,7 +120,14 @@ class Profiler:
         self.ops = DeviceOps(device)
         self.iteration = 0
         self.recorded = 0
+        #: Every recorded iteration's raw metrics on this rank; kept only when they will be
+        #: written (``save_file``) or a caller asks for them (:attr:`keep_rows`), so a long
+        #: run without files does not grow.
         self.rows: list[dict[str, Any]] = []
+        self.keep_rows = config.save_file
+        #: This rank's own metrics of the last recorded iteration (before the cross-rank
+        #: reduction that :meth:`get_current_metrics` shows on rank 0).
+        self.last_local: dict[str, Any] = {}
         self.files: list[Path] = []
         self._run_id = new_run_id()
         self._world: tuple[int, int] | None = None
@@ -267,7 +274,8 @@ class Profiler:
 
     def _record(self, i: int, metrics: dict[str, Any]) -> None:
         rank, size = self._world
-        if self.config.save_file:
+        self.last_local = metrics
+        if self.keep_rows:
             self.rows.append({"iter": i, "rank": rank, **metrics})
         if size == 1:
             self._current = metrics

@@ -10,11 +10,18 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["DeviceOps", "MB", "MAXRSS_UNIT"]
+__all__ = ["DeviceOps", "MB", "MAXRSS_UNIT", "peak_rss_mb"]
 
 MB = 1024.0 * 1024.0
 #: Bytes per unit of ``getrusage().ru_maxrss``: KiB on Linux, bytes on macOS.
 MAXRSS_UNIT = 1.0 if sys.platform == "darwin" else 1024.0
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process since it started, in MiB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * MAXRSS_UNIT / MB
 
 
 class DeviceOps:
