@@ -106,8 +106,31 @@ def _job_errors(benchmark: Path, since: float, limit: int = 3, chars: int = 2000
     texts = []
     for log in sorted(folder.glob("*_log.err")):
         if log.stat().st_mtime >= since and (text := log.read_text(errors="replace").strip()):
-            texts.append((("Traceback" not in text), f"--- {log}\n{text[-chars:]}"))
+            texts.append((("Traceback" not in text), f"--- {log}\n{_last_traceback(text, chars)}"))
     return [text for _, text in sorted(texts, key=lambda t: t[0])[:limit]]
+
+
+def _last_traceback(text: str, chars: int) -> str:
+    """The last traceback of a log (else its end), at most about ``chars`` characters: a long
+    traceback keeps its ``Traceback`` header line and its end, where the error is.
+
+    :Examples:
+
+    >>> _last_traceback("noise\\nTraceback (most recent call last):\\n  f()\\nValueError: x", 200).splitlines()[0]
+    'Traceback (most recent call last):'
+    >>> _last_traceback("Traceback (most recent call last):\\n" + "  frame\\n" * 50 + "ValueError: x", 60)
+    'Traceback (most recent call last):\\n[...]\\n  frame\\nValueError: x'
+    """
+    start = text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return text[-chars:]
+    text = text[start:]
+    if len(text) <= chars:
+        return text
+    head, _, _ = text.partition("\n")
+    tail = text[-(chars - len(head)) :]
+    tail = tail[tail.find("\n") + 1 :]  # from a line's start
+    return f"{head}\n[...]\n{tail}"
 
 
 def benchopt_run(
