@@ -1,8 +1,9 @@
 """Policy benchmark: a pi05-architecture vision-language-action policy.
 
 Training solvers are scored by the flow-matching loss on a fixed held-out batch (fixed
-noise and times, so values are comparable across steps), next to the step's own loss
-terms (``train_loss``, ``mse_loss``, ``ce_loss``, averaged over ranks); the inference
+noise and times, so values are comparable across steps; under ZeRO-3 the solver runs the
+same function on every rank, since a forward needs every rank's parameter shard), next to
+the step's own loss terms (``train_loss``, ``mse_loss``, ``ce_loss``, averaged over ranks); the inference
 solver by the mean squared error of its action chunk against the recorded actions of the
 same frame (random weights: the number checks the pipeline, not the policy); the
 dataloader solver by the seconds per batch. Every metric of the solver is forwarded, so
@@ -47,7 +48,10 @@ class Objective(BaseObjective):
         if dataloader:
             step = metrics.get("total_time_sec", float("nan")) - metrics.get("callback_time_sec", 0.0)
             return dict(value=step, **metrics)
-        loss = validation_loss(model, self.eval_batch, self.dataset.stats, seed=self.seed)
+        if model is None:  # ZeRO-3: the solver ran validation_loss on every rank (a forward needs them all)
+            loss = metrics.pop("val_loss")
+        else:
+            loss = validation_loss(model, self.eval_batch, self.dataset.stats, seed=self.seed)
         return dict(value=loss, val_loss=loss, **metrics)
 
     def get_one_result(self):

@@ -3,8 +3,10 @@
 Phases ``dataload_wait``, ``forward``, ``bwd``, ``unscale_clip``, ``optim_step``,
 ``zero_grad_sched``, ``sync_gather`` (see ``scopebench.policy.steps``); reports global
 ``samples_per_sec``, ``steps_per_sec``, per-rank and worst-rank peak memory, achieved
-FLOP/s and MFU, ``setup_time_sec`` and ``world_size``. Ranks come from torchrun / SLURM
-or are spawned locally (``nproc_per_node``). Every parameter is a field of
+FLOP/s and MFU, ``setup_time_sec``, ``world_size`` and ``backend``. Ranks come from
+torchrun / SLURM or are spawned locally (``nproc_per_node``); ``backend`` is ``ddp``,
+``zero2`` or ``zero3`` (DeepSpeed ZeRO through accelerate, ZeRO knobs from
+``configs/accelerate/``; declined on one process). Every parameter is a field of
 ``scopebench.policy.settings.TrainSettings`` (documented there).
 """
 
@@ -29,6 +31,9 @@ class Solver(TrainSolverMixin, BaseSolver):
         "num_workers": [0],
         "prefetch_factor": [2],
         "nproc_per_node": [1],
+        "backend": ["ddp"],
+        "accelerate_config": [None],
+        "gradient_accumulation_steps": [1],
         "no_optim": [False],
         "find_unused_params": [True],
         "fused_adamw": [None],

@@ -8,7 +8,8 @@ Chrome traces, weights, datasets, checkpoints, JSON reports) goes through here:
   write), and renames it over the target with :func:`os.replace` when the block ends
   without error; on error the temporary file is removed.
 * :func:`atomic_dir` does the same for a folder (:func:`tempfile.mkdtemp` beside the final
-  name, then a rename).
+  name, then a rename); :func:`temporary_dir` and :func:`replace_dir` are its two halves,
+  for a folder that several processes fill together (a multi-rank checkpoint).
 
 Temporary names are ``.<name>.<pid>.<random>.tmp``, so :func:`remove_stale_temporaries`
 can remove those left by a process that died (a second Ctrl-C, ``kill -9``) before the
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_dir", "atomic_write", "remove_stale_temporaries"]
+__all__ = ["atomic_dir", "atomic_write", "remove_stale_temporaries", "replace_dir", "temporary_dir"]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -109,9 +110,7 @@ def atomic_dir(path: str | Path, *, exist_ok: bool = False) -> Iterator[Path]:
         FileExistsError: ``path`` exists and ``exist_ok`` is false.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path.parent, path.name)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent))
+    tmp = temporary_dir(path)
     try:
         yield tmp
         try:
@@ -124,3 +123,38 @@ def atomic_dir(path: str | Path, *, exist_ok: bool = False) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def temporary_dir(path: str | Path) -> Path:
+    """A new empty folder beside ``path``, named ``.<name>.<pid>.<random>.tmp`` (stale ones of
+    dead processes are removed first); :func:`replace_dir` turns it into ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path.parent, path.name)
+    return Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent))
+
+
+def replace_dir(tmp: str | Path, path: str | Path) -> None:
+    """Rename the finished folder ``tmp`` to ``path``, replacing an older ``path``.
+
+    The older folder is first renamed aside, so at every moment ``path`` is either the old
+    complete folder, absent for an instant, or the new complete one.
+
+    :Examples:
+        >>> import tempfile, pathlib
+        >>> root = pathlib.Path(tempfile.mkdtemp())
+        >>> for text in ("old", "new"):
+        ...     tmp = temporary_dir(root / "ckpt")
+        ...     _ = (tmp / "f").write_text(text)
+        ...     replace_dir(tmp, root / "ckpt")
+        >>> (root / "ckpt" / "f").read_text(), sorted(p.name for p in root.iterdir())
+        ('new', ['ckpt'])
+    """
+    tmp, path = Path(tmp), Path(path)
+    old = None
+    if path.exists():
+        old = temporary_dir(path)
+        os.replace(path, old / path.name)
+    os.rename(tmp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -25,6 +25,8 @@ COMMANDS = (
     "find-unused-params",
     "bench-inference",
     "decompose-latency",
+    "train",
+    "convert-checkpoint",
 )
 
 

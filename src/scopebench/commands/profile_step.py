@@ -15,6 +15,8 @@ How to run::
     scopebench profile-step --config configs/policy/tiny.yml --nproc-per-node 2      # local gloo ranks
     torchrun --nproc-per-node 2 -m scopebench.cli profile-step --config configs/policy/tiny.yml
     accelerate launch --multi_gpu --num_processes 2 -m scopebench.cli profile-step --config ...   # CPU too
+    scopebench profile-step --config configs/policy/tiny.yml --nproc-per-node 2 \
+        --accelerate-config configs/accelerate/deepspeed_zero2.yaml                 # or --backend=zero3
 
 Environment variables of the upstream script work too (flags win): ``PROFILE_STEPS``
 (200), ``PROFILE_NO_OPTIM`` (0), ``FIND_UNUSED_PARAMS`` (the config's, true by default),
@@ -24,7 +26,8 @@ Any config setting is overridable: ``--learning_rate=3e-4``, ``--policy.num_step
 Output: the upstream text layout on rank 0 (header, one line per phase, ``backward_step``,
 ``sync_gather``, ``total``, throughput, memory, MFU). JSON (``--json`` or
 ``PROFILE_STEP_JSON``), keys: ``tool`` ("profile-step"), ``config``, ``settings``,
-``warmup``, ``measured``, ``world_size``, ``batch_size``, ``num_workers``,
+``warmup``, ``measured``, ``world_size``, ``backend``, ``phase_contents`` (what each
+phase holds under that backend), ``batch_size``, ``gradient_accumulation_steps``, ``num_workers``,
 ``prefetch_factor``, ``wall_clock_sec``, ``setup_time_sec``, ``phases`` (phase ->
 ``mean_sec, median_sec, p95_sec, share``; also ``backward_step`` and ``total``),
 ``throughput`` (``steps_per_sec``, ``global_samples_per_sec``), ``memory``
@@ -55,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-optim", action="store_true", default=None, help="no optimizer (PROFILE_NO_OPTIM)")
     parser.add_argument("--find-unused-params", choices=["true", "false"], default=None, help="FIND_UNUSED_PARAMS")
     parser.add_argument("--fused-adamw", choices=["true", "false"], default=None, help="FUSED_ADAMW")
+    parser.add_argument(
+        "--accelerate-config", "--accelerate_config", dest="accelerate_config", default=None,
+        help="accelerate config file: the backend (configs/accelerate/ddp.yaml, deepspeed_zero2.yaml, deepspeed_zero3.yaml)",
+    )  # fmt: skip
 
 
 def _flag(text: str | None) -> bool | None:
@@ -79,6 +86,13 @@ def run(args: argparse.Namespace) -> int:
             "batch_size": args.batch_size,
             "nproc_per_node": args.nproc_per_node,
         }
+        if args.accelerate_config:
+            from pathlib import Path
+
+            from scopebench.train import load_accelerate_file
+
+            file = load_accelerate_file(args.accelerate_config)
+            forced.update(accelerate_config=str(Path(file.path).resolve()), backend=file.backend)
         config = load_config(args, **forced)
         json_path = args.json or os.environ.get("PROFILE_STEP_JSON") or None
         return _profile(config, warmup=args.warmup, steps=steps, json_path=json_path)
@@ -126,7 +140,7 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
 
 def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float) -> dict:
     """The JSON summary (see the module docstring) from rank 0's per-step metrics."""
-    from scopebench.policy.steps import TRAIN_PHASES
+    from scopebench.policy.steps import PHASE_CONTENTS, TRAIN_PHASES
     from scopebench.policy.tools import environment_info, settings_dict, summary_sec
 
     step_times = [m["total_time_sec"] - m.get("callback_time_sec", 0.0) for m in per_step]
@@ -152,7 +166,10 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
         "warmup": warmup,
         "measured": len(per_step),
         "world_size": run.world_size,
+        "backend": s.backend,
+        "phase_contents": PHASE_CONTENTS[s.backend],
         "batch_size": s.batch_size,
+        "gradient_accumulation_steps": s.gradient_accumulation_steps,
         "num_workers": s.num_workers,
         "prefetch_factor": s.prefetch_factor,
         "wall_clock_sec": wall,
@@ -160,7 +177,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
         "phases": phases,
         "throughput": {
             "steps_per_sec": steps_per_sec,
-            "global_samples_per_sec": steps_per_sec * s.batch_size * run.world_size,
+            "global_samples_per_sec": steps_per_sec * run.global_batch_size,
         },
         "memory": {
             "max_rss_mb": last.get("max_rss_mb"),
@@ -195,9 +212,10 @@ def format_report(report: dict) -> str:
         f"{'=' * 11} profile_step results (rank 0; each step: slowest rank) {'=' * 11}",
         f"warmup={report['warmup']} measured={report['measured']} ranks={report['world_size']}",
         f"batch_size={report['batch_size']} num_workers={report['num_workers']} "
-        f"prefetch_factor={report['prefetch_factor']}",
+        f"prefetch_factor={report['prefetch_factor']} gradient_accumulation_steps={report['gradient_accumulation_steps']}",
         f"wall-clock over full loop: {report['wall_clock_sec']:.2f}s (set-up before it: {report['setup_time_sec']:.2f}s)",
-        "",
+        # in place of the upstream blank line: what the phases below hold under this backend
+        f"backend={report['backend']}: {report['phase_contents']}",
         f"{'phase':<17}{'stats':<64}share",
         "-" * 90,
     ]

@@ -76,12 +76,18 @@ class RankReport:
     """Last iteration the most advanced rank finished."""
     log: str = ""
     """Tail of the rank's log."""
+    gone: bool = False
+    """The process is known to be gone although its exit status is not (a launcher's rank)."""
+    pid: int | None = None
+    """Process id of a launcher's rank on this host (None: elsewhere or unknown)."""
 
     @property
     def culprit(self) -> bool:
         """Ended badly, is stopped, or fell behind the others (a hang)."""
         if self.returncode is not None:
             return self.returncode != 0
+        if self.gone:
+            return True
         if self.state == "T":
             return True
         behind = self.lead_iteration is not None and (
@@ -101,6 +107,8 @@ class RankReport:
         where = _where(self.last_iteration)
         if self.returncode is not None:
             return f"rank {self.rank} {describe_exit(self.returncode)} {where}"
+        if self.gone:
+            return f"rank {self.rank} died {where} (its launcher reports the exit code or signal)"
         if self.state == "T":
             what = "is stopped (SIGSTOP or a debugger)"
         elif self.culprit:

@@ -13,17 +13,21 @@
 
 Every collective is bounded by the group timeout (``group_timeout_sec``:
 :data:`LOCAL_TIMEOUT_SEC` for a local spawn, :data:`LAUNCHER_TIMEOUT_SEC` under torchrun or
-SLURM). When a local run fails, :meth:`DistSession.close` names each spawned rank that
-died, stopped or fell behind (:class:`~scopebench.dist.spawn.RankFailure`).
+SLURM). When a run fails, :meth:`DistSession.close` names each rank that died, stopped or fell
+behind (:class:`~scopebench.dist.spawn.RankFailure`): a spawned rank with its exit code or
+signal and log tail; under torchrun or SLURM, from the progress marks and process ids the
+ranks leave in the rendezvous store (rank 0 reports; the launcher adds exit codes).
 
 A group that existed before the session (created by the caller) is reused and left alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
+import signal
 
 from scopebench.dist.info import SPAWN_ENV, DistInfo, get_dist_info
 from scopebench.dist.spawn import (
@@ -33,9 +37,11 @@ from scopebench.dist.spawn import (
     RankFailure,
     environ,
     forget_store,
+    launcher_reports,
     loopback_env,
     open_store,
     report_progress,
+    track_progress,
 )
 
 __all__ = [
@@ -205,6 +211,14 @@ class DistSession:
 
         spawn, self._spawn = self._spawn, None
         culprits = [r for r in spawn.diagnose() if r.culprit] if (spawn and failed and diagnose) else []
+        if not spawn and failed and diagnose and self._store is not None and self.info.rank == 0:
+            culprits = [r for r in launcher_reports(self._store, self.info.world_size) if r.culprit]
+            for report in culprits:
+                if report.state == "T" and report.pid:
+                    # A stopped rank ignores the launcher's SIGTERM until continued (torchrun
+                    # then waits 30 s before SIGKILL): end it now, the run has failed.
+                    with contextlib.suppress(OSError):
+                        os.kill(report.pid, signal.SIGKILL)
         errors = spawn.reap(kill=failed) if spawn else []
         if self.created_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -236,6 +250,12 @@ class DistSession:
             timeout=self._timeout(),
         )
         self.created_group = True
+        # The rendezvous store carries progress marks, so that a failed run names a rank
+        # that hangs or died (private API; without it the launcher's own report remains).
+        store = getattr(dist.distributed_c10d, "_get_default_store", lambda: None)()
+        if store is not None:
+            self._store = store
+            track_progress(store, self.info.rank)
 
     def _join_spawned_group(self) -> None:
         import torch.distributed as dist

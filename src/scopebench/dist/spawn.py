@@ -33,7 +33,17 @@ from pathlib import Path
 from scopebench.dist.faults import RankReport, log_tail, process_state
 from scopebench.dist.info import SPAWN_ENV
 
-__all__ = ["WORKER_KWARGS_ENV", "WORKER_TARGET_ENV", "LocalSpawn", "RankFailure", "open_store", "report_progress"]
+__all__ = [
+    "WORKER_KWARGS_ENV",
+    "WORKER_TARGET_ENV",
+    "LocalSpawn",
+    "RankFailure",
+    "launcher_reports",
+    "open_store",
+    "read_progress",
+    "report_progress",
+    "track_progress",
+]
 
 WORKER_TARGET_ENV = "SCOPEBENCH_WORKER_TARGET"
 WORKER_KWARGS_ENV = "SCOPEBENCH_WORKER_KWARGS"
@@ -54,11 +64,58 @@ def open_store(path: str, world_size: int, rank: int, timeout_sec: float):
     """The run's ``FileStore`` at ``path``; this rank's progress marks go to it."""
     import torch.distributed as dist
 
-    global _PROGRESS
     store = dist.FileStore(path, world_size)
     store.set_timeout(datetime.timedelta(seconds=timeout_sec))
-    _PROGRESS = (store, rank)
+    track_progress(store, rank)
     return store
+
+
+def track_progress(store, rank: int) -> None:
+    """Send this rank's progress marks (:func:`report_progress`) to ``store``, and publish
+    its host and process id there (``pid/<rank>``) for a failure report."""
+    global _PROGRESS
+    _PROGRESS = (store, rank)
+    store.set(f"pid/{rank}", f"{socket.gethostname()} {os.getpid()}")
+
+
+def read_progress(store, world_size: int) -> dict[int, int]:
+    """Last finished iteration of every rank that reported one (``{}`` if the store is gone)."""
+    out: dict[int, int] = {}
+    for rank in range(world_size):
+        key = f"progress/{rank}"
+        with contextlib.suppress(Exception):  # a store already gone: nothing known
+            if store is not None and store.check([key]):
+                out[rank] = int(store.get(key))
+    return out
+
+
+def launcher_reports(store, world_size: int) -> list[RankReport]:
+    """Rank 0's view of the other ranks of a launcher's group (torchrun, SLURM) when it fails:
+    their progress marks and, for ranks on this host, whether their process is stopped or gone."""
+    progress = read_progress(store, world_size)
+    host = socket.gethostname()
+    reports = []
+    for rank in range(1, world_size):
+        state, gone, local_pid = None, False, None
+        with contextlib.suppress(Exception):
+            if store.check([f"pid/{rank}"]):
+                where, pid = store.get(f"pid/{rank}").decode().rsplit(" ", 1)
+                if where == host:
+                    local_pid = int(pid)
+                    state = process_state(local_pid)
+                    gone = state is None or state == "Z"
+        reports.append(
+            RankReport(
+                rank=rank,
+                returncode=None,
+                state=state,
+                last_iteration=progress.get(rank),
+                lead_iteration=max(progress.values(), default=None),
+                gone=gone,
+                pid=local_pid,
+            )
+        )
+    return reports
 
 
 def forget_store() -> None:
@@ -181,13 +238,7 @@ class LocalSpawn:
         return [proc.pid for proc in self.procs]
 
     def _progress(self) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for rank in range(self.nproc):
-            key = f"progress/{rank}"
-            with contextlib.suppress(Exception):  # a store file already gone: nothing known
-                if self.store is not None and self.store.check([key]):
-                    out[rank] = int(self.store.get(key))
-        return out
+        return read_progress(self.store, self.nproc)
 
     def report(self, index: int, progress: dict[int, int] | None = None) -> RankReport:
         """What is known about the worker at ``index`` (rank ``index + 1``)."""

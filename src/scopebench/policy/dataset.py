@@ -215,10 +215,18 @@ class WeightedMixtureSampler(Sampler[int]):
         self.num_samples = int(num_samples or sum(sizes))
         self.seed, self.epoch = seed, 0
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)])[:-1].tolist()
+        self._skip = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration use the order of epoch ``epoch``."""
         self.epoch = epoch
+
+    def skip_next(self, count: int) -> None:
+        """Make the next iteration leave out its first ``count`` indices (resuming mid-epoch:
+        the rest of the epoch comes in the same order as without the interruption)."""
+        if count < 0:
+            raise ValueError(f"skip count must be >= 0, got {count}")
+        self._skip = count
 
     def __len__(self) -> int:
         return self.num_samples
@@ -226,12 +234,14 @@ class WeightedMixtureSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         self.epoch += 1  # the next epoch gets a new order without the caller's help
+        skip, self._skip = self._skip, 0
         choice = torch.multinomial(self.weights, self.num_samples, replacement=True, generator=g)
         perms, cursor = [None] * len(self.sizes), [0] * len(self.sizes)
-        for d in choice.tolist():
+        for n, d in enumerate(choice.tolist()):
             if perms[d] is None or cursor[d] == self.sizes[d]:
                 perms[d], cursor[d] = torch.randperm(self.sizes[d], generator=g).tolist(), 0
-            yield self.offsets[d] + perms[d][cursor[d]]
+            if n >= skip:
+                yield self.offsets[d] + perms[d][cursor[d]]
             cursor[d] += 1
 
 
@@ -288,6 +298,9 @@ def make_dataloader(
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         collate_fn=collate_robot_batch,
         drop_last=drop_last,
+        # Worker seeds come from this generator, not from the global RNG, so starting an
+        # epoch does not move the training step's noise (a resumed run stays exact).
+        generator=torch.Generator().manual_seed(seed),
     )
 
 

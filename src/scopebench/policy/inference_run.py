@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
+from scopebench.dist.device import resolve_device
 from scopebench.policy.lifecycle import RunLifecycle
 from scopebench.policy.settings import InferenceSettings
 from scopebench.policy.steps import InferenceStep, policy_for_dataset
-from scopebench.policy.train_run import resolve_device
 
 __all__ = ["COMPILE_RATIO_WARNING", "InferenceRun", "fit_latency", "make_observation"]
 

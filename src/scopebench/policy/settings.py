@@ -6,7 +6,9 @@ error names the key, the value and what is allowed, through :mod:`scopebench.val
 * :class:`TrainSettings`: the ``Pi05Train`` / ``Pi05Dataloader`` solver parameters (less
   the ``profiler_*`` ones) and the top level of a run config;
 * :class:`InferenceSettings`: the ``Pi05Inference`` parameters and the ``policy:`` section;
-* :class:`DatasetSettings`: the synthetic dataset and the ``dataset:`` section.
+* :class:`DatasetSettings`: the synthetic dataset and the ``dataset:`` section;
+* :class:`TrainLoopSettings`: ``scopebench train``'s steps, output folder, log and save
+  frequencies, the ``training:`` section.
 
 A run config is YAML (see ``configs/policy/tiny.yml``)::
 
@@ -31,9 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scopebench.dist.device import check_device
 from scopebench.policy.config import ATTENTION_IMPLEMENTATIONS, PRESETS
 from scopebench.policy.data import SyntheticRobotConfig
-from scopebench.train.accelerator import PRECISIONS
+from scopebench.train.accelerator import BACKENDS, PRECISIONS
 from scopebench.train.optim import SCHEDULERS
 from scopebench.validate import choice, flag, integer, number, optional
 
@@ -41,14 +44,15 @@ __all__ = [
     "DatasetSettings",
     "InferenceSettings",
     "RunConfig",
+    "TrainLoopSettings",
     "TrainSettings",
+    "backend_conflict",
     "compile_modes",
     "load_run_config",
     "parse_overrides",
     "settings_from",
 ]
 
-DEVICES = ("auto", "cpu", "cuda")
 #: Top-level keys a policy section inherits from the top level of a run config.
 SHARED_KEYS = ("preset", "precision", "attention_implementation", "seed", "device", "check_memory")
 
@@ -75,6 +79,12 @@ class TrainSettings:
     """Batches prefetched per worker (ignored with 0 workers)."""
     nproc_per_node: int = 1
     """Processes to start on this machine when no launcher started them (this one is rank 0)."""
+    backend: str = "ddp"
+    """``ddp`` (DistributedDataParallel), ``zero2`` or ``zero3`` (DeepSpeed ZeRO; at least 2 ranks)."""
+    accelerate_config: str | None = None
+    """accelerate config file with the ZeRO knobs (None: ``configs/accelerate/`` file of ``backend``)."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step (global batch = ``batch_size x ranks x`` this)."""
     no_optim: bool = False
     """No optimizer is created or stepped (raw forward + backward; gradients are dropped)."""
     find_unused_params: bool = True
@@ -112,7 +122,7 @@ class TrainSettings:
     check_memory: bool = True
     """Refuse a preset whose weights and optimizer state exceed the free memory."""
     device: str = "auto"
-    """``auto`` (this rank's GPU if any, else CPU), ``cpu`` or ``cuda``."""
+    """``auto`` (this rank's GPU if any, else CPU), ``cpu``, ``cuda`` or ``cuda:<index>``."""
 
     def __post_init__(self) -> None:
         choice("preset", self.preset, PRESETS)
@@ -120,6 +130,12 @@ class TrainSettings:
         integer("num_workers", self.num_workers, low=0)
         integer("prefetch_factor", self.prefetch_factor, low=1)
         integer("nproc_per_node", self.nproc_per_node, low=1)
+        choice("backend", self.backend, BACKENDS)
+        if self.accelerate_config is not None and (
+            not isinstance(self.accelerate_config, str) or not self.accelerate_config
+        ):
+            raise ValueError(f"accelerate_config must be a file path or null, got {self.accelerate_config!r}")
+        integer("gradient_accumulation_steps", self.gradient_accumulation_steps, low=1)
         for name in ("no_optim", "find_unused_params", "gradient_checkpointing", "torch_compile", "check_memory"):
             flag(name, getattr(self, name))
         optional(flag, "fused_adamw", self.fused_adamw)
@@ -135,7 +151,40 @@ class TrainSettings:
         integer("seed", self.seed, low=0)
         optional(number, "group_timeout_sec", self.group_timeout_sec, low=0, low_open=True)
         optional(number, "peak_tflops", self.peak_tflops, low=0, low_open=True)
-        choice("device", self.device, DEVICES)
+        check_device("device", self.device)
+        conflict = backend_conflict(self.backend, self.gradient_checkpointing, self.no_optim)
+        if conflict:
+            raise ValueError(conflict)
+
+
+def backend_conflict(
+    backend: str, gradient_checkpointing: bool, no_optim: bool, world_size: int | None = None
+) -> str | None:
+    """Why ``backend`` cannot run with these settings (None: it can). A solver declines the
+    combination with it (``Solver.skip``); :class:`TrainSettings` refuses it.
+
+    :Examples:
+
+    >>> backend_conflict("zero2", False, False, world_size=1)[:60]
+    'backend=zero2 shards training state across ranks and needs a'
+    """
+    if backend == "zero3" and gradient_checkpointing:
+        return (
+            "gradient_checkpointing=true cannot run with backend=zero3: ZeRO-3 re-gathers and frees each "
+            "layer's parameters on every forward, which activation checkpointing's recomputation does not "
+            "handle; use backend=zero2 (or FSDP), or gradient_checkpointing=false"
+        )
+    if backend != "ddp" and no_optim:
+        return (
+            f"no_optim=true cannot run with backend={backend}: ZeRO shards the optimizer's state and "
+            "DeepSpeed's engine steps it; measure raw forward + backward with backend=ddp"
+        )
+    if backend != "ddp" and world_size is not None and world_size < 2:
+        return (
+            f"backend={backend} shards training state across ranks and needs at least 2 processes, got "
+            f"{world_size}: set nproc_per_node >= 2 (or start the ranks with a launcher), or use backend=ddp"
+        )
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,7 +216,7 @@ class InferenceSettings:
     check_memory: bool = True
     """Refuse a preset whose weights exceed the free memory."""
     device: str = "auto"
-    """``auto`` (the GPU if any, else CPU), ``cpu`` or ``cuda``."""
+    """``auto`` (the GPU if any, else CPU), ``cpu``, ``cuda`` or ``cuda:<index>``."""
 
     def __post_init__(self) -> None:
         choice("preset", self.preset, PRESETS)
@@ -184,7 +233,7 @@ class InferenceSettings:
         integer("prompt_words", self.prompt_words, low=1)
         integer("seed", self.seed, low=0)
         flag("check_memory", self.check_memory)
-        choice("device", self.device, DEVICES)
+        check_device("device", self.device)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,6 +278,27 @@ class DatasetSettings:
         return cached_synthetic_dataset(self.cache_dir, self.synthetic())
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainLoopSettings:
+    """``scopebench train``: how many steps, where the checkpoints go, how often to log and save."""
+
+    output_dir: str = "outputs/train/run"
+    """Folder of the run: ``checkpoints/<step>/`` and ``checkpoints/last``."""
+    steps: int = 100
+    """Optimizer steps in all (a resumed run continues up to this step)."""
+    log_freq: int = 10
+    """Print loss, samples/s and the phase means every this many steps."""
+    save_freq: int = 0
+    """Save a checkpoint every this many steps (0: only at the end; the end always saves)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.output_dir, str) or not self.output_dir:
+            raise ValueError(f"training.output_dir must be a folder path, got {self.output_dir!r}")
+        integer("training.steps", self.steps, low=1)
+        integer("training.log_freq", self.log_freq, low=1)
+        integer("training.save_freq", self.save_freq, low=0)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """A policy run config after overrides: one settings object per consumer."""
@@ -238,6 +308,18 @@ class RunConfig:
     dataset: DatasetSettings
     source: str = field(default="")
     """The file it came from."""
+    training: TrainLoopSettings = field(default_factory=TrainLoopSettings)
+    """The ``training:`` section (``scopebench train``)."""
+
+    def to_yaml(self) -> str:
+        """The config as a run config file (all values explicit): ``train_config.yaml``."""
+        import yaml
+
+        top = dataclasses.asdict(self.train)
+        policy = {k: v for k, v in dataclasses.asdict(self.inference).items() if k not in SHARED_KEYS}
+        sections = {"policy": policy, "dataset": dataclasses.asdict(self.dataset)}
+        sections["training"] = dataclasses.asdict(self.training)
+        return yaml.safe_dump({**top, **sections}, sort_keys=False)
 
 
 def settings_from(cls, source: Any, **extra: Any):
@@ -307,12 +389,13 @@ def load_run_config(path: str | Path, overrides: list[tuple[str, Any]] | None = 
         raise ValueError(f"{path} is not valid YAML: {err}") from err
     if not isinstance(raw, dict):
         raise ValueError(f"{path} must hold a mapping of settings, got {type(raw).__name__}")
-    sections = {"policy": dict(raw.pop("policy", None) or {}), "dataset": dict(raw.pop("dataset", None) or {})}
+    sections = {name: dict(raw.pop(name, None) or {}) for name in ("policy", "dataset", "training")}
     top = dict(raw)
     known = {
         "": _fields(TrainSettings),
         "policy": [k for k in _fields(InferenceSettings) if k not in SHARED_KEYS],
         "dataset": _fields(DatasetSettings),
+        "training": _fields(TrainLoopSettings),
     }
     for section, values in (("", top), *sections.items()):
         unknown = sorted(set(values) - set(known[section]))
@@ -322,11 +405,12 @@ def load_run_config(path: str | Path, overrides: list[tuple[str, Any]] | None = 
     for key, value in overrides or []:
         section, _, name = key.rpartition(".")
         if section not in known or name not in known[section]:
-            allowed = [k for k in known[""]] + [f"{s}.{k}" for s in ("policy", "dataset") for k in known[s]]
+            allowed = [k for k in known[""]] + [f"{s}.{k}" for s in ("policy", "dataset", "training") for k in known[s]]
             raise ValueError(f"unknown override key {key!r}; expected one of {allowed}")
         (sections[section] if section else top)[name] = value
     train = TrainSettings(**top)
     shared = {k: getattr(train, k) for k in SHARED_KEYS}
     inference = InferenceSettings(**{**shared, **sections["policy"]})
     dataset = DatasetSettings(**sections["dataset"])
-    return RunConfig(train=train, inference=inference, dataset=dataset, source=str(path))
+    training = TrainLoopSettings(**sections["training"])
+    return RunConfig(train=train, inference=inference, dataset=dataset, source=str(path), training=training)

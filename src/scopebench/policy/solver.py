@@ -34,12 +34,27 @@ class _RunSolverMixin(ProfiledSolverMixin):
         with self.policy_run as run:  # starts if pre_run_hook did not; closes on any exit
             self.profiler = run.profiler
             run.loop(callback)
+            self.close_callback(run.rank, callback)
 
 
 class TrainSolverMixin(_RunSolverMixin):
     """``Pi05Train`` (``task = "train"``) and ``Pi05Dataloader`` (``task = "dataloader"``)."""
 
     task = "train"
+
+    def skip(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> tuple[bool, str | None]:
+        """Decline a backend the settings cannot run (ZeRO on one process, ZeRO-3 with
+        gradient checkpointing, ZeRO without an optimizer)."""
+        from scopebench.dist import get_dist_info
+        from scopebench.policy.settings import backend_conflict
+
+        if self.task != "train":
+            return False, None
+        launcher = get_dist_info()
+        world = launcher.world_size if launcher.is_distributed else self.nproc_per_node
+        args = (self.gradient_checkpointing, self.no_optim)
+        conflict = backend_conflict(self.backend, *args, world_size=world if isinstance(world, int) else None)
+        return (True, conflict) if conflict else (False, None)
 
     def set_objective(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> None:
         from scopebench.policy.settings import TrainSettings, settings_from
@@ -55,13 +70,17 @@ class TrainSolverMixin(_RunSolverMixin):
             profiler_params=self.profiler_kwargs(),
             output_dir=self.output_dir,
             name=f"pi05_{self.task}",
+            eval_batch_size=len(eval_batch["actions"]),
         )
 
     def get_result(self) -> dict[str, Any]:
         run = self.policy_run
         if self.task == "dataloader":
             return dict(dataloader=True, **run.current_metrics())
-        return dict(model=run.unwrapped_model, **run.current_metrics())
+        model = run.unwrapped_model
+        if model is None:  # ZeRO-3: every rank computed the validation loss before this callback
+            return dict(model=None, val_loss=run.val_loss, **run.current_metrics())
+        return dict(model=model, **run.current_metrics())
 
 
 class InferenceSolverMixin(_RunSolverMixin):

@@ -14,6 +14,15 @@ Training phases (the upstream ``profile_step`` breakdown):
 * ``unscale_clip``: gradient unscaling (fp16) and clipping;
 * ``optim_step``: the optimizer step;
 * ``zero_grad_sched``: ``zero_grad`` and the LR scheduler step;
+
+With gradient accumulation, ``dataload_wait``, ``forward`` and ``bwd`` cover all the
+micro-batches of the step (DDP synchronises gradients on the last one only). Under
+DeepSpeed ZeRO (:data:`PHASE_CONTENTS`) the engine does more inside two phases: ``bwd`` is
+``engine.backward`` with its gradient reduce (ZeRO-2) or reduce-scatter and parameter
+all-gathers (ZeRO-3) in hooks, ``optim_step`` is ``engine.step`` (clipping, AdamW on this
+rank's shard, ``zero_grad`` and, ZeRO-2, the all-gather of the updated parameters), so
+``unscale_clip`` is empty and ``zero_grad_sched`` holds only the LR schedule; under ZeRO-3
+``forward`` also all-gathers every layer's parameters;
 * ``sync_gather``: the per-step gathers of loss terms and memory peaks across ranks and
   their ``.tolist()`` (every ``gather_every`` steps; the region is empty otherwise).
 
@@ -22,6 +31,7 @@ Training phases (the upstream ``profile_step`` breakdown):
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -34,6 +44,7 @@ from scopebench.policy.runner import PolicyRunner, Preprocessor
 
 __all__ = [
     "BACKWARD_STEP_PHASES",
+    "PHASE_CONTENTS",
     "DATALOADER_PHASES",
     "GATHERED_KEYS",
     "INFERENCE_PHASES",
@@ -54,14 +65,34 @@ DATALOADER_PHASES = ("fetch", "h2d")
 INFERENCE_PHASES = ("preprocess", "prefill", "denoise", "postprocess")
 #: Per-rank values of the ``sync_gather`` phase, in the order of the gathered tensor.
 GATHERED_KEYS = ("train_loss", "mse_loss", "ce_loss", "max_rss_mb", "max_gpu_mb")
+#: What the training phases hold under each backend (the phase table's header says it).
+PHASE_CONTENTS = {
+    "ddp": "bwd = backward + DDP's gradient all-reduce; optim_step = AdamW; zero_grad_sched = zero_grad + LR schedule",
+    "zero2": (
+        "DeepSpeed ZeRO-2: bwd = engine.backward + gradient reduce to the owning rank; "
+        "optim_step = engine.step (clipping, AdamW on this rank's shard, zero_grad, all-gather of the "
+        "updated parameters); unscale_clip empty; zero_grad_sched = LR schedule"
+    ),
+    "zero3": (
+        "DeepSpeed ZeRO-3: forward = forward + per-layer parameter all-gather; bwd = engine.backward + "
+        "parameter all-gather + gradient reduce-scatter; optim_step = engine.step (clipping, AdamW on this "
+        "rank's shard, zero_grad); unscale_clip empty; zero_grad_sched = LR schedule"
+    ),
+}
 
 
 class BatchStream:
-    """Endless batches from a dataloader: a new epoch starts when one ends."""
+    """Endless batches from a dataloader: a new epoch starts when one ends.
+
+    It counts where it is, for checkpoints: :attr:`epoch` (epochs finished) and
+    :attr:`position` (batches taken in the current epoch).
+    """
 
     def __init__(self, loader: Iterable) -> None:
         self.loader = loader
         self._iter: Iterator | None = None
+        self.epoch = 0
+        self.position = 0
 
     def __iter__(self) -> BatchStream:
         return self
@@ -70,10 +101,36 @@ class BatchStream:
         if self._iter is None:
             self._iter = iter(self.loader)
         try:
-            return next(self._iter)
+            batch = next(self._iter)
         except StopIteration:
+            self.epoch, self.position = self.epoch + 1, 0
             self._iter = iter(self.loader)
-            return next(self._iter)
+            batch = next(self._iter)
+        self.position += 1
+        return batch
+
+    def state(self) -> dict[str, int]:
+        """``{"epoch", "position"}``: what :meth:`resume` needs."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    def resume(self, epoch: int, position: int, sampler: Any, samples_per_batch: int) -> None:
+        """Continue at batch ``position`` of epoch ``epoch``, as if never interrupted.
+
+        Args:
+            epoch: Epochs finished when the state was saved.
+            position: Batches taken in that epoch.
+            sampler: The loader's index sampler (``skip_next``/``set_epoch``).
+            samples_per_batch: Indices the sampler yields per batch of this rank (all ranks'
+                batches: accelerate hands each rank every ``world_size``-th batch).
+        """
+        if self._iter is not None:
+            raise RuntimeError("resume() must come before the first batch")
+        if position >= len(self.loader):  # saved at the end of an epoch: the next one starts
+            epoch, position = epoch + 1, 0
+        set_epoch = getattr(self.loader, "set_epoch", None) or sampler.set_epoch
+        set_epoch(epoch)
+        sampler.skip_next(position * samples_per_batch)
+        self.epoch, self.position = epoch, position
 
 
 class TrainStep:
@@ -81,13 +138,15 @@ class TrainStep:
 
     Args:
         accelerator: Owns the backward, the clipping and the gathers.
-        model: The prepared model (DDP-wrapped with several ranks).
+        model: The prepared model (DDP-wrapped with several ranks, or DeepSpeed's engine).
         optimizer: The prepared optimizer, or None (``no_optim``: gradients are dropped).
         scheduler: The prepared LR scheduler, or None.
         batches: Endless dataloader batches.
         preprocessor: Batch -> model inputs on the device.
-        grad_clip: Maximum global gradient norm; 0 disables clipping.
+        grad_clip: Maximum global gradient norm; 0 disables clipping (DeepSpeed clips
+            inside its ``step`` from its own config).
         gather_every: Gather loss terms and peaks every this many steps.
+        accumulation: Micro-batches per optimizer step.
         memory: ``() -> (rss_mb, gpu_mb)`` of this rank, read in ``sync_gather``.
     """
 
@@ -102,8 +161,11 @@ class TrainStep:
         preprocessor: Preprocessor,
         grad_clip: float,
         gather_every: int = 1,
+        accumulation: int = 1,
         memory: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
     ) -> None:
+        from accelerate.utils import DistributedType
+
         self.accelerator = accelerator
         self.model = model
         self.optimizer = optimizer
@@ -112,35 +174,51 @@ class TrainStep:
         self.preprocessor = preprocessor
         self.grad_clip = grad_clip
         self.gather_every = gather_every
+        self.accumulation = accumulation
         self.memory = memory
+        #: DeepSpeed's engine (the prepared model) under ZeRO, else None.
+        self.engine = model if accelerator.distributed_type == DistributedType.DEEPSPEED else None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.steps = 0
         #: Every rank's :data:`GATHERED_KEYS` at the last gather (rank order), or None.
         self.gathered: list[dict[str, float]] | None = None
 
     def __call__(self, prof) -> None:
-        acc = self.accelerator
+        acc, engine = self.accelerator, self.engine
         self.model.train()
-        with prof.track_step("dataload_wait"):
-            obs = self.preprocessor.preprocess(next(self.batches))
-        with prof.track_step("forward"):
-            with acc.autocast():
-                loss, terms = self.model(obs)
-        with prof.track_step("bwd"):
-            acc.backward(loss)
+        losses: list[tuple[torch.Tensor, Mapping[str, torch.Tensor]]] = []
+        for micro in range(self.accumulation):
+            last = micro == self.accumulation - 1
+            with prof.track_step("dataload_wait"):
+                obs = self.preprocessor.preprocess(next(self.batches))
+            # DDP: all-reduce the gradients on the last micro-batch only.
+            with contextlib.nullcontext() if (last or engine is not None) else acc.no_sync(self.model):
+                with prof.track_step("forward"):
+                    with acc.autocast():
+                        loss, terms = self.model(obs)
+                with prof.track_step("bwd"):
+                    if engine is not None:  # scales by 1/accumulation itself
+                        engine.set_gradient_accumulation_boundary(is_boundary=last)
+                        engine.backward(loss)
+                    else:
+                        acc.backward(loss / self.accumulation if self.accumulation > 1 else loss)
+            losses.append((loss.detach(), {k: v.detach() for k, v in terms.items()}))
         with prof.track_step("unscale_clip"):
-            if self.optimizer is not None and self.grad_clip > 0:
+            if engine is None and self.optimizer is not None and self.grad_clip > 0:
                 acc.clip_grad_norm_(self.params, self.grad_clip)
         with prof.track_step("optim_step"):
-            if self.optimizer is not None:
+            if engine is not None:
+                engine.step()
+            elif self.optimizer is not None:
                 self.optimizer.step()
         with prof.track_step("zero_grad_sched"):
-            (self.optimizer or self.model).zero_grad(set_to_none=True)
+            if engine is None:
+                (self.optimizer or self.model).zero_grad(set_to_none=True)
             if self.scheduler is not None:
                 self.scheduler.step()
         with prof.track_step("sync_gather"):
             if self.steps % self.gather_every == 0:
-                self._gather(loss, terms)
+                self._gather(*_mean_over_micro_batches(losses))
         self.steps += 1
 
     def _gather(self, loss: torch.Tensor, terms: Mapping[str, torch.Tensor]) -> None:
@@ -157,6 +235,15 @@ class TrainStep:
         )
         rows = self.accelerator.gather(values[None]).tolist()  # (ranks, keys); the host sync
         self.gathered = [dict(zip(GATHERED_KEYS, row)) for row in rows]
+
+
+def _mean_over_micro_batches(losses):
+    """The step's loss and loss terms: their means over its micro-batches."""
+    if len(losses) == 1:
+        return losses[0]
+    loss = torch.stack([loss for loss, _ in losses]).mean()
+    terms = {key: torch.stack([t[key] for _, t in losses]).mean() for key in losses[0][1]}
+    return loss, terms
 
 
 class DataloaderStep:

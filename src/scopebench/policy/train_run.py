@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
+from scopebench.dist.device import resolve_device
 from scopebench.policy.lifecycle import RunLifecycle
-from scopebench.policy.settings import TrainSettings
+from scopebench.policy.settings import TrainSettings, backend_conflict
 from scopebench.policy.steps import (
     BACKWARD_STEP_PHASES,
     BatchStream,
@@ -49,7 +50,6 @@ __all__ = [
     "audit_parameters",
     "model_overrides",
     "open_training_data",
-    "resolve_device",
     "run_worker",
     "training_memory_check",
 ]
@@ -61,17 +61,12 @@ WORKER = "scopebench.policy.train_run:run_worker"
 _ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
 
 
-def resolve_device(device: str = "auto", local_rank: int = 0) -> torch.device:
-    """``auto``: this rank's GPU when CUDA is available, else the CPU; ``cuda``: this rank's GPU."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(f"cuda:{local_rank}") if device == "cuda" else torch.device(device)
-
-
-def training_memory_check(settings: TrainSettings, processes: int = 1) -> None:
+def training_memory_check(settings: TrainSettings, processes: int = 1, world_size: int = 1) -> None:
     """Refuse a preset whose fp32 weights, gradients and AdamW state exceed the free memory.
 
-    Counted on the meta device (nothing allocated); activations are not counted. Skipped
+    Counted on the meta device (nothing allocated); activations are not counted. Per rank,
+    DDP holds all of it; ZeRO-2 shards the AdamW state over ``world_size`` ranks (gradients
+    are bucketed but counted whole: a lower bound still); ZeRO-3 shards all three. Skipped
     with ``check_memory: false``.
     """
     from scopebench.policy import make_policy
@@ -81,18 +76,36 @@ def training_memory_check(settings: TrainSettings, processes: int = 1) -> None:
         return
     with torch.device("meta"):
         params = make_policy(settings.preset).num_params()
-    per_param = 4 + 4 + (0 if settings.no_optim else _ADAMW_STATE_BYTES)
-    what = f"{params / 1e9:.2f} B parameters x {per_param} bytes: fp32 weights, gradients"
+    optim = 0 if settings.no_optim else _ADAMW_STATE_BYTES
+    per_param = {"ddp": 4 + 4 + optim, "zero2": 4 + 4 + optim / world_size}.get(
+        settings.backend, (4 + 4 + optim) / world_size
+    )
+    what = f"{params / 1e9:.2f} B parameters x {per_param:g} bytes: fp32 weights, gradients"
     what += "" if settings.no_optim else " and AdamW state"
+    what += "" if settings.backend == "ddp" else f" ({settings.backend} over {world_size} ranks)"
     check_memory_fits(
         "preset",
         settings.preset,
-        needed_bytes=params * per_param,
+        needed_bytes=int(params * per_param),
         what=what + "; activations not counted",
         device=resolve_device(settings.device),
         override_key="check_memory",
         processes=processes,
     )
+
+
+def resolve_accelerate_file(settings: TrainSettings):
+    """The accelerate file of a run (``accelerate_config``, else the shipped one of ``backend``),
+    checked against ``backend``."""
+    from scopebench.train import load_accelerate_file, shipped_accelerate_file
+
+    file = load_accelerate_file(settings.accelerate_config or shipped_accelerate_file(settings.backend))
+    if file.backend != settings.backend:
+        raise ValueError(
+            f"accelerate_config {file.path} selects backend {file.backend}, but backend={settings.backend}; "
+            f"set backend={file.backend} or pass a {settings.backend} file"
+        )
+    return file
 
 
 def model_overrides(settings: TrainSettings) -> dict[str, Any]:
@@ -148,6 +161,13 @@ class PolicyTrainRun(RunLifecycle):
         keep_rows: Keep every recorded iteration's raw metrics on each rank (gathered into
             :attr:`rank_rows` by :meth:`loop`; the tools report every sample). Otherwise only
             when ``profiler_save_file`` writes them.
+        eval_batch_size: Under ZeRO-3, every rank computes the held-out validation loss of
+            the objective (:func:`~scopebench.policy.steps.validation_loss` on
+            ``fixed_eval_batch(dataset, eval_batch_size)``) before each callback, since a
+            forward needs every rank's parameter shard; it becomes :attr:`val_loss`.
+        resume_from: A checkpoint (folder, ``checkpoints/`` or output folder with a
+            ``last`` pointer) to continue from: weights, optimizer, scheduler, RNG states,
+            step count and data position (:mod:`scopebench.train.checkpoint`).
     """
 
     def __init__(
@@ -161,13 +181,34 @@ class PolicyTrainRun(RunLifecycle):
         output_dir: str | Path = "outputs",
         name: str = "pi05_train",
         keep_rows: bool = False,
+        eval_batch_size: int | None = None,
+        resume_from: str | Path | None = None,
     ) -> None:
+        import dataclasses
+        import warnings
+
         from scopebench.dist import check_local_nproc, get_dist_info
         from scopebench.profiler import ProfilerConfig
+        from scopebench.train import check_launcher_backend
+        from scopebench.train.checkpoint import resolve_checkpoint
 
         super().__init__()
         choice("task", task, TASKS)
+        if settings.backend == "zero3" and settings.torch_compile:
+            warnings.warn(
+                "torch_compile=true with backend=zero3: ZeRO-3 re-partitions parameters on every forward, which "
+                "compiled graphs do not handle; training runs eager",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            settings = dataclasses.replace(settings, torch_compile=False)
         self.settings = settings
+        self.accelerate_file = resolve_accelerate_file(settings) if task == "train" else None
+        check_launcher_backend(settings.backend if task == "train" else "ddp")
+        self.eval_batch_size = eval_batch_size
+        self.resume_from = None if resume_from is None else str(resolve_checkpoint(resume_from))
+        #: The held-out validation loss computed by every rank (ZeRO-3), before each callback.
+        self.val_loss: float | None = None
         self.dataset_root = str(dataset_root)
         self.chunk_size = chunk_size
         self.task = task
@@ -181,9 +222,13 @@ class PolicyTrainRun(RunLifecycle):
         device = resolve_device(settings.device)
         nproc = 1 if launcher.is_distributed else check_local_nproc("nproc_per_node", settings.nproc_per_node, device)
         self.nproc = nproc
+        world = launcher.world_size if launcher.is_distributed else nproc
         if task == "train":
+            conflict = backend_conflict(settings.backend, settings.gradient_checkpointing, settings.no_optim, world)
+            if conflict:
+                raise ValueError(conflict)
             local = nproc if device.type == "cpu" and not launcher.is_distributed else 1
-            training_memory_check(settings, processes=local)
+            training_memory_check(settings, processes=local, world_size=world)
         self.info = None
         self.device = device
         self.accelerator = None
@@ -193,6 +238,8 @@ class PolicyTrainRun(RunLifecycle):
         self.setup_time_sec: float | None = None
         self.peak = None
         self.flops_per_sample = 0
+        self._eval: tuple[dict, Any] | None = None
+        self._sampler = None
         self.rank_rows: list[list[dict[str, Any]]] = []
         #: Per rank, gathered at the end of :meth:`loop`: accelerate's world size and a
         #: checksum of the weights (equal on every rank when DDP keeps them in sync).
@@ -212,6 +259,8 @@ class PolicyTrainRun(RunLifecycle):
             "output_dir": str(self.output_dir),
             "name": self.name,
             "keep_rows": self.keep_rows,
+            "eval_batch_size": self.eval_batch_size,
+            "resume_from": self.resume_from,
         }
 
     def _start(self) -> None:
@@ -246,10 +295,15 @@ class PolicyTrainRun(RunLifecycle):
         self._stack.callback(release_accelerator)
         self.accelerator = acc = build_accelerator(
             AcceleratorSettings(
+                backend=s.backend if self.task == "train" else "ddp",
                 precision=s.precision,
                 find_unused_params=s.find_unused_params,
                 torch_compile=s.torch_compile,
                 timeout_sec=s.group_timeout_sec,
+                micro_batch_size=s.batch_size,
+                gradient_accumulation_steps=s.gradient_accumulation_steps,
+                grad_clip=s.grad_clip,
+                zero=self.accelerate_file.zero if self.accelerate_file else {},
             ),
             self.info,
             self.device,
@@ -262,8 +316,15 @@ class PolicyTrainRun(RunLifecycle):
             self.step = DataloaderStep(BatchStream(acc.prepare(loader)), preprocessor)
         else:
             model = policy_for_dataset(s.preset, dataset, **overrides).to(self.device)
+            self._sampler = loader.sampler
             self._build_training(model, loader, preprocessor)
             self.peak = peak_flops(self.device, s.precision, s.peak_tflops)
+            if self.eval_batch_size is not None and s.backend == "zero3":
+                from scopebench.policy.dataset import fixed_eval_batch
+
+                self._eval = (fixed_eval_batch(dataset, self.eval_batch_size), dataset.stats)
+            if self.resume_from is not None:
+                self._resume(self.resume_from)
         self.profiler = self._stack.enter_context(
             profiler_from_config(self.profiler_config, device=self.device, name=self.name, output_dir=self.output_dir)
         )
@@ -303,30 +364,88 @@ class PolicyTrainRun(RunLifecycle):
             preprocessor=preprocessor,
             grad_clip=s.grad_clip,
             gather_every=s.gather_every,
+            accumulation=s.gradient_accumulation_steps,
             memory=memory,
         )
 
+    # -- checkpoints -----------------------------------------------------------------
+    def training_state(self) -> dict[str, Any]:
+        """Where the run stands: optimizer steps done and the data position (same on every rank)."""
+        return {"step": self.step.steps, **self.step.batches.state()}
+
+    def save_checkpoint(self, output_dir: str | Path, files: dict[str, str] | None = None) -> Path:
+        """Every rank: write ``<output_dir>/checkpoints/<step>/`` (a collective; see
+        :func:`scopebench.train.checkpoint.save_checkpoint`), plus ``policy_config.json``."""
+        import dataclasses
+        import json
+
+        from scopebench.policy.checkpoint import POLICY_CONFIG_FILE
+        from scopebench.train.checkpoint import save_checkpoint
+
+        config = self.accelerator.unwrap_model(self.step.model).config
+        meta = {
+            **self.training_state(),
+            "backend": self.settings.backend,
+            "world_size": self.world_size,
+            "global_batch_size": self.global_batch_size,
+        }
+        policy = {"preset": self.settings.preset, "config": dataclasses.asdict(config)}
+        extra = {POLICY_CONFIG_FILE: json.dumps(policy, indent=2) + "\n", **(files or {})}
+        return save_checkpoint(self.accelerator, output_dir, self.step.steps, meta=meta, files=extra)
+
+    def _resume(self, checkpoint: str) -> None:
+        from scopebench.train.checkpoint import load_checkpoint
+
+        meta = load_checkpoint(self.accelerator, checkpoint, world_size=self.world_size, backend=self.settings.backend)
+        self.step.steps = meta["step"]
+        per_batch = self.settings.batch_size * self.world_size
+        self.step.batches.resume(meta["epoch"], meta["position"], self._sampler, per_batch)
+
     # -- the loop --------------------------------------------------------------------
-    def loop(self, callback: Callable[[], bool] | None = None) -> None:
+    def loop(
+        self, callback: Callable[[], bool] | None = None, before_callback: Callable[[], None] | None = None
+    ) -> None:
         """One step per iteration until rank 0's ``callback`` returns False, then every
-        rank's profiler rows are gathered into :attr:`rank_rows` (a collective)."""
+        rank's profiler rows are gathered into :attr:`rank_rows` (a collective).
+
+        ``before_callback`` runs on every rank at the top of each iteration (collective
+        work such as saving a checkpoint); under ZeRO-3 with ``eval_batch_size`` every rank
+        also computes :attr:`val_loss` there. Both count as callback time, not step time.
+        """
         from scopebench.dist import gather_objects
+        from scopebench.dist.launch import report_progress
 
         if self.step is None:
             raise RuntimeError("PolicyTrainRun.start() must run before loop()")
-        for _ in self.profiler.iterate(callback):
+        hooks = [h for h in (self._score_on_every_rank if self._eval else None, before_callback) if h]
+        every_rank = (lambda: [hook() for hook in hooks]) if hooks else None
+        for i in self.profiler.iterate(callback if self.rank == 0 else None, before_callback=every_rank):
             self.step(self.profiler)
+            report_progress(i)
         check = {"rank": self.rank, "accelerate_num_processes": self.accelerator.num_processes}
-        if self.model is not None:
+        if self.model is not None and self.settings.backend != "zero3":  # ZeRO-3: each rank holds a shard
             with torch.no_grad():
                 check["weights_checksum"] = float(sum(p.double().sum() for p in self.model.parameters()))
         gathered = gather_objects((list(self.profiler.rows), check))
         self.rank_rows = [rows for rows, _ in gathered]
         self.rank_checks = [c for _, c in gathered]
 
+    def _score_on_every_rank(self) -> None:
+        from scopebench.policy.steps import validation_loss
+
+        batch, stats = self._eval
+        self.val_loss = validation_loss(
+            self.accelerator.unwrap_model(self.step.model), batch, stats, self.settings.seed
+        )
+
     @property
     def world_size(self) -> int:
         return 1 if self.info is None else self.info.world_size
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step over all ranks: batch x ranks x accumulation."""
+        return self.settings.batch_size * self.world_size * self.settings.gradient_accumulation_steps
 
     @property
     def rank(self) -> int:
@@ -334,8 +453,9 @@ class PolicyTrainRun(RunLifecycle):
 
     @property
     def unwrapped_model(self):
-        """The policy without DDP / compile wrappers (None for the dataloader task)."""
-        if self.step is None or self.model is None:
+        """The policy without DDP / DeepSpeed / compile wrappers; None for the dataloader task
+        and under ZeRO-3, where this rank holds only a shard of each parameter."""
+        if self.step is None or self.model is None or self.settings.backend == "zero3":
             return None
         return self.accelerator.unwrap_model(self.step.model)
 
@@ -353,7 +473,7 @@ class PolicyTrainRun(RunLifecycle):
         """Throughput, FLOP/s, MFU and per-rank values derived from one iteration's metrics.
 
         ``step = total_time_sec - callback_time_sec`` (the step without benchopt's scoring);
-        ``samples_per_sec = batch_size x world_size / step`` (:func:`scopebench.stats.samples_per_sec`);
+        ``samples_per_sec = batch_size x world_size x gradient_accumulation_steps / step`` (:func:`scopebench.stats.samples_per_sec`);
         ``achieved_flops_per_sec = estimate_flops(global batch, "train") / step``;
         ``mfu = achieved / (peak of one device x world_size)``.
         """
@@ -361,7 +481,7 @@ class PolicyTrainRun(RunLifecycle):
 
         if "total_time_sec" not in metrics:
             return {}
-        batch = self.settings.batch_size * self.world_size
+        batch = self.global_batch_size if self.task == "train" else self.settings.batch_size * self.world_size
         rate = samples_per_sec(batch, metrics)
         step_sec = batch / rate if rate else None
         out: dict[str, Any] = {"samples_per_sec": rate}
@@ -406,6 +526,8 @@ def run_worker(
     output_dir: str,
     name: str,
     keep_rows: bool = False,
+    eval_batch_size: int | None = None,
+    resume_from: str | None = None,
 ) -> None:
     """Rank > 0 of a locally spawned run: the same loop as rank 0, without a callback."""
     run = PolicyTrainRun(
@@ -417,6 +539,8 @@ def run_worker(
         output_dir=output_dir,
         name=name,
         keep_rows=keep_rows,
+        eval_batch_size=eval_batch_size,
+        resume_from=resume_from,
     )
     with run:
         run.loop(None)

@@ -27,8 +27,12 @@ class NullProfiler(Profiler):
     def end_iteration(self) -> None:
         self.iteration += 1
 
-    def iterate(self, callback=None):
-        while self._should_continue(callback):
+    def iterate(self, callback=None, before_callback=None):
+        while True:
+            if before_callback is not None:
+                before_callback()
+            if not self._should_continue(callback):
+                return
             yield self.iteration
             self.iteration += 1
 

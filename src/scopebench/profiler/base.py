@@ -188,14 +188,20 @@ class Profiler:
         """Metrics of the last finished iteration; ``{}`` when it was not recorded."""
         return dict(self._current)
 
-    def iterate(self, callback: Callable[[], bool] | None = None) -> Iterator[int]:
+    def iterate(
+        self, callback: Callable[[], bool] | None = None, before_callback: Callable[[], None] | None = None
+    ) -> Iterator[int]:
         """The solver loop: ``for i in profiler.iterate(callback): <one iteration>``.
 
         Rank 0 calls ``callback`` (benchopt's) at the top of each iteration and every rank
         follows its decision, so all ranks stop together. Other ranks pass ``None``.
+        ``before_callback``, when given, runs on every rank just before (work all ranks
+        must do for the scoring or a checkpoint); its time counts in ``callback_time_sec``.
         """
         while True:
             start = time.perf_counter()
+            if before_callback is not None:
+                before_callback()
             go = self._should_continue(callback)
             callback_sec = time.perf_counter() - start
             if not go:

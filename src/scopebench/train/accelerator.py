@@ -18,27 +18,39 @@ process must not believe it runs under torchrun). accelerate keeps its state in
 process-wide singletons; :func:`release_accelerator` clears them so that the next run
 starts from scratch.
 
-``backend`` is the seam for the distributed-training issue: ``ddp`` today (plain DDP,
-or a single process); DeepSpeed ZeRO-2/3 will add a plugin here and nothing else changes
-for the caller, who already sends model, optimizer, scheduler and dataloader through
-``accelerator.prepare``.
+``backend`` selects how the model is wrapped: ``ddp`` (DistributedDataParallel with
+several ranks, nothing with one) or DeepSpeed ZeRO-2 / ZeRO-3 through accelerate's
+DeepSpeed plugin (:func:`deepspeed_config`). The caller sends model, optimizer, scheduler
+and dataloader through ``accelerator.prepare`` either way; under DeepSpeed the prepared
+model is the DeepSpeed engine, whose ``backward`` / ``step`` the training step calls
+itself (:class:`scopebench.policy.steps.TrainStep`). accelerate's DeepSpeed path needs
+``cpu=False`` even on a machine without CUDA (DeepSpeed then runs on the CPU over gloo),
+and the launcher variables for the whole run, not only the constructor (DeepSpeed reads
+``LOCAL_RANK`` in ``prepare``): :func:`release_accelerator` restores them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from scopebench.validate import choice, flag, number, optional
+from scopebench.train.accelerate_file import ZERO_STAGES
+from scopebench.validate import choice, flag, integer, number, optional
 
-__all__ = ["BACKENDS", "PRECISIONS", "AcceleratorSettings", "build_accelerator", "release_accelerator"]
+__all__ = [
+    "BACKENDS",
+    "PRECISIONS",
+    "AcceleratorSettings",
+    "build_accelerator",
+    "check_launcher_backend",
+    "deepspeed_config",
+    "release_accelerator",
+]
 
 #: Training backends (``ddp`` covers the single-process case).
-BACKENDS = ("ddp",)
+BACKENDS = ("ddp", "zero2", "zero3")
 #: Precision setting -> accelerate's ``mixed_precision``.
 PRECISIONS = {"fp32": "no", "bf16": "bf16"}
 _LAUNCHER_VARS = (
@@ -49,7 +61,16 @@ _LAUNCHER_VARS = (
     "MASTER_ADDR",
     "MASTER_PORT",
     "OMP_NUM_THREADS",
+    "ACCELERATE_USE_DEEPSPEED",
+    # Set by ``accelerate launch`` with a DeepSpeed file; the plugin refuses an explicit
+    # config while it is set, and the explicit config already holds the file's values.
+    "ACCELERATE_CONFIG_DS_FIELDS",
 )
+#: The environment as it was before :func:`build_accelerator` changed it (restored by
+#: :func:`release_accelerator`); None when nothing is to restore.
+_SAVED_ENV: dict[str, str | None] | None = None
+#: DeepSpeed's periodic log line, effectively off (the profiler reports the steps).
+_NEVER = 2**31 - 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,15 +78,23 @@ class AcceleratorSettings:
     """How the accelerator wraps the model."""
 
     backend: str = "ddp"
-    """``ddp`` (DistributedDataParallel when there are several ranks)."""
+    """``ddp`` (DistributedDataParallel when there are several ranks), ``zero2`` or ``zero3``."""
     precision: str = "fp32"
-    """``fp32``, or ``bf16`` autocast over fp32 weights."""
+    """``fp32``, or ``bf16`` autocast over fp32 weights (DeepSpeed: its bf16 mode)."""
     find_unused_params: bool = True
     """DDP's ``find_unused_parameters`` (walks the autograd graph every step when true)."""
     torch_compile: bool = False
     """Compile the prepared model with inductor (accelerate's dynamo plugin)."""
     timeout_sec: float | None = None
     """Collective timeout of a group accelerate creates itself (None: torch's default)."""
+    micro_batch_size: int = 1
+    """Samples per rank and micro-step (DeepSpeed's ``train_micro_batch_size_per_gpu``)."""
+    gradient_accumulation_steps: int = 1
+    """Micro-steps per optimizer step (DeepSpeed scales the loss by its inverse)."""
+    grad_clip: float = 0.0
+    """DeepSpeed's ``gradient_clipping`` (0: none); DDP clips in the training step."""
+    zero: dict[str, Any] = field(default_factory=dict)
+    """ZeRO knobs of the accelerate file (:func:`scopebench.train.accelerate_file.load_accelerate_file`)."""
 
     def __post_init__(self) -> None:
         choice("backend", self.backend, BACKENDS)
@@ -73,56 +102,105 @@ class AcceleratorSettings:
         flag("find_unused_params", self.find_unused_params)
         flag("torch_compile", self.torch_compile)
         optional(number, "group_timeout_sec", self.timeout_sec, low=0, low_open=True)
+        integer("batch_size", self.micro_batch_size, low=1)
+        integer("gradient_accumulation_steps", self.gradient_accumulation_steps, low=1)
+        number("grad_clip", self.grad_clip, low=0)
 
 
-@contextlib.contextmanager
-def _launcher_environment(info: Any) -> Iterator[None]:
-    """torchrun's variables for ``info``'s group while accelerate reads them; restored after."""
+def deepspeed_config(settings: AcceleratorSettings) -> dict[str, Any]:
+    """The DeepSpeed config of a ZeRO backend (precision is filled in by accelerate).
+
+    :Examples:
+
+    >>> cfg = deepspeed_config(AcceleratorSettings(backend="zero3", micro_batch_size=4, grad_clip=1.0))
+    >>> cfg["zero_optimization"]["stage"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_clipping"]
+    (3, 4, 1.0)
+    """
+    stage = ZERO_STAGES[settings.backend]
+    knobs = {"offload_optimizer_device": "none", "offload_param_device": "none", **settings.zero}
+    zero: dict[str, Any] = {"stage": stage, "offload_optimizer": {"device": knobs["offload_optimizer_device"]}}
+    if stage == 3:
+        zero["offload_param"] = {"device": knobs["offload_param_device"]}
+        zero["stage3_gather_16bit_weights_on_model_save"] = bool(knobs.get("zero3_save_16bit_model", False))
+    return {
+        "train_micro_batch_size_per_gpu": settings.micro_batch_size,
+        "gradient_accumulation_steps": settings.gradient_accumulation_steps,
+        "gradient_clipping": settings.grad_clip,
+        "zero_optimization": zero,
+        # torch's AdamW (fused or not) rather than DeepSpeed's JIT-built CPU/fused Adam.
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": _NEVER,
+        "wall_clock_breakdown": False,
+    }
+
+
+def check_launcher_backend(backend: str) -> None:
+    """Refuse a backend that disagrees with the DeepSpeed config ``accelerate launch`` was given.
+
+    Raises:
+        ValueError: naming the launcher's ZeRO stage and ``backend``.
+    """
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
+        return
+    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
+    wanted = next((name for name, s in ZERO_STAGES.items() if str(s) == stage), None)
+    if wanted != backend:
+        raise ValueError(
+            f"accelerate launch started this process with a DeepSpeed ZeRO-{stage or '?'} config, but "
+            f"backend={backend}: pass the same file with --accelerate-config, or set backend={wanted or 'zero2'}"
+        )
+
+
+def _export_launcher_environment(info: Any, deepspeed: bool) -> None:
+    """torchrun's variables for ``info``'s group, for accelerate and DeepSpeed to read during
+    the run; the previous values are kept for :func:`release_accelerator`."""
     import torch
 
-    saved = {key: os.environ.get(key) for key in _LAUNCHER_VARS}
-    try:
-        if info.world_size > 1:
-            os.environ.update(
-                RANK=str(info.rank),
-                WORLD_SIZE=str(info.world_size),
-                LOCAL_RANK=str(info.local_rank),
-                MASTER_ADDR=str(info.master_addr),
-                MASTER_PORT=str(info.master_port),
-            )
-            if info.source == "spawn":  # every spawned rank is on this machine
-                os.environ["LOCAL_WORLD_SIZE"] = str(info.world_size)
-        # accelerate resets the thread count in MULTI_CPU mode unless this is set; the run
-        # object has already chosen it.
-        os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    global _SAVED_ENV
+    if _SAVED_ENV is None:
+        _SAVED_ENV = {key: os.environ.get(key) for key in _LAUNCHER_VARS}
+    if info.world_size > 1:
+        os.environ.update(
+            RANK=str(info.rank),
+            WORLD_SIZE=str(info.world_size),
+            LOCAL_RANK=str(info.local_rank),
+            MASTER_ADDR=str(info.master_addr),
+            MASTER_PORT=str(info.master_port),
+        )
+        if info.source == "spawn":  # every spawned rank is on this machine
+            os.environ["LOCAL_WORLD_SIZE"] = str(info.world_size)
+    # accelerate resets the thread count in MULTI_CPU mode unless this is set; the run
+    # object has already chosen it.
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    # An explicit ``ddp`` must not pick up a DeepSpeed plugin from a launcher's variables.
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true" if deepspeed else "false"
+    os.environ.pop("ACCELERATE_CONFIG_DS_FIELDS", None)
 
 
 def build_accelerator(settings: AcceleratorSettings, info: Any, device: Any):
     """An ``Accelerator`` for this rank of the group described by ``info``.
 
     Args:
-        settings: Precision, DDP and compile options.
+        settings: Backend, precision, DDP and compile options.
         info: :class:`scopebench.dist.DistInfo` of the (already initialised) group.
-        device: ``torch.device`` this rank computes on; CPU runs use ``cpu=True``.
+        device: ``torch.device`` this rank computes on; CPU runs use ``cpu=True`` (DDP) or
+            DeepSpeed's CPU accelerator (ZeRO).
 
     Returns:
         The accelerator; its ``num_processes`` equals ``info.world_size``.
 
     Raises:
+        ValueError: a ZeRO backend with a single process (the run objects decline it earlier).
         RuntimeError: accelerate sees another world size than the group (a canary for
             the environment handling above).
     """
     import torch
     from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+    from accelerate.utils import DeepSpeedPlugin, DistributedDataParallelKwargs, InitProcessGroupKwargs
 
+    deepspeed = settings.backend in ZERO_STAGES
+    if deepspeed and info.world_size < 2:
+        raise ValueError(f"backend={settings.backend} needs at least 2 processes, got {info.world_size}")
     cpu = torch.device(device).type != "cuda"
     group_kwargs = {"backend": "gloo" if cpu else "nccl"}
     if settings.timeout_sec is not None:
@@ -131,16 +209,36 @@ def build_accelerator(settings: AcceleratorSettings, info: Any, device: Any):
     if info.world_size > 1:  # with one process a backend would make accelerate ask for a group
         handlers.append(InitProcessGroupKwargs(**group_kwargs))
     release_accelerator()  # a previous run's singletons must not leak into this one
-    with _launcher_environment(info):
-        accelerator = Accelerator(
-            cpu=cpu,
-            mixed_precision=PRECISIONS[settings.precision],
-            kwargs_handlers=handlers,
-            dynamo_backend="inductor" if settings.torch_compile else "no",
-            # The run object places the model and moves each batch itself (the
-            # ``dataload_wait``/``h2d`` regions), so accelerate must not do it inside ``next``.
-            device_placement=False,
+    _export_launcher_environment(info, deepspeed)
+    plugin = None
+    if deepspeed:
+        import logging
+
+        from deepspeed.utils import logger as deepspeed_logger
+
+        deepspeed_logger.setLevel(logging.WARNING)
+        # The values are passed twice: the plugin otherwise fills its own from a launcher's
+        # ACCELERATE_* variables (the accelerate file), and the training config wins.
+        plugin = DeepSpeedPlugin(
+            hf_ds_config=deepspeed_config(settings),
+            zero_stage=ZERO_STAGES[settings.backend],
+            gradient_accumulation_steps=settings.gradient_accumulation_steps,
+            gradient_clipping=settings.grad_clip,
+            zero3_init_flag=bool(settings.zero.get("zero3_init_flag")),
         )
+    accelerator = Accelerator(
+        cpu=cpu and not deepspeed,
+        mixed_precision=PRECISIONS[settings.precision],
+        kwargs_handlers=handlers,
+        deepspeed_plugin=plugin,
+        dynamo_backend="inductor" if settings.torch_compile else "no",
+        # One LR-schedule step per optimizer step (accelerate's default steps it once per
+        # process, so warmup_steps would count world_size times too fast).
+        step_scheduler_with_optimizer=False,
+        # The run object places the model and moves each batch itself (the
+        # ``dataload_wait``/``h2d`` regions), so accelerate must not do it inside ``next``.
+        device_placement=False,
+    )
     if accelerator.num_processes != info.world_size:
         raise RuntimeError(
             f"accelerate sees {accelerator.num_processes} process(es) but the group has {info.world_size} "
@@ -150,8 +248,16 @@ def build_accelerator(settings: AcceleratorSettings, info: Any, device: Any):
 
 
 def release_accelerator() -> None:
-    """Forget accelerate's process-wide state (the group itself belongs to DistSession)."""
+    """Forget accelerate's process-wide state and restore the launcher variables (the group
+    itself belongs to DistSession)."""
     from accelerate.state import AcceleratorState, GradientState
 
+    global _SAVED_ENV
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    saved, _SAVED_ENV = _SAVED_ENV, None
+    for key, value in (saved or {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

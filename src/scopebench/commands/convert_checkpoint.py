@@ -1,0 +1,67 @@
+"""Consolidate a DeepSpeed ZeRO checkpoint's shards into one ``model.safetensors`` (upstream ``convert_checkpoint.sh``).
+
+What it does: reads the ``pytorch_model/`` shards and ``latest`` of a checkpoint written by
+``scopebench train`` under ZeRO-2 or ZeRO-3 (DeepSpeed's ``zero_to_fp32``: the fp32 master
+weights of every rank's partition, put back together on one process, no GPU needed) and
+writes ``model.safetensors`` into the checkpoint folder, atomically. A DDP checkpoint
+already holds it (nothing to do). The file loads with
+``scopebench.policy.checkpoint.load_policy(<checkpoint>)`` (``make_policy`` on the saved
+``policy_config.json``, then the weights). Why: use the weights for inference or
+evaluation without the ranks and backend that trained them.
+
+How to run::
+
+    scopebench convert-checkpoint outputs/train/z3/checkpoints/000040
+    scopebench convert-checkpoint outputs/train/z3            # its checkpoints/last
+    scripts/convert_checkpoint.sh outputs/train/z3/checkpoints/000040
+
+Output: one line ``wrote <path> (<n> tensors, <m> parameters)``; JSON (``--json PATH``):
+``tool`` ("convert-checkpoint"), ``checkpoint``, ``model_file``, ``tensors``, ``parameters``,
+``backend``, ``step``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "consolidate ZeRO shards of a training checkpoint into model.safetensors"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="checkpoint folder, its checkpoints/ folder or the run's output folder")
+    parser.add_argument("--json", default=None, help="also write a JSON summary to this path")
+
+
+def run(args: argparse.Namespace) -> int:
+    from safetensors import safe_open
+
+    from scopebench.train.checkpoint import consolidate, read_step_file, resolve_checkpoint
+
+    try:
+        checkpoint = resolve_checkpoint(args.checkpoint)
+        meta = read_step_file(checkpoint)
+        path = consolidate(checkpoint)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"scopebench convert-checkpoint: {err}", file=sys.stderr)
+        return 2
+    with safe_open(str(path), "pt") as fh:
+        keys = list(fh.keys())
+        parameters = sum(_numel(fh.get_slice(key).get_shape()) for key in keys)
+    backend = meta.get("backend", "ddp")
+    note = " (a DDP checkpoint: already consolidated)" if backend == "ddp" else ""
+    print(f"wrote {path} ({len(keys)} tensors, {parameters} parameters){note}")
+    if args.json:
+        from scopebench.policy.tools import write_json
+
+        summary = {"tool": "convert-checkpoint", "checkpoint": str(checkpoint), "model_file": str(path)}
+        summary.update(tensors=len(keys), parameters=parameters, backend=backend, step=meta.get("step"))
+        write_json(args.json, summary)
+    return 0
+
+
+def _numel(shape) -> int:
+    out = 1
+    for dim in shape:
+        out *= int(dim)
+    return out

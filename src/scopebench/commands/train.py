@@ -1,0 +1,134 @@
+"""Train the policy with checkpoints and exact resume, on DDP, DeepSpeed ZeRO-2 or ZeRO-3.
+
+What it does: ``training.steps`` optimizer steps of the training step of ``Pi05Train``
+(:mod:`scopebench.policy.trainer`, the same :class:`~scopebench.policy.train_run.PolicyTrainRun`),
+logging loss, global samples/s and the phase means every ``--log_freq`` steps (a progress bar
+on a terminal), saving ``<output_dir>/checkpoints/<step:06d>/`` every ``--save_freq`` steps
+and at the end, with a ``checkpoints/last`` link. Why: to train for real and trust the
+checkpoints — a resumed run takes the steps the uninterrupted one would have taken.
+
+How to run::
+
+    scopebench train --config configs/policy/tiny.yml --output_dir outputs/train/tiny \\
+        --steps 40 --log_freq 5 --save_freq 20
+    scopebench train --config configs/policy/tiny.yml \\
+        --accelerate-config configs/accelerate/deepspeed_zero2.yaml --output_dir outputs/train/z2 --steps 40
+    scopebench train --config outputs/train/tiny/checkpoints/000020/train_config.yaml --resume true --steps 100
+    scopebench convert-checkpoint outputs/train/z3/checkpoints/last      # ZeRO shards -> model.safetensors
+
+With one process the run happens in this process. With several (``--nproc-per-node``, or
+the accelerate file's ``num_processes``) and no launcher around it, this command runs
+``accelerate launch --config_file <file> --num_processes N -m scopebench.cli train ...``
+(the same command by hand works too, as does ``torchrun`` or SLURM). ``--accelerate-config``
+chooses the backend (``configs/accelerate/ddp.yaml``, ``deepspeed_zero2.yaml``,
+``deepspeed_zero3.yaml``; default: the file of the config's ``backend``); where the file
+and the training config both set precision, gradient accumulation or clipping, the
+training config wins and the values in force are printed. Any config key is overridable
+(``--batch_size=8``, ``--training.save_freq=10``). A new run refuses an ``--output_dir``
+that already holds checkpoints; ``--resume true`` continues from the checkpoint whose
+``train_config.yaml`` is given, else from ``<output_dir>/checkpoints/last``. Resuming needs
+the same backend and number of ranks (both are in the saved config).
+
+Output: the log on rank 0's stdout. JSON (``--json``), keys: ``tool`` ("train"),
+``config``, ``start_step``, ``steps``, ``checkpoints`` (folders written), ``world_size``,
+``backend``, ``log`` (list of ``step``, ``train_loss``, ``samples_per_sec``,
+``phases_mean_sec``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = "train the policy with checkpoints and resume (DDP, DeepSpeed ZeRO-2/3)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from scopebench.commands._policy_options import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument(
+        "--accelerate-config", "--accelerate_config", dest="accelerate_config", default=None,
+        help="accelerate config file: the backend (configs/accelerate/*.yaml)",
+    )  # fmt: skip
+    parser.add_argument("--output_dir", "--output-dir", dest="output_dir", default=None, help="training.output_dir")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps in all (training.steps)")
+    parser.add_argument("--log_freq", "--log-freq", dest="log_freq", type=int, default=None, help="training.log_freq")
+    parser.add_argument(
+        "--save_freq", "--save-freq", dest="save_freq", type=int, default=None, help="training.save_freq"
+    )
+    parser.add_argument("--resume", choices=["true", "false"], default="false", help="continue from a checkpoint")
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None, dest="nproc_per_node")
+
+
+def run(args: argparse.Namespace) -> int:
+    from scopebench.dist import get_dist_info, writes_reports
+    from scopebench.policy.tools import load_config, write_json
+    from scopebench.policy.trainer import check_output_dir, train_policy
+    from scopebench.train import load_accelerate_file
+
+    try:
+        file = load_accelerate_file(args.accelerate_config) if args.accelerate_config else None
+        forced = {
+            "accelerate_config": str(Path(file.path).resolve()) if file else None,
+            "backend": file.backend if file else None,
+            "nproc_per_node": args.nproc_per_node or (file.num_processes if file else None),
+            "training.output_dir": args.output_dir,
+            "training.steps": args.steps,
+            "training.log_freq": args.log_freq,
+            "training.save_freq": args.save_freq,
+        }
+        config = load_config(args, **forced)
+        resume = args.resume == "true"
+        resume_from = _resume_point(args.config, config.training.output_dir) if resume else None
+        check_output_dir(config.training.output_dir, resume)
+        launcher = get_dist_info()
+        if not launcher.is_distributed and config.train.nproc_per_node > 1:
+            return _relaunch(args, config)
+        result = train_policy(config, resume_from=resume_from)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"scopebench train: {err}", file=sys.stderr)
+        return 2
+    if args.json and writes_reports():
+        write_json(args.json, {"tool": "train", "config": config.source, **result})
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _resume_point(config_path: str, output_dir: str):
+    """The checkpoint to resume: the one holding ``config_path``, else the output folder's
+    ``last`` (validated: a missing file is named)."""
+    from scopebench.train.checkpoint import CHECKPOINTS, resolve_checkpoint
+
+    folder = Path(config_path).resolve().parent
+    return resolve_checkpoint(folder if folder.parent.name == CHECKPOINTS else output_dir)
+
+
+def _relaunch(args: argparse.Namespace, config) -> int:
+    """``accelerate launch`` this command on ``nproc_per_node`` processes; their exit code."""
+    import subprocess
+
+    from scopebench.train import shipped_accelerate_file
+
+    file = config.train.accelerate_config or str(shipped_accelerate_file(config.train.backend))
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", file,
+        "--num_processes", str(config.train.nproc_per_node), "--num_machines", "1",
+        # the rendezvous on this host only, on a port accelerate finds free
+        "--main_process_ip", "127.0.0.1", "--main_process_port", "0",
+        "-m", "scopebench.cli", "train", "--config", args.config, "--resume", args.resume,
+    ]  # fmt: skip
+    for flag, value in (
+        ("--accelerate-config", args.accelerate_config),
+        ("--output_dir", args.output_dir),
+        ("--steps", args.steps),
+        ("--log_freq", args.log_freq),
+        ("--save_freq", args.save_freq),
+        ("--json", args.json),
+    ):
+        if value is not None:
+            command += [flag, str(value)]
+    command += list(args.overrides or [])
+    print(f"scopebench train: {config.train.nproc_per_node} processes through accelerate launch ({file})", flush=True)
+    return subprocess.call(command)

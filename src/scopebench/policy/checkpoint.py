@@ -1,0 +1,44 @@
+"""Load a trained policy from a ``scopebench train`` checkpoint.
+
+A checkpoint folder (:mod:`scopebench.train.checkpoint`) holds ``policy_config.json``
+(the preset and every field of the model's :class:`~scopebench.policy.config.Pi05Config`,
+which depend on the dataset's cameras and sizes) and, under DDP or after
+``scopebench convert-checkpoint``, ``model.safetensors``::
+
+    from scopebench.policy.checkpoint import load_policy
+    model = load_policy("outputs/train/tiny/checkpoints/last")
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["POLICY_CONFIG_FILE", "load_policy"]
+
+POLICY_CONFIG_FILE = "policy_config.json"
+
+
+def load_policy(checkpoint: str | Path, device: str = "cpu"):
+    """The policy of a checkpoint: ``make_policy`` on its config, then its weights (strict).
+
+    Raises:
+        FileNotFoundError: no finished checkpoint there, or no ``model.safetensors`` yet
+            (a ZeRO checkpoint: run ``scopebench convert-checkpoint`` first).
+    """
+    from safetensors.torch import load_file
+
+    from scopebench.policy import make_policy
+    from scopebench.train.checkpoint import MODEL_FILE, resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(checkpoint)
+    weights = checkpoint / MODEL_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(
+            f"{weights} is missing: a ZeRO checkpoint holds sharded weights; run "
+            f"`scopebench convert-checkpoint {checkpoint}` first"
+        )
+    saved = json.loads((checkpoint / POLICY_CONFIG_FILE).read_text())
+    model = make_policy(saved["preset"], **saved["config"])
+    model.load_state_dict(load_file(str(weights), device=str(device)))
+    return model.to(device)
