@@ -31,13 +31,15 @@ the same backend and number of ranks (both are in the saved config).
 
 Output: the log on rank 0's stdout. JSON (``--json``), keys: ``tool`` ("train"),
 ``config``, ``start_step``, ``steps``, ``checkpoints`` (folders written), ``world_size``,
-``backend``, ``log`` (list of ``step``, ``train_loss``, ``samples_per_sec``,
+``accelerate_num_processes``, ``backend``, ``log`` (list of ``step``, ``train_loss``, ``samples_per_sec``,
 ``phases_mean_sec``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 from pathlib import Path
 
@@ -86,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         launcher = get_dist_info()
         if not launcher.is_distributed and config.train.nproc_per_node > 1:
             return _relaunch(args, config)
-        result = train_policy(config, resume_from=resume_from)
+        with _exit_on_sigterm():
+            result = train_policy(config, resume_from=resume_from)
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench train: {err}", file=sys.stderr)
         return 2
@@ -94,6 +97,22 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.json, {"tool": "train", "config": config.source, **result})
         print(f"wrote {args.json}")
     return 0
+
+
+@contextlib.contextmanager
+def _exit_on_sigterm():
+    """SIGTERM (a launcher stopping the ranks after one died, SLURM at its time limit)
+    becomes ``SystemExit``, so the run is torn down and its failure report names the rank
+    that died, instead of the process vanishing mid-step."""
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _resume_point(config_path: str, output_dir: str):

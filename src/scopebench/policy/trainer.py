@@ -98,7 +98,8 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
 
     Returns:
         On every rank: ``start_step``, ``steps``, ``checkpoints`` (folders written),
-        ``world_size``, ``backend``, ``log`` (rank 0's log records).
+        ``world_size``, ``accelerate_num_processes`` (what accelerate sees), ``backend``,
+        ``log`` (rank 0's log records).
     """
     from scopebench.policy.tools import progress_bar
     from scopebench.policy.train_run import PolicyTrainRun
@@ -147,6 +148,7 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
             "steps": run.step.steps,
             "checkpoints": saved,
             "world_size": run.world_size,
+            "accelerate_num_processes": run.accelerator.num_processes,
             "backend": run.settings.backend,
             "log": log.records,
         }

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,13 +249,19 @@ def build_accelerator(settings: AcceleratorSettings, info: Any, device: Any):
 
 
 def release_accelerator() -> None:
-    """Forget accelerate's process-wide state and restore the launcher variables (the group
-    itself belongs to DistSession)."""
+    """Forget accelerate's and DeepSpeed's process-wide state and restore the launcher
+    variables (the group itself belongs to DistSession)."""
     from accelerate.state import AcceleratorState, GradientState
 
     global _SAVED_ENV
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    # DeepSpeed caches the process groups it made (its clone of the world group...) in
+    # module globals; the next run's group is a new one, so the cached ones must go.
+    groups = sys.modules.get("deepspeed.utils.groups")
+    release = getattr(groups, "_release_process_group_references", None)
+    if release is not None:
+        release(group=None)
     saved, _SAVED_ENV = _SAVED_ENV, None
     for key, value in (saved or {}).items():
         if value is None:

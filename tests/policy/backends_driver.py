@@ -1,0 +1,64 @@
+"""Run by ``tests/policy/test_backends.py`` under ``torchrun --nproc-per-node 2``: every backend
+trains the tiny policy 10 steps saving at step 5, then a second run resumes from step 5 to 10;
+a ZeRO-3 run also records the live model's validation loss. Each rank writes what it saw
+to ``<out>/facts_rank<r>.json``.
+
+One process group (created here, reused by every run) keeps start-up to one launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from scopebench.policy.settings import load_run_config
+from scopebench.policy.tools import StepCounter
+from scopebench.policy.train_run import PolicyTrainRun
+from scopebench.policy.trainer import train_policy
+
+TINY = Path(__file__).resolve().parents[2] / "configs" / "policy" / "tiny.yml"
+BACKENDS = ("ddp", "zero2", "zero3")
+
+
+def main(out: str, cache: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    facts: dict = {}
+    for backend in BACKENDS:
+        overrides = [
+            ("backend", backend),
+            ("find_unused_params", False),
+            ("dataset.cache_dir", cache),
+            ("training.output_dir", f"{out}/{backend}/full"),
+            ("training.steps", 10),
+            ("training.save_freq", 5),
+            ("training.log_freq", 5),
+        ]
+        config = load_run_config(TINY, overrides)
+        full = train_policy(config)
+        resumed_config = dataclasses.replace(
+            config, training=dataclasses.replace(config.training, output_dir=f"{out}/{backend}/resumed")
+        )
+        resumed = train_policy(resumed_config, resume_from=f"{out}/{backend}/full/checkpoints/000005")
+        facts[backend] = {"full": full, "resumed": resumed}
+    config = load_run_config(TINY, [("backend", "zero3"), ("dataset.cache_dir", cache)])
+    run = PolicyTrainRun(
+        config.train, dataset_root=config.dataset.materialize(), chunk_size=config.dataset.chunk_size, eval_batch_size=4
+    )
+    with run:
+        run.loop(StepCounter(3))
+        live = run.val_loss  # computed by every rank after the third step
+        checkpoint = run.save_checkpoint(f"{out}/zero3_live")
+    facts["zero3_live"] = {"val_loss": live, "checkpoint": str(checkpoint), "seed": config.train.seed}
+    Path(out, f"facts_rank{rank}.json").write_text(json.dumps(facts, indent=2))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

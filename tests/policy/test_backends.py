@@ -1,0 +1,138 @@
+"""DDP, DeepSpeed ZeRO-2 and ZeRO-3 on two gloo ranks: benchopt runs, exact resume, consolidation.
+
+The slow tests launch real ranks (torchrun, benchopt's local spawn); DeepSpeed runs on the
+CPU over gloo (its first use builds a small op, cached in ``~/.cache/torch_extensions``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import REPO
+
+from scopebench.runs import run_benchopt
+
+BACKENDS = ("ddp", "zero2", "zero3")
+DRIVER = Path(__file__).with_name("backends_driver.py")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """:mod:`backends_driver` on two ranks: (output folder, [facts of rank 0, of rank 1], dataset cache)."""
+    out = tmp_path_factory.mktemp("backends")
+    cache = tmp_path_factory.mktemp("datasets")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + [str(DRIVER), str(out), str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    facts = [json.loads((out / f"facts_rank{r}.json").read_text()) for r in (0, 1)]
+    return out, facts, cache
+
+
+def _weights(checkpoint: Path) -> dict:
+    from safetensors.torch import load_file
+
+    from scopebench.train.checkpoint import consolidate
+
+    return load_file(str(consolidate(checkpoint)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_resumed_run_ends_on_the_uninterrupted_weights(trained, backend):
+    out, facts, _ = trained
+    full = _weights(out / backend / "full" / "checkpoints" / "000010")
+    resumed = _weights(out / backend / "resumed" / "checkpoints" / "000010")
+    assert full.keys() == resumed.keys() and len(full) > 50
+    worst = max(float((full[k] - resumed[k]).abs().max()) for k in full)
+    assert worst <= 1e-6, f"{backend}: resumed weights differ by {worst}"
+    for rank_facts in facts:
+        assert rank_facts[backend]["resumed"]["start_step"] == 5 and rank_facts[backend]["resumed"]["steps"] == 10
+        assert rank_facts[backend]["full"]["world_size"] == 2
+        assert rank_facts[backend]["full"]["accelerate_num_processes"] == 2  # accelerate sees both ranks
+
+
+@pytest.mark.slow
+def test_the_checkpoints_hold_the_layout_of_their_backend(trained):
+    out, _, _ = trained
+    ddp = out / "ddp" / "full" / "checkpoints"
+    assert (ddp / "last").resolve().name == "000010" and (ddp / "000005" / "model.safetensors").is_file()
+    zero = out / "zero3" / "full" / "checkpoints" / "000005"
+    assert (zero / "pytorch_model").is_dir() and (zero / "latest").is_file()
+    for folder in (ddp / "000005", zero):
+        step = json.loads((folder / "training_step.json").read_text())
+        assert step["step"] == 5 and step["world_size"] == 2 and step["position"] == 5
+        assert yaml.safe_load((folder / "train_config.yaml").read_text())["training"]["steps"] == 10
+    assert not [p for p in ddp.iterdir() if p.name.startswith(".")]  # no temporary folder left
+
+
+@pytest.mark.slow
+def test_a_zero3_checkpoint_converts_to_weights_that_give_the_live_loss(trained):
+    from scopebench.policy.checkpoint import load_policy
+    from scopebench.policy.dataset import RobotDataset, fixed_eval_batch
+    from scopebench.policy.settings import DatasetSettings
+    from scopebench.policy.steps import validation_loss
+
+    _, facts, cache = trained
+    live = facts[0]["zero3_live"]
+    assert facts[1]["zero3_live"]["val_loss"] == live["val_loss"]  # every rank ran the same forward
+    checkpoint = Path(live["checkpoint"])
+    assert not (checkpoint / "model.safetensors").exists()
+    with pytest.raises(FileNotFoundError, match="convert-checkpoint"):
+        load_policy(checkpoint)
+    code = subprocess.run([sys.executable, "-m", "scopebench.cli", "convert-checkpoint", str(checkpoint)]).returncode
+    assert code == 0 and (checkpoint / "model.safetensors").is_file()
+    model = load_policy(checkpoint)
+    root = DatasetSettings(cache_dir=str(cache)).materialize()
+    dataset = RobotDataset(root, chunk_size=8)
+    loss = validation_loss(model, fixed_eval_batch(dataset, 4), dataset.stats, seed=live["seed"])
+    assert math.isclose(loss, live["val_loss"], rel_tol=1e-6), (loss, live["val_loss"])
+
+
+@pytest.fixture(scope="module")
+def three_backends(tmp_path_factory):
+    """``Pi05Train`` under benchopt on 2 local ranks, once per backend, 3 steps each."""
+    config = tmp_path_factory.mktemp("backends_benchopt") / "backends.yml"
+    solver = {"nproc_per_node": 2, "backend": list(BACKENDS), "find_unused_params": False, "profiler_warmup": 0}
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "dataset": ["synthetic_robot"],
+                "solver": [{"Pi05Train": solver}],
+                "max-runs": 3,
+                "n-repetitions": 1,
+                "timeout": 600,
+            }
+        )
+    )
+    run = run_benchopt(REPO, config, output=config.with_suffix(".parquet"), timeout_sec=900)
+    return pd.read_parquet(run.parquet)
+
+
+@pytest.mark.slow
+def test_each_backend_trains_under_benchopt_and_the_first_step_agrees(three_backends):
+    df = three_backends
+    after_one = {}
+    for backend in BACKENDS:
+        rows = df[df.solver_name.str.contains(f"backend={backend}")].sort_values("stop_val")
+        assert len(rows) == 4, backend  # stop_val 0..3
+        recorded = rows[rows["objective_total_time_sec"].notna()]
+        assert (recorded["objective_world_size"] == 2).all()
+        assert recorded["objective_train_loss"].map(math.isfinite).all(), backend
+        assert rows["objective_val_loss"].map(math.isfinite).all(), backend
+        after_one[backend] = float(rows[rows.stop_val == 1]["objective_val_loss"].iloc[0])
+    ref = after_one["ddp"]
+    for backend, loss in after_one.items():
+        assert abs(loss - ref) <= 1e-3 * abs(ref), after_one

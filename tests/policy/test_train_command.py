@@ -1,0 +1,197 @@
+"""``scopebench train`` and ``convert-checkpoint``: refusals before any work, logs, checkpoints,
+resume from a saved config, several ranks through ``accelerate launch``, ranks that die or hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import psutil
+import pytest
+
+from scopebench.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = str(REPO / "configs" / "policy" / "tiny.yml")
+ACCELERATE = REPO / "configs" / "accelerate"
+
+NUM = {"type": "number"}
+TRAIN_SCHEMA = {
+    "type": "object",
+    "required": ["tool", "config", "start_step", "steps", "checkpoints", "world_size", "backend", "log"],
+    "properties": {
+        "tool": {"const": "train"},
+        "start_step": {"type": "integer", "minimum": 0},
+        "steps": {"type": "integer", "minimum": 1},
+        "checkpoints": {"type": "array", "items": {"type": "string"}},
+        "backend": {"enum": ["ddp", "zero2", "zero3"]},
+        "log": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["step", "train_loss", "samples_per_sec", "phases_mean_sec"],
+                "properties": {"step": {"type": "integer"}, "samples_per_sec": NUM},
+            },
+        },
+    },
+}
+
+
+@pytest.fixture
+def data_args(robot_data):
+    return ["--config", TINY, f"--dataset.cache_dir={robot_data[0].cache_dir}"]
+
+
+def train(args, capsys):
+    code = main(["train", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_gradient_checkpointing_with_zero3_is_refused_before_anything_starts(data_args, tmp_path, capsys):
+    start = time.perf_counter()
+    code, _, err = train(
+        [*data_args, "--accelerate-config", str(ACCELERATE / "deepspeed_zero3.yaml"), "--gradient_checkpointing=true"]
+        + ["--output_dir", str(tmp_path / "run")],
+        capsys,
+    )
+    assert code == 2 and "gradient_checkpointing=true cannot run with backend=zero3" in err and "zero2" in err
+    assert not (tmp_path / "run").exists() and time.perf_counter() - start < 10  # no process, no folder
+
+
+@pytest.mark.parametrize(
+    ("make", "missing"),
+    [
+        (lambda ckpt: (ckpt / "model.safetensors").write_bytes(b"x"), "training_step.json is missing"),
+        (lambda ckpt: (ckpt / "training_step.json").write_text('{"step": 2, "backend": "ddp"}'), "model.safetensors"),
+    ],
+)
+def test_resuming_from_an_unfinished_checkpoint_names_the_missing_file(data_args, tmp_path, capsys, make, missing):
+    checkpoints = tmp_path / "run" / "checkpoints"
+    (checkpoints / "000002").mkdir(parents=True)
+    make(checkpoints / "000002")
+    (checkpoints / "last").symlink_to("000002")
+    code, _, err = train([*data_args, "--output_dir", str(tmp_path / "run"), "--resume", "true"], capsys)
+    assert code == 2 and missing in err, err
+
+
+def test_a_new_run_refuses_a_folder_with_checkpoints(data_args, tmp_path, capsys):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "last").symlink_to("000004")
+    code, _, err = train([*data_args, "--output_dir", str(tmp_path / "run")], capsys)
+    assert code == 2 and "--resume true" in err and "already holds checkpoints" in err
+
+
+@pytest.mark.slow
+def test_train_logs_saves_and_resumes_from_the_saved_config(data_args, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["--output_dir", str(run), "--steps", "4", "--log_freq", "2", "--save_freq", "2"]
+    code, out, err = train([*data_args, *args, "--json", str(tmp_path / "a.json")], capsys)
+    assert code == 0, err
+    first = json.loads((tmp_path / "a.json").read_text())
+    jsonschema.validate(first, TRAIN_SCHEMA)
+    assert first["start_step"] == 0 and first["steps"] == 4 and [r["step"] for r in first["log"]] == [2, 4]
+    assert [Path(p).name for p in first["checkpoints"]] == ["000002", "000004"]
+    assert "in force: precision=fp32 (the training config; ddp.yaml says mixed_precision=bf16)" in out
+    assert any(
+        line.startswith("step 2/4 loss=") and "samples/s" in line and "bwd=" in line for line in out.splitlines()
+    )
+    assert (run / "checkpoints" / "last").resolve().name == "000004"
+
+    saved = run / "checkpoints" / "000002" / "train_config.yaml"
+    code, out, err = train(
+        ["--config", str(saved), "--resume", "true", "--steps", "6", "--json", str(tmp_path / "b.json")], capsys
+    )
+    assert code == 0, err
+    second = json.loads((tmp_path / "b.json").read_text())
+    jsonschema.validate(second, TRAIN_SCHEMA)
+    assert second["start_step"] == 2 and second["steps"] == 6
+    assert [Path(p).name for p in second["checkpoints"]] == ["000004", "000006"]  # 000004 rewritten
+    assert "resumed from" in out and "at step 2 (epoch 0, batch 2" in out
+    assert json.loads((run / "checkpoints" / "000004" / "training_step.json").read_text())["step"] == 4
+    assert (run / "checkpoints" / "last").resolve().name == "000006"
+
+
+def _scopebench(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "scopebench.cli", *args], capture_output=True, text=True, timeout=600, **kwargs
+    )
+
+
+@pytest.mark.slow
+def test_two_ranks_go_through_accelerate_launch_and_convert(data_args, tmp_path):
+    from scopebench.policy.checkpoint import load_policy
+
+    run = tmp_path / "z2"
+    proc = _scopebench(
+        "train", *data_args, "--accelerate-config", str(ACCELERATE / "deepspeed_zero2.yaml"),
+        "--output_dir", str(run), "--steps", "3", "--log_freq", "3", "--find_unused_params=false",
+    )  # fmt: skip
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-5000:]
+    assert "2 processes through accelerate launch" in log and "ranks=2 backend=zero2" in log
+    assert "optim_step = engine.step" in log  # the phases' contents under ZeRO-2
+    checkpoint = run / "checkpoints" / "000003"
+    assert (checkpoint / "random_states_1.pkl").is_file() and not (checkpoint / "model.safetensors").exists()
+    script = subprocess.run(
+        [str(REPO / "scripts" / "convert_checkpoint.sh"), str(checkpoint)], capture_output=True, text=True
+    )
+    assert script.returncode == 0 and "wrote" in script.stdout, script.stderr
+    model = load_policy(checkpoint)
+    assert model.num_params() == sum(p.numel() for p in model.parameters()) > 0
+
+
+def _signal_rank_1(proc: subprocess.Popen, sig: int, after_line: str) -> tuple[list[str], float]:
+    """Read ``proc``'s output until ``after_line`` starts a line, then send ``sig`` to its rank 1."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(after_line):
+            break
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            rank = child.environ().get("RANK")
+            cmdline = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if rank == "1" and "scopebench.cli" in cmdline:
+            os.kill(child.pid, sig)
+            return lines, time.monotonic()
+    raise AssertionError("rank 1 not found:\n" + "".join(lines))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sig", "expected", "limit"),
+    [
+        (signal.SIGKILL, "rank 1 died after iteration", 60),
+        (signal.SIGSTOP, "rank 1 is stopped (SIGSTOP or a debugger) after iteration", 5 + 45),
+    ],
+)
+def test_a_rank_that_dies_or_hangs_fails_the_run_naming_it(data_args, tmp_path, sig, expected, limit):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scopebench.cli", "train", *data_args, "--nproc-per-node", "2"]
+        + ["--output_dir", str(tmp_path / "run"), "--steps", "2000", "--log_freq", "2", "--group_timeout_sec=5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines, sent = _signal_rank_1(proc, sig, "step 4/")
+        rest = proc.communicate(timeout=limit + 30)[0]
+        elapsed = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = "".join(lines) + rest
+    assert proc.returncode != 0 and elapsed < limit, (elapsed, log[-4000:])
+    assert expected in log, log[-4000:]
+    if sig == signal.SIGKILL:  # the launcher's report gives the signal
+        assert "exitcode: -9" in log and "local_rank: 1" in log, log[-4000:]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
