@@ -30,4 +30,8 @@ class Solver(TrainSolverMixin, BaseSolver):
         "nproc_per_node": [1],
         "group_timeout_sec": [None],
         "device": ["auto"],
+        # The cell's SLURM job under the submitit backend (its tasks are the ranks); not run settings.
+        "slurm_gres": [None],
+        "slurm_nodes": [1],
+        "slurm_ntasks_per_node": [None],
     }

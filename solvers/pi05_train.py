@@ -3,10 +3,11 @@
 Phases ``dataload_wait``, ``forward``, ``bwd``, ``unscale_clip``, ``optim_step``,
 ``zero_grad_sched``, ``sync_gather`` (see ``scopebench.policy.steps``); reports global
 ``samples_per_sec``, ``steps_per_sec``, per-rank and worst-rank peak memory, achieved
-FLOP/s and MFU, ``setup_time_sec``, ``world_size`` and ``backend``. Ranks come from
+FLOP/s and MFU, ``setup_time_sec`` and ``world_size``. Ranks come from
 torchrun / SLURM or are spawned locally (``nproc_per_node``); ``backend`` is ``ddp``,
 ``zero2`` or ``zero3`` (DeepSpeed ZeRO through accelerate, ZeRO knobs from
-``configs/accelerate/``; declined on one process). Every parameter is a field of
+``configs/accelerate/``; declined on one process). Every parameter but the
+``slurm_*`` ones (the cell's SLURM job) is a field of
 ``scopebench.policy.settings.TrainSettings`` (documented there).
 """
 
@@ -52,4 +53,8 @@ class Solver(TrainSolverMixin, BaseSolver):
         "peak_tflops": [None],
         "check_memory": [True],
         "device": ["auto"],
+        # The cell's SLURM job under the submitit backend (its tasks are the ranks); not run settings.
+        "slurm_gres": [None],
+        "slurm_nodes": [1],
+        "slurm_ntasks_per_node": [None],
     }

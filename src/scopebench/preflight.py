@@ -55,13 +55,15 @@ __all__ = [
 #: when the cell is invalid, returns the reason when the solver would decline it (skip) and
 #: ``None`` when it runs. ``launcher_world_size`` is the number of SLURM tasks of the cell's
 #: job, ``None`` when the cell runs as one process (which may spawn its own ranks). Hooks
-#: live in :mod:`scopebench.preflight_checks`; a benchmark adds its solvers here (the policy
-#: benchmark's ``Pi05Train``/``Pi05Inference`` have none yet: their cells are expanded and
-#: their jobs rendered, their values not checked).
+#: live in :mod:`scopebench.preflight_checks`; a benchmark adds its solvers here. A solver
+#: without a hook has its cells expanded and its jobs rendered, its values not checked.
 CELL_CHECKS: dict[str, str] = {
     "PnP": "scopebench.preflight_checks:imaging_inference_cell",
     "Denoiser": "scopebench.preflight_checks:imaging_inference_cell",
     "UnrolledPnP": "scopebench.preflight_checks:imaging_training_cell",
+    "Pi05Train": "scopebench.preflight_checks:policy_train_cell",
+    "Pi05Dataloader": "scopebench.preflight_checks:policy_train_cell",
+    "Pi05Inference": "scopebench.preflight_checks:policy_inference_cell",
 }
 
 

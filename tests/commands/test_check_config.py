@@ -17,7 +17,10 @@ EXPERIMENTS = {
     "benchmark_inference": sorted((REPO / "benchmark_inference" / "configs" / "experiments").glob("*.yml")),
     "benchmark_training": sorted((REPO / "benchmark_training" / "configs" / "experiments").glob("*.yml")),
 }
+#: The policy benchmark's benchopt run configs (repository root; configs/policy/ holds `scopebench train` configs).
+POLICY = sorted((REPO / "configs").glob("*.yml"))
 SHIPPED = [(bench, p) for bench in EXPERIMENTS for p in sorted((REPO / bench / "configs").rglob("*.yml"))]
+SHIPPED += [(".", p) for p in POLICY]
 
 FRAMES = "multiframe_superres[image_size=32,num_operators=2,scale=2]"
 
@@ -219,3 +222,67 @@ def test_sbatch_preview_holds_the_cell_resources(tmp_path, capsys):
     assert " nsys profile -o 'outputs/nsys/%q{SLURM_JOB_ID}_rank%q{SLURM_PROCID}'" in out
     # The cell is not profiled with profiler_mode: nvidia, so nsys would record nothing.
     assert "only profiler_mode: nvidia calls" in out
+
+
+@pytest.mark.parametrize("path", POLICY, ids=lambda p: p.name)
+def test_accepts_the_shipped_policy_configs(path, capsys):
+    code = main(["check-config", str(REPO), "--config", str(path), "--parallel-config", SLURM, "--cluster", "slurm"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "nothing was submitted" in out and "no preflight hook" not in out, out
+
+
+def _policy_config(tmp_path: Path, solvers: str) -> Path:
+    path = tmp_path / "policy.yml"
+    path.write_text(f"dataset:\n  - synthetic_robot\nsolver:\n{solvers}max-runs: 2\n")
+    return path
+
+
+def test_policy_invalid_values_name_their_key(tmp_path):
+    config = _policy_config(
+        tmp_path, "  - Pi05Train[batch_size=0]\n  - Pi05Dataloader[batch_size=0]\n  - Pi05Inference[num_steps=0]\n"
+    )
+    report = preflight(REPO, config)
+    assert report.errors == {
+        1: "batch_size must be an integer >= 1, got 0",
+        2: "batch_size must be an integer >= 1, got 0",
+        3: "num_steps must be an integer >= 1, got 0",
+    }
+    assert not report.unchecked
+
+
+def test_policy_zero_on_one_process_is_declined(tmp_path):
+    from scopebench.policy.settings import backend_conflict
+
+    config = _policy_config(
+        tmp_path,
+        "  - Pi05Train[backend=[ddp, zero2],nproc_per_node=1]\n"
+        "  - Pi05Train[backend=zero3,gradient_checkpointing=True,nproc_per_node=2]\n",
+    )
+    report = preflight(REPO, config)
+    assert report.ok, report.errors
+    # What Solver.skip returns; benchopt asks it before set_objective, which would refuse cell 3.
+    assert report.skips == {
+        2: backend_conflict("zero2", False, False, world_size=1),
+        3: backend_conflict("zero3", True, False, world_size=2),
+    }
+    assert "needs at least 2 processes, got 1" in report.skips[2]
+
+
+def test_policy_slurm_tasks_are_the_ranks(tmp_path, capsys):
+    """Under 2 SLURM tasks nproc_per_node is 1 or 2 (nothing spawned), and ZeRO-2 has its 2 ranks."""
+    config = _policy_config(
+        tmp_path,
+        '  - Pi05Train:\n      "backend, nproc_per_node, slurm_ntasks_per_node":\n'
+        "        - [zero2, 1, 2]\n        - [ddp, 2, 2]\n        - [ddp, 3, 2]\n",
+    )
+    code = main(["check-config", str(REPO), "--config", str(config), "--parallel-config", SLURM, "--cluster", "slurm"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip().startswith("#")}
+    assert lines["#1"].endswith(": ok") and lines["#2"].endswith(": ok"), out
+    assert (
+        "INVALID" in lines["#3"]
+        and "nproc_per_node=3 disagrees with the launcher's world size 2 (the job's SLURM tasks)" in lines["#3"]
+    ), out
+    assert "1 invalid cell(s)" in out

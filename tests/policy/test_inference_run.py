@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from scopebench.policy.inference_run import InferenceRun, fit_latency
+from scopebench.policy.phases import INFERENCE_PHASES
 from scopebench.policy.settings import InferenceSettings
-from scopebench.policy.steps import INFERENCE_PHASES
 from scopebench.stats import median
 
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
+from scopebench.policy.phases import DATALOADER_PHASES
 from scopebench.policy.settings import TrainSettings
-from scopebench.policy.steps import DATALOADER_PHASES
 from scopebench.policy.train_run import PolicyTrainRun
 from scopebench.stats import median
 

@@ -107,6 +107,12 @@ CASES = {
         [config_rows("PnP", {"gradient": 0.01, "denoise": 0.02}, suffix="_cpu_sec", extra={"gradient_comm_sec": 0.001}, objective="Imaging inference")],
         "communication is 50.",
     ),
+    "backend-comparison": (
+        "backend-comparison",
+        [train(params={"backend": "zero2"}), train({"forward": 0.015, "bwd": 0.030}, params={"backend": "zero3"})],
+        [train({"forward": 0.015, "bwd": 0.030}, params={"backend": "zero3"})],
+        "zero3 is 1.47x slower than zero2 (median step 46.600 ms vs 31.600 ms, +15.000 ms): forward +5.000 ms, bwd +10.000 ms",
+    ),
 }  # fmt: skip
 
 

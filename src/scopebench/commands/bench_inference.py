@@ -78,7 +78,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
     from pathlib import Path
 
     from scopebench.policy.inference_run import InferenceRun
-    from scopebench.policy.steps import INFERENCE_PHASES
+    from scopebench.policy.phases import INFERENCE_PHASES
     from scopebench.policy.tools import (
         StepCounter,
         environment_info,

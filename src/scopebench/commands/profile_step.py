@@ -140,7 +140,7 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
 
 def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float) -> dict:
     """The JSON summary (see the module docstring) from rank 0's per-step metrics."""
-    from scopebench.policy.steps import PHASE_CONTENTS, TRAIN_PHASES
+    from scopebench.policy.phases import TRAIN_PHASES, describe_phases
     from scopebench.policy.tools import environment_info, settings_dict, summary_sec
 
     step_times = [m["total_time_sec"] - m.get("callback_time_sec", 0.0) for m in per_step]
@@ -167,7 +167,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
         "measured": len(per_step),
         "world_size": run.world_size,
         "backend": s.backend,
-        "phase_contents": PHASE_CONTENTS[s.backend],
+        "phase_contents": describe_phases(s.backend),
         "batch_size": s.batch_size,
         "gradient_accumulation_steps": s.gradient_accumulation_steps,
         "num_workers": s.num_workers,
@@ -205,7 +205,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
 
 def format_report(report: dict) -> str:
     """The upstream ``profile_step`` text layout."""
-    from scopebench.policy.steps import TRAIN_PHASES
+    from scopebench.policy.phases import TRAIN_PHASES
     from scopebench.policy.tools import format_ms_stats
 
     lines = [

@@ -51,6 +51,7 @@ __all__ = [
     "WORKER_TARGET_ENV",
     "DistSession",
     "RankFailure",
+    "check_launcher_nproc",
     "check_local_nproc",
     "default_backend",
     "report_progress",
@@ -94,6 +95,22 @@ def check_local_nproc(key: str, nproc: object, device: str = "cpu") -> int:
             f"use at most {cores}, or start the ranks with torchrun or SLURM"
         )
     return nproc
+
+
+def check_launcher_nproc(key: str, nproc: int, world_size: int, source: str) -> None:
+    """Under a launcher its ranks are the run's and nothing is spawned: ``nproc`` (the
+    ``nproc_per_node`` setting...) must be 1 or the launcher's world size.
+
+    :Examples:
+        >>> check_launcher_nproc("nproc_per_node", 3, 2, "slurm")
+        Traceback (most recent call last):
+        ...
+        ValueError: nproc_per_node=3 disagrees with the launcher's world size 2 (slurm): set it to 1 or 2
+    """
+    if nproc not in (1, world_size):
+        raise ValueError(
+            f"{key}={nproc} disagrees with the launcher's world size {world_size} ({source}): set it to 1 or {world_size}"
+        )
 
 
 class DistSession:
@@ -140,11 +157,8 @@ class DistSession:
         self.created_group = False
         self._spawn: LocalSpawn | None = None
         self._store = None
-        if self.info.is_distributed and nproc not in (1, self.info.world_size):
-            raise ValueError(
-                f"nproc={nproc} disagrees with the launcher's world size "
-                f"{self.info.world_size} ({self.info.source})"
-            )
+        if self.info.is_distributed:
+            check_launcher_nproc("nproc", nproc, self.info.world_size, self.info.source)
         if not self.info.is_distributed and nproc > 1:
             if worker is None or ":" not in worker:
                 raise ValueError(f"spawning {nproc - 1} workers needs worker='module:function', got {worker!r}")

@@ -197,6 +197,11 @@ class InferenceRun(RunLifecycle):
         self.profiler.keep_rows |= self.keep_rows
         self.setup_time_sec = time.perf_counter() - begin
 
+    @property
+    def rank(self) -> int:
+        """Always 0: an inference run is one process, which drives its own loop."""
+        return 0
+
     def timed_call(self, num_steps: int | None = None) -> float:
         """Seconds of one unprofiled call (synchronised on CUDA), as the warm-up times it."""
         from scopebench.profiler import create_profiler

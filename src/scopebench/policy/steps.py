@@ -1,32 +1,9 @@
 """One training step, one dataloader step and one action-chunk inference, in named phases.
 
 The run objects (:mod:`~scopebench.policy.train_run`, :mod:`~scopebench.policy.inference_run`)
-call these with a profiler; each phase is a profiler region, and the tuples below are the
-one source of the phase names (solvers, command-line tools and tests read them here). The
-model itself never sees the profiler (STYLE.md rule 3).
-
-Training phases (the upstream ``profile_step`` breakdown):
-
-* ``dataload_wait``: the next batch, host preprocessing (tokenize, normalise, pad) and the
-  copy to the device;
-* ``forward``: the forward pass and the weighted loss;
-* ``bwd``: the backward pass, including DDP's gradient all-reduce;
-* ``unscale_clip``: gradient unscaling (fp16) and clipping;
-* ``optim_step``: the optimizer step;
-* ``zero_grad_sched``: ``zero_grad`` and the LR scheduler step;
-
-With gradient accumulation, ``dataload_wait``, ``forward`` and ``bwd`` cover all the
-micro-batches of the step (DDP synchronises gradients on the last one only). Under
-DeepSpeed ZeRO (:data:`PHASE_CONTENTS`) the engine does more inside two phases: ``bwd`` is
-``engine.backward`` with its gradient reduce (ZeRO-2) or reduce-scatter and parameter
-all-gathers (ZeRO-3) in hooks, ``optim_step`` is ``engine.step`` (clipping, AdamW on this
-rank's shard, ``zero_grad`` and, ZeRO-2, the all-gather of the updated parameters), so
-``unscale_clip`` is empty and ``zero_grad_sched`` holds only the LR schedule; under ZeRO-3
-``forward`` also all-gathers every layer's parameters;
-* ``sync_gather``: the per-step gathers of loss terms and memory peaks across ranks and
-  their ``.tolist()`` (every ``gather_every`` steps; the region is empty otherwise).
-
-``backward_step`` (derived) is ``bwd`` through ``zero_grad_sched``.
+call these with a profiler; each phase is a profiler region, named as
+:mod:`scopebench.policy.phases` lists them (with what each holds per backend). The model
+itself never sees the profiler (STYLE.md rule 3).
 """
 
 from __future__ import annotations
@@ -43,12 +20,7 @@ from scopebench.policy.model import Pi05Policy
 from scopebench.policy.runner import PolicyRunner, Preprocessor
 
 __all__ = [
-    "BACKWARD_STEP_PHASES",
-    "PHASE_CONTENTS",
-    "DATALOADER_PHASES",
     "GATHERED_KEYS",
-    "INFERENCE_PHASES",
-    "TRAIN_PHASES",
     "BatchStream",
     "DataloaderStep",
     "InferenceStep",
@@ -58,27 +30,8 @@ __all__ = [
     "validation_loss",
 ]
 
-TRAIN_PHASES = ("dataload_wait", "forward", "bwd", "unscale_clip", "optim_step", "zero_grad_sched", "sync_gather")
-#: Phases summed into the derived ``backward_step``.
-BACKWARD_STEP_PHASES = ("bwd", "unscale_clip", "optim_step", "zero_grad_sched")
-DATALOADER_PHASES = ("fetch", "h2d")
-INFERENCE_PHASES = ("preprocess", "prefill", "denoise", "postprocess")
 #: Per-rank values of the ``sync_gather`` phase, in the order of the gathered tensor.
 GATHERED_KEYS = ("train_loss", "mse_loss", "ce_loss", "max_rss_mb", "max_gpu_mb")
-#: What the training phases hold under each backend (the phase table's header says it).
-PHASE_CONTENTS = {
-    "ddp": "bwd = backward + DDP's gradient all-reduce; optim_step = AdamW; zero_grad_sched = zero_grad + LR schedule",
-    "zero2": (
-        "DeepSpeed ZeRO-2: bwd = engine.backward + gradient reduce to the owning rank; "
-        "optim_step = engine.step (clipping, AdamW on this rank's shard, zero_grad, all-gather of the "
-        "updated parameters); unscale_clip empty; zero_grad_sched = LR schedule"
-    ),
-    "zero3": (
-        "DeepSpeed ZeRO-3: forward = forward + per-layer parameter all-gather; bwd = engine.backward + "
-        "parameter all-gather + gradient reduce-scatter; optim_step = engine.step (clipping, AdamW on this "
-        "rank's shard, zero_grad); unscale_clip empty; zero_grad_sched = LR schedule"
-    ),
-}
 
 
 class BatchStream:

@@ -32,9 +32,9 @@ import torch
 
 from scopebench.dist.device import resolve_device
 from scopebench.policy.lifecycle import RunLifecycle
+from scopebench.policy.phases import BACKWARD_STEP_PHASES
 from scopebench.policy.settings import TrainSettings, backend_conflict
 from scopebench.policy.steps import (
-    BACKWARD_STEP_PHASES,
     BatchStream,
     DataloaderStep,
     TrainStep,
@@ -188,6 +188,7 @@ class PolicyTrainRun(RunLifecycle):
         import warnings
 
         from scopebench.dist import check_local_nproc, get_dist_info
+        from scopebench.dist.launch import check_launcher_nproc
         from scopebench.profiler import ProfilerConfig
         from scopebench.train import check_launcher_backend
         from scopebench.train.checkpoint import resolve_checkpoint
@@ -219,6 +220,8 @@ class PolicyTrainRun(RunLifecycle):
         self.name = name
         self.keep_rows = keep_rows
         launcher = get_dist_info()
+        if launcher.is_distributed:
+            check_launcher_nproc("nproc_per_node", settings.nproc_per_node, launcher.world_size, launcher.source)
         device = resolve_device(settings.device)
         nproc = 1 if launcher.is_distributed else check_local_nproc("nproc_per_node", settings.nproc_per_node, device)
         self.nproc = nproc

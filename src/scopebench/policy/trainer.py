@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from scopebench.policy.phases import TRAIN_PHASES, describe_phases
 from scopebench.policy.settings import RunConfig
-from scopebench.policy.steps import PHASE_CONTENTS, TRAIN_PHASES
 
 __all__ = ["TrainLog", "check_output_dir", "train_policy"]
 
@@ -162,7 +162,7 @@ def _print_header(run: Any, config: RunConfig, start: int, resume_from: Any, out
     lines = [
         f"scopebench train: preset={s.preset} ranks={run.world_size} backend={s.backend} "
         f"(accelerate config {file.path})",
-        f"phases: {PHASE_CONTENTS[s.backend]}",
+        f"phases: {describe_phases(s.backend)}",
         "in force: " + "; ".join(settings_in_force(file, s)),
         f"global batch: {run.global_batch_size} = batch_size {s.batch_size} x {run.world_size} ranks x "
         f"{s.gradient_accumulation_steps} accumulation",

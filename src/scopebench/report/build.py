@@ -1,8 +1,9 @@
 """``scopebench summary`` and ``scopebench report``: the same reading, tables and warnings.
 
 :func:`summarize_results` returns the text both commands print (phase tables per
-configuration, truncated-run warnings, diagnosis lines); :func:`build_report` adds the PNGs,
-the self-contained HTML and a JSON file of the same numbers into an output folder.
+configuration, backend comparisons, truncated-run warnings, diagnosis lines);
+:func:`build_report` adds the PNGs, the self-contained HTML and a JSON file of the same
+numbers into an output folder.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scopebench.atomic import atomic_write
-from scopebench.report.diagnosis import Finding, diagnose_all
+from scopebench.report.diagnosis import Finding, backend_comparisons, diagnose_all
 from scopebench.report.results import Configuration, configurations, find_result_files, load_results
 from scopebench.report.tables import format_tables, phase_rows
 
@@ -88,10 +89,11 @@ def diagnose_groups(results: Results) -> dict[str, list[Finding]]:
 
 
 def summarize_results(results: Results, findings: list[Finding] | None = None) -> str:
-    """Phase tables, then warnings, then diagnosis lines (the text of ``summary`` and ``report``)."""
+    """Phase tables and backend comparisons, warnings, diagnosis lines: the text of ``summary`` and ``report``."""
     parts = []
     for title, configs in results.groups.items():
-        parts.append(f"##### {title} #####\n\n{format_tables(configs)}")
+        blocks = [format_tables(configs)] + [c.text() for c in backend_comparisons(configs)]
+        parts.append(f"##### {title} #####\n\n" + "\n\n".join(blocks))
     if results.warnings:
         parts.append("\n".join(results.warnings))
     if findings:
@@ -142,11 +144,13 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None) -> 
     pngs = []
     for title, configs in results.groups.items():
         pngs += write_pngs(configs, title, out)
+    comparisons = {title: backend_comparisons(configs) for title, configs in results.groups.items()}
     sections = [
         {
             "title": title,
             "configs": configs,
             "findings": by_group[title],
+            "comparisons": comparisons[title],
             "warnings": [text for group, text in results.timeouts if group == title],
         }
         for title, configs in results.groups.items()
@@ -164,6 +168,7 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None) -> 
         "pngs": [p.name for p in pngs],
         "warnings": results.warnings,
         "findings": [asdict(f) for f in findings],
+        "backend_comparisons": [c.as_dict() for group in comparisons.values() for c in group],
         "phase_rows": [row for c in results.configs for row in phase_rows(c)],
     }
     with atomic_write(out / MANIFEST, "w", encoding="utf-8") as fh:

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from scopebench.report import figures
+from scopebench.report.diagnosis import BackendComparison
 from scopebench.report.plots import slug
 from scopebench.report.results import Configuration
 from scopebench.report.tables import format_config, phase_rows
@@ -279,11 +280,30 @@ def _table(config: Configuration) -> str:
     return f"<table>{head}{''.join(body)}</table>{note_html}"
 
 
+def _comparison_table(comparison: BackendComparison) -> str:
+    """The backend comparison as a table: the fastest backend's medians, the others' differences to them."""
+    heads = ("backend", "median step ms", "vs fastest", *comparison.phases)
+    head = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in heads) + "</tr>"
+    body = []
+    for b in comparison.backends:
+        css = " class='step'" if b == comparison.fastest else ""
+        cells = "".join(f"<td>{html.escape(c)}</td>" for c in (b, *comparison.row(b)))
+        body.append(f"<tr{css}>{cells}</tr>")
+    pairs = "; ".join(f"{html.escape(k)} = {r:.2f}x" for k, r in comparison.pairs.items())
+    return (
+        f"<h4>Backend comparison: {html.escape(comparison.label)}</h4>"
+        "<p><small>median ms per recorded iteration (step = total - callback); phase columns: the fastest "
+        "backend's median, the other backends' difference to it; why: the [backend-comparison] lines above</small></p>"
+        f"<table>{head}{''.join(body)}</table>" + (f"<div>{pairs}</div>" if pairs else "")
+    )
+
+
 def render_html(sections: list[dict[str, Any]], sources: list[str], warnings: list[str] = ()) -> str:
     """The whole page.
 
     Args:
-        sections: One per benchmark: ``title``, ``configs``, ``findings``, ``warnings``.
+        sections: One per benchmark: ``title``, ``configs``, ``findings``, ``warnings`` and
+            optionally ``comparisons`` (:class:`~scopebench.report.diagnosis.BackendComparison`).
         sources: The results files, listed at the top.
         warnings: Warnings that belong to no benchmark section.
     """
@@ -315,7 +335,10 @@ def render_html(sections: list[dict[str, Any]], sources: list[str], warnings: li
                 + (f"<br><i>{html.escape(f.advice)}</i>" if f.advice else "")
                 + "</li>"
             )
-        out.append("</ul><h3>Figures</h3>")
+        out.append("</ul>")
+        for comparison in section.get("comparisons", []):
+            out.append(_comparison_table(comparison))
+        out.append("<h3>Figures</h3>")
         out.extend(_figures_html(configs, title, to_html))
         out.append("<h3>Phase tables</h3>")
         for c in configs:

@@ -1,0 +1,77 @@
+"""Phase names of the policy's steps, and what each training phase holds per backend.
+
+The one source of these names for the steps (:mod:`scopebench.policy.steps`), the solvers,
+the command-line tools, the reports and the tests. It imports nothing heavy, so a report
+reads it without importing torch.
+
+Training phases (the upstream ``profile_step`` breakdown):
+
+* ``dataload_wait``: the next batch, host preprocessing (tokenize, normalise, pad) and the
+  copy to the device;
+* ``forward``: the forward pass and the weighted loss;
+* ``bwd``: the backward pass, including DDP's gradient all-reduce;
+* ``unscale_clip``: gradient unscaling (fp16) and clipping;
+* ``optim_step``: the optimizer step;
+* ``zero_grad_sched``: ``zero_grad`` and the LR scheduler step;
+* ``sync_gather``: the per-step gathers of loss terms and memory peaks across ranks and
+  their ``.tolist()`` (every ``gather_every`` steps; the region is empty otherwise).
+
+``backward_step`` (derived) is ``bwd`` through ``zero_grad_sched``. With gradient
+accumulation, ``dataload_wait``, ``forward`` and ``bwd`` cover all the micro-batches of the
+step. Under DeepSpeed ZeRO the engine does more inside some phases: :data:`PHASE_CONTENTS`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BACKEND_NAMES",
+    "BACKWARD_STEP_PHASES",
+    "DATALOADER_PHASES",
+    "INFERENCE_PHASES",
+    "PHASE_CONTENTS",
+    "TRAIN_PHASES",
+    "describe_phases",
+]
+
+TRAIN_PHASES = ("dataload_wait", "forward", "bwd", "unscale_clip", "optim_step", "zero_grad_sched", "sync_gather")
+#: Phases summed into the derived ``backward_step``.
+BACKWARD_STEP_PHASES = ("bwd", "unscale_clip", "optim_step", "zero_grad_sched")
+DATALOADER_PHASES = ("fetch", "h2d")
+INFERENCE_PHASES = ("preprocess", "prefill", "denoise", "postprocess")
+
+#: Training backend -> its name in prose.
+BACKEND_NAMES = {"ddp": "DDP", "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3"}
+_STEP = "engine.step: clipping, AdamW on this rank's shard, zero_grad"
+#: Backend -> training phase -> what it holds there, for the phases whose work depends on the
+#: backend (the other phases hold what the list above says).
+PHASE_CONTENTS: dict[str, dict[str, str]] = {
+    "ddp": {
+        "bwd": "backward + DDP's gradient all-reduce",
+        "optim_step": "AdamW",
+        "zero_grad_sched": "zero_grad + LR schedule",
+    },
+    "zero2": {
+        "bwd": "engine.backward + gradient reduce to the owning rank",
+        "unscale_clip": "empty (DeepSpeed clips inside engine.step)",
+        "optim_step": f"{_STEP}, all-gather of the updated parameters",
+        "zero_grad_sched": "LR schedule",
+    },
+    "zero3": {
+        "forward": "forward + per-layer parameter all-gather",
+        "bwd": "engine.backward + parameter all-gather + gradient reduce-scatter",
+        "unscale_clip": "empty (DeepSpeed clips inside engine.step)",
+        "optim_step": _STEP,
+        "zero_grad_sched": "LR schedule",
+    },
+}
+
+
+def describe_phases(backend: str) -> str:
+    """One line: what the backend-dependent phases hold under ``backend``.
+
+    :Examples:
+
+    >>> describe_phases("ddp")
+    "DDP: bwd = backward + DDP's gradient all-reduce; optim_step = AdamW; zero_grad_sched = zero_grad + LR schedule"
+    """
+    return f"{BACKEND_NAMES[backend]}: " + "; ".join(f"{p} = {what}" for p, what in PHASE_CONTENTS[backend].items())
