@@ -103,7 +103,10 @@ def test_bad_parameter_stops_the_solver_naming_key_and_value(tmp_path):
     assert "batch_size must be an integer >= 1, got 'abc' (str)" in run.log
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yml")), ids=lambda p: p.name)
+RUN_CONFIGS = sorted([*(REPO / "configs").glob("*.yml"), *(REPO / "configs" / "experiments").glob("*.yml")])
+
+
+@pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)
 def test_run_configs_set_a_timeout_and_name_real_parameters(path):
     config = yaml.safe_load(path.read_text())
     assert isinstance(config.get("timeout"), int) and config["timeout"] >= 60

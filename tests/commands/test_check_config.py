@@ -18,7 +18,7 @@ EXPERIMENTS = {
     "benchmark_training": sorted((REPO / "benchmark_training" / "configs" / "experiments").glob("*.yml")),
 }
 #: The policy benchmark's benchopt run configs (repository root; configs/policy/ holds `scopebench train` configs).
-POLICY = sorted((REPO / "configs").glob("*.yml"))
+POLICY = sorted([*(REPO / "configs").glob("*.yml"), *(REPO / "configs" / "experiments").glob("*.yml")])
 SHIPPED = [(bench, p) for bench in EXPERIMENTS for p in sorted((REPO / bench / "configs").rglob("*.yml"))]
 SHIPPED += [(".", p) for p in POLICY]
 
