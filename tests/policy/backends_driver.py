@@ -1,6 +1,7 @@
 """Run by ``tests/policy/test_backends.py`` under ``torchrun --nproc-per-node 2``: every backend
 trains the tiny policy 10 steps saving at step 5, then a second run resumes from step 5 to 10;
-a ZeRO-3 run also records the live model's validation loss. Each rank writes what it saw
+a ZeRO-3 run also records the live model's validation loss, and a ZeRO-2 run with gradient
+accumulation DeepSpeed's step counters. Each rank writes what it saw
 to ``<out>/facts_rank<r>.json``.
 
 One process group (created here, reused by every run) keeps start-up to one launch.
@@ -56,6 +57,19 @@ def main(out: str, cache: str) -> None:
         live = run.val_loss  # computed by every rank after the third step
         checkpoint = run.save_checkpoint(f"{out}/zero3_live")
     facts["zero3_live"] = {"val_loss": live, "checkpoint": str(checkpoint), "seed": config.train.seed}
+    for backend in ("ddp", "zero2"):  # two micro-batches per step, the same update either way
+        overrides = [("backend", backend), ("gradient_accumulation_steps", 2), ("find_unused_params", False)]
+        config = load_run_config(TINY, [*overrides, ("dataset.cache_dir", cache)])
+        root = config.dataset.materialize()
+        run = PolicyTrainRun(config.train, dataset_root=root, chunk_size=config.dataset.chunk_size)
+        with run:
+            run.loop(StepCounter(2))
+            engine = run.step.engine
+            facts[f"{backend}_accumulation"] = {
+                "optimizer_steps": engine.global_steps if engine is not None else run.step.steps,
+                "position": run.step.batches.position,
+                "checkpoint": str(run.save_checkpoint(f"{out}/{backend}_accumulation")),
+            }
     Path(out, f"facts_rank{rank}.json").write_text(json.dumps(facts, indent=2))
     dist.destroy_process_group()
 

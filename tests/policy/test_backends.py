@@ -101,6 +101,21 @@ def test_a_zero3_checkpoint_converts_to_weights_that_give_the_live_loss(trained)
     assert math.isclose(loss, live["val_loss"], rel_tol=1e-6), (loss, live["val_loss"])
 
 
+@pytest.mark.slow
+def test_gradient_accumulation_gives_the_same_update_under_ddp_and_zero2(trained):
+    """Two micro-batches per step: DeepSpeed's engine steps once per iteration, on the gradients
+    of both, as DDP's no_sync + scaled losses do."""
+    _, facts, _ = trained
+    for rank_facts in facts:
+        for backend in ("ddp", "zero2"):
+            assert rank_facts[f"{backend}_accumulation"]["optimizer_steps"] == 2
+            assert rank_facts[f"{backend}_accumulation"]["position"] == 4  # two batches per step
+    ddp = _weights(Path(facts[0]["ddp_accumulation"]["checkpoint"]))
+    zero2 = _weights(Path(facts[0]["zero2_accumulation"]["checkpoint"]))
+    worst = max(float((ddp[k] - zero2[k]).abs().max()) for k in ddp)
+    assert worst <= 1e-5, worst
+
+
 @pytest.fixture(scope="module")
 def three_backends(tmp_path_factory):
     """``Pi05Train`` under benchopt on 2 local ranks, once per backend, 3 steps each."""

@@ -145,3 +145,31 @@ def test_rows_are_kept_only_when_asked_or_written(robot_data):
     with run:
         run.loop(lambda: next(calls))
     assert run.rank_rows == [[]] and run.profiler.last_local["total_time_sec"] > 0
+
+
+def test_gradient_accumulation_takes_every_micro_batch_into_one_optimizer_step(robot_data):
+    run, metrics = run_steps(robot_data[1], steps=3, warmup=0, gradient_accumulation_steps=2, batch_size=2)
+    assert run.step.steps == 3 and run.step.batches.position == 6  # two batches per step
+    state = next(iter(run.step.optimizer.state_dict()["state"].values()))
+    assert int(state["step"]) == 3  # one AdamW step per iteration
+    m = metrics[-1]
+    assert run.global_batch_size == 4
+    assert m["samples_per_sec"] == pytest.approx(4 / (m["total_time_sec"] - m["callback_time_sec"]))
+
+
+def test_a_checkpoint_resumes_the_data_position_without_loading_the_skipped_batches(robot_data, monkeypatch):
+    """Resumed at batch 3, the run takes the batches the uninterrupted one takes next, and the
+    sampler skips the first three without the dataset decoding them."""
+    from scopebench.policy.dataset import RobotDataset
+
+    with PolicyTrainRun(TrainSettings(), dataset_root=robot_data[1], chunk_size=8) as run:
+        reference = [next(run.step.batches)["state"] for _ in range(5)]
+    loaded = []
+    original = RobotDataset.__getitem__
+    monkeypatch.setattr(RobotDataset, "__getitem__", lambda self, i: loaded.append(i) or original(self, i))
+    with PolicyTrainRun(TrainSettings(), dataset_root=robot_data[1], chunk_size=8) as run:
+        run.step.batches.resume(0, 3, run._sampler, samples_per_batch=4)
+        resumed = [next(run.step.batches)["state"] for _ in range(2)]
+        assert run.training_state() == {"step": 0, "epoch": 0, "position": 5}
+    assert all((a == b).all() for a, b in zip(resumed, reference[3:5]))
+    assert len(loaded) < 5 * 4  # at most the two batches and accelerate's one-batch look-ahead
