@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["choice", "flag", "integer", "number", "optional"]
+__all__ = ["choice", "flag", "integer", "number", "optional", "yaml_mapping"]
 
 
 def _describe(value: Any) -> str:
@@ -123,3 +123,30 @@ def optional(check, key: str, value: Any, **bounds: Any) -> Any:
         True
     """
     return None if value is None else check(key, value, **bounds)
+
+
+def yaml_mapping(path, what: str) -> dict:
+    """The mapping a YAML file holds (an empty file: ``{}``).
+
+    Args:
+        path: The file.
+        what: What the mapping holds, for the message (``"accelerate settings"``).
+
+    Raises:
+        FileNotFoundError: no such file; the message names it (``<what> file not found``).
+        ValueError: not YAML, or not a mapping, naming the file.
+    """
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path} is not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a mapping of {what} settings, got {type(raw).__name__}")
+    return raw

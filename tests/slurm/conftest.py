@@ -66,6 +66,19 @@ class JobFolder:
             f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.new_files() if "_log." in p.name
         )
 
+    def assert_tasks_were_the_ranks(self, ntasks: int = 2) -> None:
+        """The one job ran as SLURM tasks 0..ntasks-1 (not a local spawn), each to completion."""
+        import pickle
+
+        (job_id,) = self.job_ids()
+        for task in range(ntasks):
+            assert f"global_rank={task}({ntasks})" in self.read(f"{job_id}_{task}_log.out"), self.logs()
+            # benchopt keeps task 0's rows; every task must still have finished its own run.
+            with open(self.path / f"{job_id}_{task}_result.pkl", "rb") as fh:
+                outcome, (_, _, status, _) = pickle.load(fh)
+            assert outcome == "success" and status in ("done", "max_runs"), (outcome, status, self.logs())
+        assert "Traceback" not in self.logs(), self.logs()
+
     def cleanup(self) -> None:
         for path in self.new_files():
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)

@@ -9,7 +9,6 @@ cluster changed (:func:`.conftest.cluster_parallel_config`).
 from __future__ import annotations
 
 import math
-import pickle
 
 import pandas as pd
 import pytest
@@ -81,11 +80,4 @@ def test_the_job_log_shows_two_slurm_tasks(two_tasks, slurm_cluster):
 def test_two_slurm_tasks_are_the_two_ranks(two_tasks):
     """The cell ran as SLURM tasks 0 and 1 (not a local spawn), both to completion."""
     _, jobs = two_tasks
-    (job_id,) = jobs.job_ids()
-    for task in (0, 1):
-        assert f"global_rank={task}(2)" in jobs.read(f"{job_id}_{task}_log.out"), jobs.logs()
-        # benchopt keeps task 0's rows; every task must still have finished its own run.
-        with open(jobs.path / f"{job_id}_{task}_result.pkl", "rb") as fh:
-            outcome, (_, _, status, _) = pickle.load(fh)
-        assert outcome == "success" and status in ("done", "max_runs"), (outcome, status, jobs.logs())
-    assert "Traceback" not in jobs.logs(), jobs.logs()
+    jobs.assert_tasks_were_the_ranks(2)

@@ -234,13 +234,16 @@ class DistSession:
                     with contextlib.suppress(OSError):
                         os.kill(report.pid, signal.SIGKILL)
         errors = spawn.reap(kill=failed) if spawn else []
+        if spawn is None and self._store is not None:
+            # A launcher's store belongs to the group: drop our references before it goes
+            # (destroyed afterwards, its client thread aborted the process at exit now and then).
+            forget_store()
+            self._store = None
         if self.created_group and dist.is_initialized():
             dist.destroy_process_group()
         self.created_group = False
         if spawn is not None:
             spawn.close()
-        elif self._store is not None:
-            forget_store()
         self._store = None
         if culprits:
             raise RankFailure("\n".join(r.describe(self.timeout_sec) for r in culprits))

@@ -38,7 +38,7 @@ from scopebench.policy.config import ATTENTION_IMPLEMENTATIONS, PRESETS
 from scopebench.policy.data import SyntheticRobotConfig
 from scopebench.train.accelerator import BACKENDS, PRECISIONS
 from scopebench.train.optim import SCHEDULERS
-from scopebench.validate import choice, flag, integer, number, optional
+from scopebench.validate import choice, flag, integer, number, optional, yaml_mapping
 
 __all__ = [
     "DatasetSettings",
@@ -378,17 +378,8 @@ def load_run_config(path: str | Path, overrides: list[tuple[str, Any]] | None = 
         FileNotFoundError: the file does not exist (the message names it).
         ValueError: an unknown key (in the file or an override) or an invalid value.
     """
-    import yaml
-
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"policy config file not found: {path}")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path} is not valid YAML: {err}") from err
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path} must hold a mapping of settings, got {type(raw).__name__}")
+    raw = yaml_mapping(path, "policy config")
     sections = {name: dict(raw.pop(name, None) or {}) for name in ("policy", "dataset", "training")}
     top = dict(raw)
     known = {

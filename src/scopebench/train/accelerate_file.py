@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from scopebench.validate import choice, integer, number, optional
+from scopebench.validate import choice, integer, number, optional, yaml_mapping
 
 __all__ = [
     "BACKEND_FILES",
@@ -98,17 +98,8 @@ def load_accelerate_file(path: str | Path) -> AccelerateFile:
         ValueError: not YAML, or a key the suite uses has a value it cannot run (the
             message names the file, the key and the value).
     """
-    import yaml
-
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"accelerate config file not found: {path}")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path} is not valid YAML: {err}") from err
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path} must hold a mapping of accelerate settings, got {type(raw).__name__}")
+    raw = yaml_mapping(path, "accelerate config")
 
     def key(name: str) -> str:
         return f"{name} in {path}"
