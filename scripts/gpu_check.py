@@ -8,7 +8,8 @@ policy trains one step and samples actions on the GPU; (5) a deepinv PnP step ru
 the GPU; (6) the policy's training run object (accelerate, fused AdamW, bf16 autocast)
 steps on the GPU and reports per-region GPU memory, a table peak and MFU; (7) the policy's
 inference run object compiles prefill and denoise with ``reduce-overhead`` (CUDA graphs)
-and the first call is at least 5x a steady one. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
+and the first call is at least 5x a steady one; (8) with two GPUs, ``scopebench train``
+on two ranks under DeepSpeed ZeRO-2 in bf16, and ``convert-checkpoint``. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
 status is 1 if any check failed, 77 if CUDA is absent.
 
 Run: ``bash scripts/gpu_check.sh`` (under five minutes on one GPU).
@@ -163,6 +164,28 @@ def policy_inference_compile():
     return {"ok": ok, **info, "steady_ms": sorted(steady)[2] * 1e3}
 
 
+def policy_zero2_train():
+    """Two ranks of ``scopebench train`` under DeepSpeed ZeRO-2 with bf16 on NCCL, then the
+    shards consolidated: needs two GPUs (one rank per GPU)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    if torch.cuda.device_count() < 2:
+        return {"ok": True, "skipped": f"needs 2 GPUs, {torch.cuda.device_count()} visible"}
+    repo = Path(__file__).resolve().parents[1]
+    out = Path(tempfile.mkdtemp(prefix="gpu_check_train_"))
+    command = [sys.executable, "-m", "scopebench.cli", "train", "--config", str(repo / "configs/policy/tiny.yml")]
+    command += ["--accelerate-config", str(repo / "configs/accelerate/deepspeed_zero2.yaml"), "--precision=bf16"]
+    command += ["--output_dir", str(out), "--steps", "3", f"--dataset.cache_dir={out / 'data'}"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    convert = subprocess.run(
+        [sys.executable, "-m", "scopebench.cli", "convert-checkpoint", str(out)], capture_output=True, text=True
+    )
+    ok = proc.returncode == 0 and "backend=zero2" in proc.stdout and convert.returncode == 0
+    return {"ok": ok, "log_tail": (proc.stdout + proc.stderr)[-800:], "convert": convert.stdout.strip()[-200:]}
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"check": "cuda", "ok": False, "error": "CUDA is not available"}))
@@ -179,6 +202,7 @@ def main() -> int:
         pnp_step,
         policy_train_run,
         policy_inference_compile,
+        policy_zero2_train,
     ]
     results = [_report(fn.__name__, fn) for fn in checks]
     return 0 if all(results) else 1
