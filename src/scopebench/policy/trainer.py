@@ -139,7 +139,7 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
             log = TrainLog(run, start=start, steps=loop.steps, log_freq=loop.log_freq, out=out, bar=bar)
             if start < loop.steps:
                 run.loop(log, before_callback=save_if_due)
-        if run.step.steps > start and (not saved or not saved[-1].endswith(f"{run.step.steps:06d}")):
+        if run.step.steps > start and (not loop.save_freq or run.step.steps % loop.save_freq):  # not saved yet
             save()
         if main and start >= loop.steps:
             print(f"nothing to do: the checkpoint is at step {start}, training.steps={loop.steps}", file=out)
