@@ -64,3 +64,52 @@ def test_complete_run_has_no_timeout_warning(tmp_path, capsys, no_weights_left):
     assert read_run_metadata(out) == {"max_runs": 3, "stopped_on_timeout": []}
     assert main(["summary", str(out)]) == 0
     assert "warning:" not in capsys.readouterr().out
+
+
+def test_canary_benchopt_collects_submitit_jobs_as_submitit_timing_expects():
+    """``submitit_poll_sec`` replaces ``as_completed`` in benchopt's Submitit module, and
+    ``submitit_result_wait_sec`` sets Submitit's wait for a missing result file: that works
+    only while benchopt looks the name up there and Submitit reads that attribute."""
+    import inspect
+
+    import submitit.core.core
+    import submitit.helpers
+    from benchopt.parallel_backends import slurm_executor
+
+    assert slurm_executor.as_completed is submitit.helpers.as_completed
+    assert "as_completed" in slurm_executor.run_on_slurm.__code__.co_names
+    assert inspect.signature(submitit.helpers.as_completed).parameters["poll_frequency"].default == 10
+    assert submitit.core.core.Job._results_timeout_s == 15
+    assert "_results_timeout_s" in submitit.core.core.Job._get_outcome_and_result.__code__.co_names
+
+
+@pytest.mark.parametrize(
+    "poll, wait, expected",
+    [("0.25", "", "{'poll_frequency': 0.25} 15"), ("", "2.5", "None 2.5"), ("1", "3", "{'poll_frequency': 1.0} 3.0")],
+)
+def test_submitit_timing_reaches_benchopt_and_submitit(poll, wait, expected):
+    import subprocess
+    import sys
+
+    from scopebench import runs
+
+    call = "benchopt(prog_name='benchopt')"
+    report = "print(getattr(slurm_executor.as_completed, 'keywords', None), submitit.core.core.Job._results_timeout_s)"
+    program = runs._BENCHOPT_TIMED.replace(call, report)
+    assert program != runs._BENCHOPT_TIMED
+    out = subprocess.run([sys.executable, "-c", program, poll, wait], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected, out.stderr
+
+
+def test_benchopt_runs_plainly_without_submitit_timing():
+    from scopebench.runs import _benchopt_program
+
+    assert _benchopt_program(None, None) == ["-m", "benchopt"]
+    assert _benchopt_program(1, None)[2:] == ["1", ""]
+
+
+@pytest.mark.parametrize("key", ["submitit_poll_sec", "submitit_result_wait_sec"])
+@pytest.mark.parametrize("value", [0, -1.0, "1"])
+def test_submitit_timing_must_be_positive_seconds(tmp_path, key, value):
+    with pytest.raises(ValueError, match=f"{key} must be a number of seconds > 0, got {value!r}"):
+        run_benchopt(REPO / "benchmark_inference", output=tmp_path / "x.parquet", **{key: value})

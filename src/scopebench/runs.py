@@ -133,6 +133,41 @@ def _last_traceback(text: str, chars: int) -> str:
     return f"{head}\n[...]\n{tail}"
 
 
+#: ``python -c`` program: benchopt's command line with Submitit's collection timing set by
+#: ``argv[1]`` and ``argv[2]`` (an empty string keeps Submitit's own):
+#:
+#: - the period of benchopt's checks for finished jobs: benchopt 1.10 calls Submitit's
+#:   ``as_completed(jobs)``, which checks every 10 s, so a 12 s job is collected at 20 s. A
+#:   check reads the result files; Submitit's ``sacct`` calls keep their own back-off.
+#: - how long a job that ended without a result file is given for it to appear before it
+#:   counts as failed: 15 s, for shared file systems that show a file late.
+_BENCHOPT_TIMED = "\n".join(
+    [
+        "import functools, sys",
+        "import submitit.core.core, submitit.helpers",
+        "from benchopt.cli import benchopt",
+        "from benchopt.parallel_backends import slurm_executor",
+        "poll, wait = sys.argv.pop(1), sys.argv.pop(1)",
+        "if poll:",
+        "    slurm_executor.as_completed = functools.partial(",
+        "        submitit.helpers.as_completed, poll_frequency=float(poll))",
+        "if wait:",
+        "    submitit.core.core.Job._results_timeout_s = float(wait)",
+        "benchopt(prog_name='benchopt')",
+    ]
+)
+
+
+def _benchopt_program(poll_sec: float | None, result_wait_sec: float | None) -> list[str]:
+    """``python`` arguments that start benchopt's command line, with Submitit's timing when set."""
+    for key, value in (("submitit_poll_sec", poll_sec), ("submitit_result_wait_sec", result_wait_sec)):
+        if value is not None and not (isinstance(value, (int, float)) and value > 0):
+            raise ValueError(f"{key} must be a number of seconds > 0, got {value!r}")
+    if poll_sec is None and result_wait_sec is None:
+        return ["-m", "benchopt"]
+    return ["-c", _BENCHOPT_TIMED, *("" if v is None else str(v) for v in (poll_sec, result_wait_sec))]
+
+
 def benchopt_run(
     benchmark: str | Path,
     config: str | Path | None = None,
@@ -141,6 +176,8 @@ def benchopt_run(
     extra_args: list[str] | None = None,
     timeout_sec: float = 900.0,
     env: dict[str, str] | None = None,
+    submitit_poll_sec: float | None = None,
+    submitit_result_wait_sec: float | None = None,
 ) -> tuple[int, BenchoptRun]:
     """``benchopt run <benchmark> --config <config> --no-cache --no-plot``, unchecked.
 
@@ -153,10 +190,11 @@ def benchopt_run(
     benchmark = Path(benchmark)
     if not (benchmark / "objective.py").is_file():
         raise ValueError(f"{benchmark} is not a benchmark folder (no objective.py)")
+    program = _benchopt_program(submitit_poll_sec, submitit_result_wait_sec)
     if output is None:
         output = benchmark / "outputs" / f"scopebench_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}.parquet"
     output = Path(output).resolve()
-    cmd = [sys.executable, "-m", "benchopt", "run", str(benchmark), "--no-cache", "--no-plot", "--no-display"]
+    cmd = [sys.executable, *program, "run", str(benchmark), "--no-cache", "--no-plot", "--no-display"]
     if config is not None:
         cmd += ["--config", str(config)]
     cmd += ["--output", str(output), *(extra_args or [])]
@@ -183,6 +221,8 @@ def run_benchopt(
     extra_args: list[str] | None = None,
     timeout_sec: float = 900.0,
     env: dict[str, str] | None = None,
+    submitit_poll_sec: float | None = None,
+    submitit_result_wait_sec: float | None = None,
 ) -> BenchoptRun:
     """``benchopt run <benchmark> --config <config> --no-cache --no-plot``, checked.
 
@@ -193,6 +233,12 @@ def run_benchopt(
         extra_args: More ``benchopt run`` arguments.
         timeout_sec: Bound on the whole command.
         env: Extra environment variables.
+        submitit_poll_sec: With a submitit ``--parallel-config``: seconds between benchopt's
+            checks for finished jobs (None: benchopt's own 10 s). Short jobs (tests, trials
+            on a test cluster) end up to 10 s sooner with 1 s.
+        submitit_result_wait_sec: With a submitit ``--parallel-config``: seconds a job that
+            ended without a result file is given for the file to appear before it counts
+            as failed (None: Submitit's own 15 s, for slow shared file systems).
 
     Raises:
         RuntimeError: benchopt failed, a solver errored, or no parquet was written; the
@@ -200,7 +246,16 @@ def run_benchopt(
             written during the run.
     """
     since = time.time()
-    code, run = benchopt_run(benchmark, config, output=output, extra_args=extra_args, timeout_sec=timeout_sec, env=env)
+    code, run = benchopt_run(
+        benchmark,
+        config,
+        output=output,
+        extra_args=extra_args,
+        timeout_sec=timeout_sec,
+        env=env,
+        submitit_poll_sec=submitit_poll_sec,
+        submitit_result_wait_sec=submitit_result_wait_sec,
+    )
     problems = _failed_lines(run.log)
     if code != 0 or problems or not run.parquet.is_file():
         reason = (

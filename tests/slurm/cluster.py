@@ -206,10 +206,16 @@ def _wait(predicate, timeout: float, what: str, procs: dict[str, subprocess.Pope
 def _stop(cluster: LocalSlurm) -> None:
     procs = cluster._procs
     if "slurmctld" in procs and procs["slurmctld"].poll() is None:
-        # Jobs first (a test that failed half-way may leave some), then both daemons.
+        # Jobs first (a test that failed half-way may leave some; the last test's job may
+        # still be finishing after its results were read), and only once they have ended
+        # both daemons: slurmd shut down under a running step waits 10 s for it, then
+        # leaves its slurmstepd behind.
         ids = cluster.job_ids()
         if ids:
             cluster.run("scancel", *ids, check=False)
+            deadline = time.monotonic() + 15
+            while cluster.job_ids() and time.monotonic() < deadline:
+                time.sleep(0.1)
         cluster.run("scontrol", "shutdown", check=False, timeout=15)
     for name in ("slurmd", "slurmctld", "munged"):
         proc = procs.get(name)

@@ -21,6 +21,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PARALLEL_CONFIGS = REPO / "configs" / "parallel"
+#: Submitit's timing in these tests (see :func:`scopebench.runs.run_benchopt`): benchopt checks
+#: for finished jobs every second, not every 10 s (5 s more per run on average), and a job
+#: that failed without a result file counts as failed after 2 s, not 15 s (the file system
+#: is local: a result file is there before its job ends).
+SUBMITIT_TIMING = {"submitit_poll_sec": 1.0, "submitit_result_wait_sec": 2.0}
 
 
 @pytest.fixture(scope="session")

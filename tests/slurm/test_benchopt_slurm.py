@@ -1,8 +1,10 @@
 """``benchopt run --parallel-config configs/parallel/slurm*.yml`` against the real test cluster.
 
-Each benchopt run here is one submission: Submitit polls its jobs every 10 s, so a run
-takes 20-40 s whatever its size. The configs are the shipped ones with only what differs
-on the test cluster changed (:func:`.conftest.cluster_parallel_config`).
+Each benchopt run here is one submission: benchopt's start and the job's own (torch and
+deepinv imports) take about 20 s whatever the run's size; results are collected every
+second instead of every 10 s (:data:`.conftest.SUBMITIT_TIMING`). The configs are the
+shipped ones with only what differs on the test cluster changed
+(:func:`.conftest.cluster_parallel_config`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import yaml
 
 from scopebench.runs import run_benchopt
 
-from .conftest import PARALLEL_CONFIGS, REPO, JobFolder, cluster_parallel_config
+from .conftest import PARALLEL_CONFIGS, REPO, SUBMITIT_TIMING, JobFolder, cluster_parallel_config
 
 pytestmark = pytest.mark.slow
 
@@ -75,6 +77,7 @@ def two_tasks(slurm_cluster, tmp_path_factory):
             extra_args=["--parallel-config", str(cluster_parallel_config("slurm.yml", slurm_cluster, tmp))],
             env=slurm_cluster.env,
             timeout_sec=300,
+            **SUBMITIT_TIMING,
         )
         csvs = sorted(set(outputs.iterdir()) - before)
         df = pd.read_parquet(run.parquet).sort_values("stop_val").reset_index(drop=True)
@@ -180,6 +183,7 @@ n-repetitions: 1
         extra_args=["--parallel-config", str(cluster_parallel_config("slurm_nsys.yml", slurm_cluster, tmp_path))],
         env=env,
         timeout_sec=300,
+        **SUBMITIT_TIMING,
     )
     (job_id,) = job_folder.job_ids()
     calls = sorted((json.loads(p.read_text()) for p in record.glob("*.json")), key=lambda c: c["env"]["SLURM_PROCID"])
@@ -228,6 +232,7 @@ n-repetitions: 1
             extra_args=["--parallel-config", str(parallel)],
             env=slurm_cluster.env,
             timeout_sec=300,
+            **SUBMITIT_TIMING,
         )
     message = str(err.value)
     assert "state: FAILED" in message, message
@@ -256,6 +261,7 @@ n-repetitions: 1
             extra_args=["--parallel-config", str(cluster_parallel_config("slurm.yml", slurm_cluster, tmp_path))],
             env=slurm_cluster.env,
             timeout_sec=300,
+            **SUBMITIT_TIMING,
         )
     message = str(err.value)
     assert "failure line(s)" in message, message

@@ -64,8 +64,20 @@ def test_missing_slurm_fails_in_ci_and_skips_elsewhere(ci, outcome):
     if ci:
         env["CI"] = ci
     test = f"{Path(__file__).resolve()}::test_the_lock_is_held_while_the_cluster_runs"
+    # --confcutdir: only tests/slurm/conftest.py (the fixture under test), not tests/conftest.py,
+    # whose collection hook imports torch (4 of the 5 s this subprocess took).
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", test, "-q", "-p", "no:cacheprovider"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            test,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--confcutdir",
+            str(Path(__file__).parent),
+        ],
         capture_output=True,
         text=True,
         env=env,

@@ -12,7 +12,7 @@ import yaml
 from scopebench.cluster import job_parameters, read_parallel_config
 from scopebench.runs import run_benchopt
 
-from .conftest import PARALLEL_CONFIGS, REPO, JobFolder
+from .conftest import PARALLEL_CONFIGS, REPO, SUBMITIT_TIMING, JobFolder
 
 SHIPPED = sorted(PARALLEL_CONFIGS.glob("*.yml"))
 SLURM_TOOLS = {"srun", "sbatch", "squeue", "scancel", "scontrol", "sacct", "sinfo", "salloc", "sattach"}
@@ -132,6 +132,7 @@ def test_local_config_runs_cells_as_local_submitit_jobs(tmp_path):
             extra_args=["--parallel-config", str(PARALLEL_CONFIGS / "local.yml")],
             env={"PATH": _path_without_slurm(tmp_path), "SLURM_CONF": "/nonexistent"},
             timeout_sec=300,
+            **SUBMITIT_TIMING,
         )
         logs = [p for p in jobs.new_files() if p.name.endswith("_log.out")]
         assert len(logs) == 1, jobs.new_files()

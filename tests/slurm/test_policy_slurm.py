@@ -15,7 +15,7 @@ import pytest
 
 from scopebench.runs import run_benchopt
 
-from .conftest import REPO, JobFolder, cluster_parallel_config
+from .conftest import REPO, SUBMITIT_TIMING, JobFolder, cluster_parallel_config
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +51,7 @@ def two_tasks(slurm_cluster, tmp_path_factory):
             extra_args=["--parallel-config", str(cluster_parallel_config("slurm.yml", slurm_cluster, tmp))],
             env=slurm_cluster.env,
             timeout_sec=600,
+            **SUBMITIT_TIMING,
         )
         df = pd.read_parquet(run.parquet)
         yield df[df.solver_name.str.startswith("Pi05Train")].sort_values("stop_val").reset_index(drop=True), jobs
