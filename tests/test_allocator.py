@@ -88,3 +88,18 @@ def test_denoiser_inside_benchopt_keeps_its_memory(tmp_path):
         faults[setting] = float(column.median())
     assert faults["0"] > 1000, faults  # the control: glibc's defaults fault on every pass
     assert faults["1"] < faults["0"] / 10, faults
+
+
+def test_policy_run_objects_apply_the_settings_when_they_start():
+    """Every driver of a policy run gets them (benchmarks/policy_speed.py drives the run
+    object directly, without the solver or the command line that apply them too)."""
+    code = (
+        "from scopebench import allocator\n"
+        "from scopebench.policy.lifecycle import RunLifecycle\n"
+        "class Run(RunLifecycle):\n"
+        "    def _start(self): pass\n"
+        "before = allocator._applied\n"
+        "with Run(): print(before, allocator._applied)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"None {sys.platform.startswith('linux')}", out.stderr

@@ -4,6 +4,11 @@ A run object builds everything it must undo into one :class:`contextlib.ExitStac
 ``_start``; leaving the ``with`` block (or :meth:`RunLifecycle.close`) unwinds that stack
 in reverse order, also when ``_start`` or the loop failed, and the object can then be
 started again (benchopt starts a solver's run once per repetition).
+
+Starting applies :func:`scopebench.allocator.keep_freed_memory`, as the imaging run object
+does: whoever drives a run (solver, launched rank, tool, benchmark script) gets the same
+allocator. Without it a ``small`` training step faulted in about 50 000 fresh pages
+(its freed activations and matmul outputs returned to the kernel and mapped again).
 """
 
 from __future__ import annotations
@@ -27,8 +32,11 @@ class RunLifecycle:
 
     def start(self, *args: Any, **kwargs: Any):
         """Build the run (no-op when already started); on failure, undo what was built."""
+        from scopebench.allocator import keep_freed_memory
+
         if self._started:
             return self
+        keep_freed_memory()
         self._started = True
         try:
             self._start(*args, **kwargs)
