@@ -71,6 +71,30 @@ def test_kv_cache_matches_recomputing_the_prefix(tiny):
     assert (tiny.sample_actions(other, num_steps=4, noise=noise) - cached).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("kv", [1, 2, 4])
+def test_attention_matches_one_copy_of_k_and_v_per_query_head(impl, kv):
+    """Head h reads key/value head h // (H / KV) (the grouping of repeat_interleave), with
+    the mask, in the forward and the gradients, whichever way the heads are grouped."""
+    from scopebench.policy.model import attention, mask_to_bias
+
+    gen = torch.Generator().manual_seed(kv)
+    q = torch.randn(2, 4, 5, 8, generator=gen, requires_grad=True)
+    k = torch.randn(2, kv, 7, 8, generator=gen, requires_grad=True)
+    v = torch.randn(2, kv, 7, 8, generator=gen, requires_grad=True)
+    bias = mask_to_bias(torch.rand(2, 5, 7, generator=gen) > 0.3, torch.float32)
+    weight = torch.randn(2, 4, 5, 8, generator=gen)
+    out = attention(q, k, v, bias, impl)
+    grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
+    k_full, v_full = (x.repeat_interleave(4 // kv, dim=1) for x in (k, v))
+    scores = q @ k_full.transpose(-1, -2) / 8**0.5 + bias
+    ref = scores.softmax(-1) @ v_full
+    ref_grads = torch.autograd.grad((ref * weight).sum(), (q, k, v))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_eager_and_sdpa_attention_agree(tiny):
     randomize_modulations(tiny)
     eager = make_policy("tiny", attention_implementation="eager")

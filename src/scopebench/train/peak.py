@@ -20,7 +20,7 @@ import functools
 import time
 from dataclasses import dataclass
 
-__all__ = ["CUDA_PEAK_TFLOPS", "PeakFlops", "measure_cpu_matmul_flops", "peak_flops"]
+__all__ = ["CUDA_PEAK_TFLOPS", "PeakFlops", "measure_cpu_matmul_flops", "peak_flops", "sample_cpu_peak"]
 
 #: Dense peak TFLOP/s by CUDA device-name fragment: ``(bf16 tensor core, fp32)``; ``None``
 #: where the datasheet gives no dense figure. Longer fragments are matched first.
@@ -72,14 +72,19 @@ def measure_cpu_matmul_flops(dtype_name: str = "float32", size: int = 2048, repe
     return 2 * size**3 / best
 
 
-@functools.lru_cache(maxsize=8)
-def _cpu_peak(dtype_name: str, threads: int) -> float:
-    """The higher of the matmul rate on ``threads`` threads and ``threads`` x the one-thread
-    rate. A large matmul scales linearly with cores (86.7 -> 172 GFLOP/s from one to two
+def sample_cpu_peak(dtype_name: str = "float32") -> float:
+    """One sample of the CPU peak: the higher of the matmul rate on torch's ``threads``
+    threads and ``threads`` x the one-thread rate.
+
+    A large matmul scales linearly with cores (86.7 -> 172 GFLOP/s from one to two
     threads here), and the one-thread sample needs only one idle core: on a shared machine
-    the multi-thread sample alone can come out low and inflate MFU; this never deflates the peak."""
+    the multi-thread sample alone can come out low and inflate MFU; this never deflates the
+    peak. :func:`peak_flops` takes one sample per process and thread count;
+    ``benchmarks/policy_speed.py`` takes one per round.
+    """
     import torch
 
+    threads = torch.get_num_threads()
     best = measure_cpu_matmul_flops(dtype_name)
     if threads > 1:
         torch.set_num_threads(1)
@@ -88,6 +93,13 @@ def _cpu_peak(dtype_name: str, threads: int) -> float:
         finally:
             torch.set_num_threads(threads)
     return best
+
+
+@functools.lru_cache(maxsize=8)
+def _cpu_peak(dtype_name: str, threads: int) -> float:
+    """:func:`sample_cpu_peak`, once per process, dtype and thread count (``threads`` is
+    torch's current count: the cache key)."""
+    return sample_cpu_peak(dtype_name)
 
 
 def peak_flops(device, precision: str = "fp32", override_tflops: float | None = None) -> PeakFlops:
