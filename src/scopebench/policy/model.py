@@ -89,8 +89,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     Neither path copies K/V per query head. ``sdpa`` passes the grouping to torch
     (``enable_gqa``); ``eager`` stacks the ``H / KV`` query heads that share a key/value
     head along the query axis, so each product is one matmul per key/value head (in fp32).
-    On a CPU the eager path is the faster one at the ``small`` preset's sizes (B=8, H=8,
-    one key/value head, 182 tokens: 23 ms vs 33 ms forward and backward per layer, 2 threads).
+    Which is faster depends on the device and the sizes: ``benchmarks/attention_speed.py``
+    times both on the CPU (the eager path wins at the ``small`` preset's sizes).
 
     Args:
         q: (B, H, Tq, hd); k, v: (B, KV, Tk, hd) with H a multiple of KV.
