@@ -109,7 +109,7 @@ def test_benchopt_runs_plainly_without_submitit_timing():
 
 
 @pytest.mark.parametrize("key", ["submitit_poll_sec", "submitit_result_wait_sec"])
-@pytest.mark.parametrize("value", [0, -1.0, "1"])
+@pytest.mark.parametrize("value", [0, -1.0, "1", True])
 def test_submitit_timing_must_be_positive_seconds(tmp_path, key, value):
     with pytest.raises(ValueError, match=f"{key} must be a number of seconds > 0, got {value!r}"):
         run_benchopt(REPO / "benchmark_inference", output=tmp_path / "x.parquet", **{key: value})

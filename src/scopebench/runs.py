@@ -161,7 +161,7 @@ _BENCHOPT_TIMED = "\n".join(
 def _benchopt_program(poll_sec: float | None, result_wait_sec: float | None) -> list[str]:
     """``python`` arguments that start benchopt's command line, with Submitit's timing when set."""
     for key, value in (("submitit_poll_sec", poll_sec), ("submitit_result_wait_sec", result_wait_sec)):
-        if value is not None and not (isinstance(value, (int, float)) and value > 0):
+        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
             raise ValueError(f"{key} must be a number of seconds > 0, got {value!r}")
     if poll_sec is None and result_wait_sec is None:
         return ["-m", "benchopt"]

@@ -86,9 +86,10 @@ def mask_to_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, impl: str) -> torch.Tensor:
     """Attention with grouped key/value heads and an additive mask.
 
-    Neither path copies K/V per query head. ``sdpa`` passes the grouping to torch
-    (``enable_gqa``); ``eager`` stacks the ``H / KV`` query heads that share a key/value
-    head along the query axis, so each product is one matmul per key/value head (in fp32).
+    ``sdpa`` hands torch's kernel one K/V per query head (a free ``expand`` for a single
+    key/value head, a copy for grouped ones). ``eager`` copies nothing: it stacks the
+    ``H / KV`` query heads that share a key/value head along the query axis, so each
+    product is one matmul per key/value head (in fp32).
     Which is faster depends on the device and the sizes: ``benchmarks/attention_speed.py``
     times both on the CPU (the eager path wins at the ``small`` preset's sizes).
 
@@ -103,7 +104,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     b, h, tq, hd = q.shape
     kv = k.shape[1]
     if impl == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=kv != h)
+        if kv != h:
+            k = k.expand(-1, h, -1, -1) if kv == 1 else k.repeat_interleave(h // kv, dim=1)
+            v = v.expand(-1, h, -1, -1) if kv == 1 else v.repeat_interleave(h // kv, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     tk = k.shape[2]
     grouped = (q.float() * hd**-0.5).reshape(b, kv, (h // kv) * tq, hd)  # head h reads kv head h // (H/KV)
     scores = (grouped @ k.float().transpose(-1, -2)).view(b, h, tq, tk)
