@@ -58,7 +58,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.overrides = extra
-    return args._run(args)
+    status = args._run(args)
+    _leave_if_launched(status)
+    return status
+
+
+def _leave_if_launched(status: int) -> None:
+    """A rank that torchrun or ``accelerate launch`` started leaves through ``os._exit`` once
+    its command has returned (everything written, its group destroyed): about one such rank
+    in fifteen aborted in a native destructor at interpreter exit after a successful run
+    ("terminate called without an active exception"), which the launcher reports as a
+    failed run. Callers in a plain process (tests, scripts) get ``status`` back as usual."""
+    from scopebench.dist import get_dist_info
+
+    if get_dist_info().source == "torchrun":
+        from scopebench.dist.worker import exit_without_teardown
+
+        exit_without_teardown(status)
 
 
 if __name__ == "__main__":

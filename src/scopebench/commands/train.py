@@ -96,13 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json and writes_reports():
         write_json(args.json, {"tool": "train", "config": config.source, **result})
         print(f"wrote {args.json}")
-    if launcher.source == "torchrun":
-        from scopebench.dist.worker import exit_without_teardown
-
-        # About one launched rank in fifteen aborted in a native destructor at exit after a
-        # successful run, which torchrun reports as a failure; all is saved by now.
-        exit_without_teardown(0)
-    return 0
+    return 0  # a launched rank then leaves through os._exit (scopebench.cli._leave_if_launched)
 
 
 @contextlib.contextmanager
