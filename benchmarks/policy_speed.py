@@ -25,7 +25,7 @@ ratios are of medians, with their spread over rounds):
 
 The training parts run with ``fused_adamw: true`` (``--fused-adamw false`` for torch's
 default), ``attention_implementation: sdpa`` (``--attention eager`` for the model's own
-grouped-head attention, the faster one on a CPU), eager unless ``--torch-compile``
+grouped-head attention), eager unless ``--torch-compile``
 (inductor fuses the element-wise work around the matmuls; the warm-up steps pay for
 compilation).
 

@@ -91,7 +91,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     ``H / KV`` query heads that share a key/value head along the query axis, so each
     product is one matmul per key/value head (in fp32).
     Which is faster depends on the device and the sizes: ``benchmarks/attention_speed.py``
-    times both on the CPU (the eager path wins at the ``small`` preset's sizes).
+    times both on the CPU.
 
     Args:
         q: (B, H, Tq, hd); k, v: (B, KV, Tk, hd) with H a multiple of KV.
