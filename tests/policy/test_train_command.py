@@ -195,3 +195,36 @@ def test_a_rank_that_dies_or_hangs_fails_the_run_naming_it(data_args, tmp_path, 
     if sig == signal.SIGKILL:  # the launcher's report gives the signal
         assert "exitcode: -9" in log and "local_rank: 1" in log, log[-4000:]
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_sigterm_waits_while_rank_0_names_the_failed_rank(data_args, tmp_path, monkeypatch, capsys):
+    """``accelerate launch`` sends SIGTERM within 0.1 s of seeing a rank die, often while rank 0
+    is still writing the report that names it (seen in CI: rank 0 ended by the signal, no report).
+    Here the SIGTERM arrives during the report of a real session's failed close."""
+    import scopebench.policy.trainer as trainer
+    from scopebench.dist import DistSession, RankFailure
+
+    def fail_during_the_report(config, resume_from=None):
+        session = DistSession()
+        session.start()
+        session.close(failed=True)  # the diagnosis has begun
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs here: it must not end the report
+        raise RankFailure("rank 1 died after iteration 3 (its launcher reports the exit code or signal)")
+
+    monkeypatch.setattr(trainer, "train_policy", fail_during_the_report)
+    before = signal.getsignal(signal.SIGTERM)
+    code, _, err = train([*data_args, "--output_dir", str(tmp_path / "run")], capsys)
+    assert code == 1 and "the run failed:\nrank 1 died after iteration 3" in err, err
+    assert signal.getsignal(signal.SIGTERM) is before
+
+    def stopped_mid_step(config, resume_from=None):
+        DistSession().start()  # a new session: no failure being reported
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(trainer, "train_policy", stopped_mid_step)
+    with pytest.raises(SystemExit) as stopped:
+        train([*data_args, "--output_dir", str(tmp_path / "run2")], capsys)
+    assert stopped.value.code == 128 + signal.SIGTERM

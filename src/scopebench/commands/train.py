@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scopebench.dist import get_dist_info, writes_reports
+    from scopebench.dist import RankFailure, get_dist_info, writes_reports
     from scopebench.policy.tools import load_config, write_json
     from scopebench.policy.trainer import check_output_dir, train_policy
     from scopebench.train import load_accelerate_file
@@ -89,7 +89,11 @@ def run(args: argparse.Namespace) -> int:
         if not launcher.is_distributed and config.train.nproc_per_node > 1:
             return _relaunch(args, config)
         with _exit_on_sigterm():
-            result = train_policy(config, resume_from=resume_from)
+            try:
+                result = train_policy(config, resume_from=resume_from)
+            except RankFailure as err:  # rank 0 names the rank that died, stopped or hung
+                print(f"scopebench train: the run failed:\n{err}", file=sys.stderr, flush=True)
+                return 1
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench train: {err}", file=sys.stderr)
         return 2
@@ -103,10 +107,15 @@ def run(args: argparse.Namespace) -> int:
 def _exit_on_sigterm():
     """SIGTERM (a launcher stopping the ranks after one died, SLURM at its time limit)
     becomes ``SystemExit``, so the run is torn down and its failure report names the rank
-    that died, instead of the process vanishing mid-step."""
+    that died, instead of the process vanishing mid-step. Once rank 0 has begun that report
+    (:func:`scopebench.dist.launch.reporting_failure`), SIGTERM waits for it: the launcher
+    sends it within 0.1 s of seeing a rank die, often before the report is printed, and
+    only kills after 30 s."""
+    from scopebench.dist.launch import reporting_failure
 
     def stop(signum, frame):
-        raise SystemExit(128 + signum)
+        if not reporting_failure():
+            raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:

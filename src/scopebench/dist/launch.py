@@ -54,8 +54,22 @@ __all__ = [
     "check_launcher_nproc",
     "check_local_nproc",
     "default_backend",
+    "reporting_failure",
     "report_progress",
 ]
+
+#: Set while (and after) this process diagnoses a failed group, until a new session starts.
+_REPORTING_FAILURE = False
+
+
+def reporting_failure() -> bool:
+    """Whether this process has begun naming the ranks of a failed group.
+
+    A launcher that saw a rank die sends SIGTERM to the others at once (``accelerate
+    launch`` checks its ranks every 0.1 s); a SIGTERM handler asks this to let rank 0
+    finish its report instead of ending it mid-sentence.
+    """
+    return _REPORTING_FAILURE
 
 #: Default group timeout of a local spawn: well above a collective's normal wait, short
 #: enough that a hung rank fails the run within a minute.
@@ -188,6 +202,8 @@ class DistSession:
         """Initialise the group; returns this process's :class:`DistInfo`."""
         import torch.distributed as dist
 
+        global _REPORTING_FAILURE
+        _REPORTING_FAILURE = False
         if dist.is_initialized():
             self.info = DistInfo(
                 rank=dist.get_rank(),
@@ -223,6 +239,9 @@ class DistSession:
         """
         import torch.distributed as dist
 
+        global _REPORTING_FAILURE
+        if failed and diagnose:
+            _REPORTING_FAILURE = True
         spawn, self._spawn = self._spawn, None
         culprits = [r for r in spawn.diagnose() if r.culprit] if (spawn and failed and diagnose) else []
         if not spawn and failed and diagnose and self._store is not None and self.info.rank == 0:
