@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -45,3 +47,15 @@ def test_unknown_cuda_device_and_missing_entry_have_no_peak(monkeypatch):
     assert CUDA_PEAK_TFLOPS["B200"][1] is None
     none = peak_flops(torch.device("cuda:0"), "fp32")
     assert none.flops_per_sec is None and none.source is None
+
+
+def test_sustained_matmul_rate_lasts_the_window_and_refuses_bad_windows():
+    from scopebench.train.peak import sustained_cpu_matmul_flops
+
+    start = time.perf_counter()
+    rate = sustained_cpu_matmul_flops(0.3, size=256)
+    assert time.perf_counter() - start >= 0.3
+    assert 1e6 < rate < 1e15
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="seconds must be > 0"):
+            sustained_cpu_matmul_flops(bad)

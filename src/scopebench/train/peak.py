@@ -20,7 +20,14 @@ import functools
 import time
 from dataclasses import dataclass
 
-__all__ = ["CUDA_PEAK_TFLOPS", "PeakFlops", "measure_cpu_matmul_flops", "peak_flops", "sample_cpu_peak"]
+__all__ = [
+    "CUDA_PEAK_TFLOPS",
+    "PeakFlops",
+    "measure_cpu_matmul_flops",
+    "peak_flops",
+    "sample_cpu_peak",
+    "sustained_cpu_matmul_flops",
+]
 
 #: Dense peak TFLOP/s by CUDA device-name fragment: ``(bf16 tensor core, fp32)``; ``None``
 #: where the datasheet gives no dense figure. Longer fragments are matched first.
@@ -70,6 +77,31 @@ def measure_cpu_matmul_flops(dtype_name: str = "float32", size: int = 2048, repe
         a @ b
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best
+
+
+def sustained_cpu_matmul_flops(seconds: float, dtype_name: str = "float32", size: int = 2048) -> float:
+    """Mean FLOP/s of back-to-back ``size x size`` matmuls for at least ``seconds`` (two at least).
+
+    The rate the CPU keeps up over a period as long as a training step, where
+    :func:`measure_cpu_matmul_flops` keeps the best of short bursts: on a shared machine, or
+    one that lowers its clock under sustained vector load, the two differ (here a loop of
+    nothing but these matmuls ran at 0.5-0.8 of the burst figure). Measured next to a
+    step, over the same length of time, it says how close the step gets to pure matmul
+    under the same conditions.
+    """
+    import torch
+
+    if not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got {seconds!r}")
+    dtype = getattr(torch, dtype_name)
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    a @ b  # BLAS picks its kernels and the threads wake up
+    count, start = 0, time.perf_counter()
+    while count < 2 or time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    return count * 2 * size**3 / (time.perf_counter() - start)
 
 
 def sample_cpu_peak(dtype_name: str = "float32") -> float:
