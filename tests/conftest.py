@@ -9,7 +9,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 #: A worker target whose import fails on purpose (--doctest-modules would import it).
-collect_ignore = ["dist/broken_worker_module.py"]
+collect_ignore = ["distributed/broken_worker_module.py"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -91,7 +91,7 @@ def test_denoiser_inside_benchopt_keeps_its_memory(tmp_path):
 
 
 def test_policy_run_objects_apply_the_settings_when_they_start():
-    """Every driver of a policy run gets them (benchmarks/policy_speed.py drives the run
+    """Every driver of a policy run gets them (perf/policy_speed.py drives the run
     object directly, without the solver or the command line that apply them too)."""
     code = (
         "from scopebench import allocator\n"

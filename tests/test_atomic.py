@@ -68,3 +68,28 @@ def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
     live.mkdir()
     assert remove_stale_temporaries(tmp_path, "data") == [stale]
     assert not stale.exists() and live.exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_written_files_and_folders_get_the_users_permissions(tmp_path, umask):
+    # mkstemp / mkdtemp make 0600 / 0700: colleagues could not read a run's files.
+    import stat
+
+    from scopebench.atomic import atomic_dir, atomic_write, replace_dir, temporary_dir
+
+    def mode(path):
+        return stat.S_IMODE(os.stat(path).st_mode)
+
+    old = os.umask(umask)
+    try:
+        with atomic_write(tmp_path / "a.csv") as fh:
+            fh.write("x")
+        with atomic_dir(tmp_path / "folder") as folder:
+            (folder / "f").write_text("y")
+        tmp = temporary_dir(tmp_path / "ckpt")
+        replace_dir(tmp, tmp_path / "ckpt")
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "a.csv") == 0o666 & ~umask
+    assert mode(tmp_path / "folder") == 0o777 & ~umask
+    assert mode(tmp_path / "ckpt") == 0o777 & ~umask

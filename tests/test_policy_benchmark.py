@@ -10,7 +10,7 @@ import yaml
 from conftest import REPO, run_benchopt_test
 from policy.helpers import TRAIN_COLUMNS, TRAIN_PHASES
 
-from scopebench.runs import benchopt_run, run_benchopt
+from scopebench.runs import run_benchopt
 
 TRAIN_COLUMNS = [*TRAIN_COLUMNS, "val_loss", "train_loss"]
 
@@ -99,7 +99,7 @@ def test_bad_parameter_stops_the_solver_naming_key_and_value(tmp_path):
             {"dataset": ["synthetic_robot"], "solver": [{"Pi05Train": {"batch_size": "abc"}}], "max-runs": 2}
         )
     )
-    _, run = benchopt_run(REPO, config, output=tmp_path / "bad.parquet")
+    run = run_benchopt(REPO, config, output=tmp_path / "bad.parquet", check=False)
     assert "batch_size must be an integer >= 1, got 'abc' (str)" in run.log
 
 

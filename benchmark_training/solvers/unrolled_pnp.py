@@ -53,7 +53,7 @@ class Solver(ProfiledSolverMixin, BaseSolver):
         return stop_val + 1
 
     def skip(self, data, data_params):
-        from scopebench.dist import get_dist_info
+        from scopebench.distributed import get_dist_info
 
         launcher = get_dist_info()
         world = launcher.world_size if launcher.is_distributed else self.nproc_per_node

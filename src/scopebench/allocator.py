@@ -7,7 +7,7 @@ only grow as large mapped blocks are freed (the mmap threshold at most to 32 MiB
 convolution network frees and reallocates its activations on every pass — DnCNN on a
 128 px image, 4 MiB each — so the heap shrinks and grows again (or the blocks are mapped
 afresh) every pass, and each new page costs a minor fault: about 25 000 faults and a
-fifth to a quarter of the pass's time here (issue 13; ``benchmarks/inference_overhead.py --case
+fifth to a quarter of the pass's time here (issue 13; ``perf/inference_overhead.py --case
 denoiser``). Raising both thresholds once per process keeps those blocks for reuse.
 Raising only one does not help: setting either turns off glibc's dynamic adjustment of
 both (measured: trim only, 59 000 faults per pass; mmap only, 26 000; both, none).
@@ -18,7 +18,7 @@ process already running (the benchopt process) through ``mallopt``, and
 :func:`allocator_env` gives the variables for processes we start (spawned ranks).
 Both are no-ops off glibc. ``SCOPEBENCH_KEEP_FREED_MEMORY=0`` in the environment turns
 them off (for A/B measurements of the allocator's effect, e.g.
-``benchmarks/inference_overhead.py --case denoiser --allocator-ab``).
+``perf/inference_overhead.py --case denoiser --allocator-ab``).
 """
 
 from __future__ import annotations

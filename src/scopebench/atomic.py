@@ -11,6 +11,12 @@ Chrome traces, weights, datasets, checkpoints, JSON reports) goes through here:
   name, then a rename); :func:`temporary_dir` and :func:`replace_dir` are its two halves,
   for a folder that several processes fill together (a multi-rank checkpoint).
 
+Permissions are those :func:`open` and :func:`os.mkdir` would give under the user's umask
+(``0666 & ~umask`` for a file, ``0777 & ~umask`` for a folder), not mkstemp's and mkdtemp's
+private 0600 / 0700: colleagues on a shared cluster read each other's results as they read
+any file the user writes. The temporary is private while it is written and takes the
+user's permissions just before it gets its final name.
+
 Temporary names are ``.<name>.<pid>.<random>.tmp``, so :func:`remove_stale_temporaries`
 can remove those left by a process that died (a second Ctrl-C, ``kill -9``) before the
 next write of the same name.
@@ -26,7 +32,39 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_dir", "atomic_write", "remove_stale_temporaries", "replace_dir", "temporary_dir"]
+__all__ = [
+    "atomic_dir",
+    "atomic_write",
+    "remove_stale_temporaries",
+    "replace_dir",
+    "temporary_dir",
+    "user_permissions",
+]
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it where Linux tells it (``/proc``)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)  # elsewhere: set and restore (not thread-safe, hence the fallback only)
+    os.umask(mask)
+    return mask
+
+
+def user_permissions(path: str | Path) -> None:
+    """Give ``path`` the permissions :func:`open` (a file) or :func:`os.mkdir` (a folder) would.
+
+    :Examples:
+        >>> import tempfile, pathlib, stat
+        >>> fd, name = tempfile.mkstemp(); os.close(fd)
+        >>> user_permissions(name)
+        >>> oct(stat.S_IMODE(os.stat(name).st_mode)) == oct(0o666 & ~current_umask())
+        True
+    """
+    base = 0o777 if Path(path).is_dir() else 0o666
+    os.chmod(path, base & ~current_umask())
 
 
 def _pid_alive(pid: int) -> bool:
@@ -90,6 +128,7 @@ def atomic_write(path: str | Path, mode: str = "w", **open_kwargs) -> Iterator[I
     try:
         with os.fdopen(fd, mode, **open_kwargs) as fh:
             yield fh
+        user_permissions(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -113,6 +152,7 @@ def atomic_dir(path: str | Path, *, exist_ok: bool = False) -> Iterator[Path]:
     tmp = temporary_dir(path)
     try:
         yield tmp
+        user_permissions(tmp)
         try:
             os.rename(tmp, path)
         except OSError:
@@ -151,6 +191,7 @@ def replace_dir(tmp: str | Path, path: str | Path) -> None:
         ('new', ['ckpt'])
     """
     tmp, path = Path(tmp), Path(path)
+    user_permissions(tmp)
     old = None
     if path.exists():
         old = temporary_dir(path)

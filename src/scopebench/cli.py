@@ -69,10 +69,10 @@ def _leave_if_launched(status: int) -> None:
     in fifteen aborted in a native destructor at interpreter exit after a successful run
     ("terminate called without an active exception"), which the launcher reports as a
     failed run. Callers in a plain process (tests, scripts) get ``status`` back as usual."""
-    from scopebench.dist import get_dist_info
+    from scopebench.distributed import get_dist_info
 
     if get_dist_info().source == "torchrun":
-        from scopebench.dist.worker import exit_without_teardown
+        from scopebench.distributed.worker import exit_without_teardown
 
         exit_without_teardown(status)
 

@@ -79,9 +79,9 @@ def _policy_world_size(nproc: int, launcher_world_size: int | None) -> int:
     """The ranks of a policy run: the job's SLURM tasks, else ``nproc_per_node`` local processes.
 
     Under a launcher the tasks are the ranks and nothing is spawned, so ``nproc_per_node``
-    must be 1 or the task count (what :class:`scopebench.dist.DistSession` requires of ``nproc``).
+    must be 1 or the task count (what :class:`scopebench.distributed.DistSession` requires of ``nproc``).
     """
-    from scopebench.dist.launch import check_launcher_nproc
+    from scopebench.distributed.launch import check_launcher_nproc
 
     if launcher_world_size is None:
         return nproc

@@ -15,6 +15,7 @@ naming the solver and its row count) and records the fact in the parquet's metad
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -32,7 +33,6 @@ __all__ = [
     "METADATA_KEY",
     "StoppedOnTimeout",
     "TruncatedRunWarning",
-    "benchopt_run",
     "read_run_metadata",
     "run_benchopt",
     "timeout_messages",
@@ -82,6 +82,8 @@ class BenchoptRun:
     """Wall-clock time of the whole command, imports included."""
     stopped_on_timeout: tuple[StoppedOnTimeout, ...] = ()
     """Solvers that benchopt stopped on its timeout before ``max-runs`` (checked runs only)."""
+    returncode: int = 0
+    """benchopt's exit code (0 even when a solver errored: a checked run reads the log too)."""
 
 
 def _failed_lines(log: str) -> list[str]:
@@ -168,29 +170,15 @@ def _benchopt_program(poll_sec: float | None, result_wait_sec: float | None) -> 
     return ["-c", _BENCHOPT_TIMED, *("" if v is None else str(v) for v in (poll_sec, result_wait_sec))]
 
 
-def benchopt_run(
-    benchmark: str | Path,
-    config: str | Path | None = None,
-    *,
-    output: str | Path | None = None,
-    extra_args: list[str] | None = None,
-    timeout_sec: float = 900.0,
-    env: dict[str, str] | None = None,
-    submitit_poll_sec: float | None = None,
-    submitit_result_wait_sec: float | None = None,
-) -> tuple[int, BenchoptRun]:
-    """``benchopt run <benchmark> --config <config> --no-cache --no-plot``, unchecked.
-
-    For callers that expect failures (tests of error messages); everyone else wants
-    :func:`run_benchopt`. Arguments as there.
-
-    Returns:
-        benchopt's exit code and the run (``parquet`` may not exist).
-    """
-    benchmark = Path(benchmark)
-    if not (benchmark / "objective.py").is_file():
-        raise ValueError(f"{benchmark} is not a benchmark folder (no objective.py)")
-    program = _benchopt_program(submitit_poll_sec, submitit_result_wait_sec)
+def _benchopt_command(
+    benchmark: Path,
+    config: str | Path | None,
+    output: str | Path | None,
+    extra_args: list[str] | None,
+    timeout_sec: float,
+    env: dict[str, str] | None,
+    program: list[str],
+) -> BenchoptRun:
     if output is None:
         output = benchmark / "outputs" / f"scopebench_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}.parquet"
     output = Path(output).resolve()
@@ -210,7 +198,7 @@ def benchopt_run(
     wall = time.perf_counter() - start
     # Progress lines end in carriage returns; make each its own line.
     log = _ANSI.sub("", proc.stdout + proc.stderr).replace("\r", "\n")
-    return proc.returncode, BenchoptRun(parquet=output, log=log, wall_sec=wall)
+    return BenchoptRun(parquet=output, log=log, wall_sec=wall, returncode=proc.returncode)
 
 
 def run_benchopt(
@@ -223,8 +211,9 @@ def run_benchopt(
     env: dict[str, str] | None = None,
     submitit_poll_sec: float | None = None,
     submitit_result_wait_sec: float | None = None,
+    check: bool = True,
 ) -> BenchoptRun:
-    """``benchopt run <benchmark> --config <config> --no-cache --no-plot``, checked.
+    """``benchopt run <benchmark> --config <config> --no-cache --no-plot``, checked by default.
 
     Args:
         benchmark: Benchmark folder.
@@ -239,23 +228,24 @@ def run_benchopt(
         submitit_result_wait_sec: With a submitit ``--parallel-config``: seconds a job that
             ended without a result file is given for the file to appear before it counts
             as failed (None: Submitit's own 15 s, for slow shared file systems).
+        check: Raise when the run failed, and record benchopt's timeouts (the default).
+            ``False`` is for callers that expect a failure (tests of error messages): the
+            run comes back as it is, with its ``returncode``; its ``parquet`` may not exist.
 
     Raises:
-        RuntimeError: benchopt failed, a solver errored, or no parquet was written; the
-            message carries the end of benchopt's output and of the Submitit job error logs
-            written during the run.
+        RuntimeError: (``check``) benchopt failed, a solver errored, or no parquet was
+            written; the message carries the end of benchopt's output and of the Submitit
+            job error logs written during the run.
     """
+    benchmark = Path(benchmark)
+    if not (benchmark / "objective.py").is_file():
+        raise ValueError(f"{benchmark} is not a benchmark folder (no objective.py)")
+    program = _benchopt_program(submitit_poll_sec, submitit_result_wait_sec)
     since = time.time()
-    code, run = benchopt_run(
-        benchmark,
-        config,
-        output=output,
-        extra_args=extra_args,
-        timeout_sec=timeout_sec,
-        env=env,
-        submitit_poll_sec=submitit_poll_sec,
-        submitit_result_wait_sec=submitit_result_wait_sec,
-    )
+    run = _benchopt_command(benchmark, config, output, extra_args, timeout_sec, env, program)
+    if not check:
+        return run
+    code = run.returncode
     problems = _failed_lines(run.log)
     if code != 0 or problems or not run.parquet.is_file():
         reason = (
@@ -263,7 +253,7 @@ def run_benchopt(
             if code != 0
             else f"{len(problems)} failure line(s): {problems[:3]}" if problems else f"no results file at {run.parquet}"
         )
-        jobs = "\n".join(_job_errors(Path(benchmark), since))
+        jobs = "\n".join(_job_errors(benchmark, since))
         raise RuntimeError(
             f"benchopt run of {benchmark} failed ({reason}):\n{run.log[-4000:]}"
             + (f"\nSubmitit job logs:\n{jobs}" if jobs else "")
@@ -272,7 +262,7 @@ def run_benchopt(
     _write_run_metadata(run.parquet, {"max_runs": _max_runs(config, extra_args), "stopped_on_timeout": stopped})
     for entry in stopped:
         warnings.warn(entry.message(), TruncatedRunWarning, stacklevel=2)
-    return BenchoptRun(parquet=run.parquet, log=run.log, wall_sec=run.wall_sec, stopped_on_timeout=tuple(stopped))
+    return dataclasses.replace(run, stopped_on_timeout=tuple(stopped))
 
 
 def _max_runs(config: str | Path | None, extra_args: list[str] | None) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import run_benchopt_test
 
-from scopebench.runs import benchopt_run, run_benchopt
+from scopebench.runs import run_benchopt
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmark_inference"
@@ -79,7 +79,7 @@ def test_bad_parameters_fail_cleanly(tmp_path):
         "max-runs: 2\n"
     )
     before = sorted(OUTPUTS.iterdir())
-    _, run = benchopt_run(BENCH, config, output=tmp_path / "bad.parquet")
+    run = run_benchopt(BENCH, config, output=tmp_path / "bad.parquet", check=False)
     log = run.log
     assert "ValueError: denoiser='drunet' needs weights and none can be downloaded here" in log
     assert "ValueError: init_method must be one of 'zeros', 'adjoint', 'pseudo_inverse', got 'random'" in log

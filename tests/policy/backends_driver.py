@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from scopebench.dist.worker import exit_without_teardown
+from scopebench.distributed.worker import exit_without_teardown
 from scopebench.policy.settings import load_run_config
 from scopebench.policy.tools import StepCounter
 from scopebench.policy.train_run import PolicyTrainRun
@@ -73,7 +73,7 @@ def main(out: str, cache: str) -> None:
             }
     Path(out, f"facts_rank{rank}.json").write_text(json.dumps(facts, indent=2))
     dist.destroy_process_group()
-    exit_without_teardown(0)  # a launched rank's occasional abort at exit (scopebench.dist.worker)
+    exit_without_teardown(0)  # a launched rank's occasional abort at exit (scopebench.distributed.worker)
 
 
 if __name__ == "__main__":

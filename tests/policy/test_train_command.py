@@ -205,7 +205,7 @@ def test_sigterm_waits_while_rank_0_names_the_failed_rank(data_args, tmp_path, m
     is still writing the report that names it (seen in CI: rank 0 ended by the signal, no report).
     Here the SIGTERM arrives during the report of a real session's failed close."""
     import scopebench.policy.trainer as trainer
-    from scopebench.dist import DistSession, RankFailure
+    from scopebench.distributed import DistSession, RankFailure
 
     def fail_during_the_report(config, resume_from=None):
         session = DistSession()

@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from scopebench.dist import DistSession
+from scopebench.distributed import DistSession
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from scopebench.dist import get_dist_info
+from scopebench.distributed import get_dist_info
 from scopebench.train import AcceleratorSettings, build_accelerator, release_accelerator
 
 

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
     import time
 
-    from scopebench.dist import writes_reports
+    from scopebench.distributed import writes_reports
     from scopebench.policy.tools import StepCounter, environment_info, progress_bar, settings_dict, summary_sec
     from scopebench.policy.train_run import PolicyTrainRun
 

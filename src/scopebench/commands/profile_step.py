@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
     import time
 
-    from scopebench.dist import writes_reports
+    from scopebench.distributed import writes_reports
     from scopebench.policy.tools import StepCounter, progress_bar
     from scopebench.policy.train_run import PolicyTrainRun
 

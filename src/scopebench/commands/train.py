@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scopebench.dist import RankFailure, get_dist_info, writes_reports
+    from scopebench.distributed import RankFailure, get_dist_info, writes_reports
     from scopebench.policy.tools import load_config, write_json
     from scopebench.policy.trainer import check_output_dir, train_policy
     from scopebench.train import load_accelerate_file
@@ -108,10 +108,10 @@ def _exit_on_sigterm():
     """SIGTERM (a launcher stopping the ranks after one died, SLURM at its time limit)
     becomes ``SystemExit``, so the run is torn down and its failure report names the rank
     that died, instead of the process vanishing mid-step. Once rank 0 has begun that report
-    (:func:`scopebench.dist.launch.reporting_failure`), SIGTERM waits for it: the launcher
+    (:func:`scopebench.distributed.launch.reporting_failure`), SIGTERM waits for it: the launcher
     sends it within 0.1 s of seeing a rank die, often before the report is printed, and
     only kills after 30 s."""
-    from scopebench.dist.launch import reporting_failure
+    from scopebench.distributed.launch import reporting_failure
 
     def stop(signum, frame):
         if not reporting_failure():

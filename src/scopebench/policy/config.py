@@ -239,7 +239,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     # Widths of 256-2048 and ~110-180 tokens per sample: a training batch of 8 gives
     # matmuls of about 1000 x 512 x 2048, large enough that a CPU spends its time in
-    # BLAS rather than in the Python dispatcher (see benchmarks/policy_speed.py).
+    # BLAS rather than in the Python dispatcher (see perf/policy_speed.py).
     "small": dict(
         vision=dict(image_size=96, patch_size=16, width=384, depth=6, num_heads=6, mlp_dim=1536),
         width=512,

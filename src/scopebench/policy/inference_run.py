@@ -2,7 +2,7 @@
 
 :class:`InferenceRun` is the one lifecycle of ``Pi05Inference``, used alike by the
 benchopt solver, ``scopebench bench-inference``, ``scopebench decompose-latency`` and
-``benchmarks/policy_speed.py``. One iteration is one call at batch 1, in four regions
+``perf/policy_speed.py``. One iteration is one call at batch 1, in four regions
 (``preprocess`` on the host, ``prefill``, ``denoise``, ``postprocess``). With a
 ``compile_mode``, ``torch.compile`` wraps the model's prefill and denoise (never the host
 preprocessing); the ``n_warmup`` calls of ``start`` pay for compilation outside the
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from scopebench.dist.device import resolve_device
+from scopebench.distributed.device import resolve_device
 from scopebench.policy.lifecycle import RunLifecycle
 from scopebench.policy.settings import InferenceSettings
 from scopebench.policy.steps import InferenceStep, policy_for_dataset

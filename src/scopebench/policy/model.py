@@ -90,7 +90,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     key/value head, a copy for grouped ones). ``eager`` copies nothing: it stacks the
     ``H / KV`` query heads that share a key/value head along the query axis, so each
     product is one matmul per key/value head (in fp32).
-    Which is faster depends on the device and the sizes: ``benchmarks/attention_speed.py``
+    Which is faster depends on the device and the sizes: ``perf/attention_speed.py``
     times both on the CPU.
 
     Args:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scopebench.dist.device import check_device
+from scopebench.distributed.device import check_device
 from scopebench.policy.config import ATTENTION_IMPLEMENTATIONS, PRESETS
 from scopebench.policy.data import SyntheticRobotConfig
 from scopebench.train.accelerator import BACKENDS, PRECISIONS

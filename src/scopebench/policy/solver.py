@@ -45,7 +45,7 @@ class TrainSolverMixin(_RunSolverMixin):
     def skip(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> tuple[bool, str | None]:
         """Decline a backend the settings cannot run (ZeRO on one process, ZeRO-3 with
         gradient checkpointing, ZeRO without an optimizer)."""
-        from scopebench.dist import get_dist_info
+        from scopebench.distributed import get_dist_info
         from scopebench.policy.settings import backend_conflict
 
         if self.task != "train":

@@ -3,7 +3,7 @@
 :class:`PolicyTrainRun` is the one lifecycle of ``Pi05Train`` and ``Pi05Dataloader``,
 driven alike by the benchopt solvers, the spawned ranks (:func:`run_worker`), the
 ``profile-step`` / ``profile-dataloader`` / ``find-unused-params`` commands and
-``benchmarks/policy_speed.py``, so a number printed by a tool and one in a parquet come
+``perf/policy_speed.py``, so a number printed by a tool and one in a parquet come
 from the same code::
 
     with PolicyTrainRun(settings, dataset_root=root, profiler_params=...) as run:
@@ -12,7 +12,7 @@ from the same code::
 
 ``start`` (benchopt's ``pre_run_hook``: not timed) joins or creates the process group
 (torchrun / ``accelerate launch`` / SLURM, or ``nproc_per_node - 1`` local workers started
-by :class:`scopebench.dist.DistSession`), builds the accelerator, the dataloader and, for
+by :class:`scopebench.distributed.DistSession`), builds the accelerator, the dataloader and, for
 training, the model, AdamW and the LR schedule, sends them through
 ``accelerator.prepare``, measures the device's peak FLOP/s, and ends with a barrier, so
 the first measured iteration holds no start-up; the time it took is ``setup_time_sec``.
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from scopebench.dist.device import resolve_device
+from scopebench.distributed.device import resolve_device
 from scopebench.policy.lifecycle import RunLifecycle
 from scopebench.policy.phases import BACKWARD_STEP_PHASES
 from scopebench.policy.settings import TrainSettings, backend_conflict
@@ -56,7 +56,7 @@ __all__ = [
 
 #: What a run does each iteration: a training step, or a dataloader batch alone.
 TASKS = ("train", "dataloader")
-#: Entry point of spawned ranks (``scopebench.dist.worker`` imports and calls it).
+#: Entry point of spawned ranks (``scopebench.distributed.worker`` imports and calls it).
 WORKER = "scopebench.policy.train_run:run_worker"
 _ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
 
@@ -187,8 +187,8 @@ class PolicyTrainRun(RunLifecycle):
         import dataclasses
         import warnings
 
-        from scopebench.dist import check_local_nproc, get_dist_info
-        from scopebench.dist.launch import check_launcher_nproc
+        from scopebench.distributed import check_local_nproc, get_dist_info
+        from scopebench.distributed.launch import check_launcher_nproc
         from scopebench.profiler import ProfilerConfig
         from scopebench.train import check_launcher_backend
         from scopebench.train.checkpoint import resolve_checkpoint
@@ -268,7 +268,7 @@ class PolicyTrainRun(RunLifecycle):
 
     def _start(self) -> None:
         """Join or create the ranks and build everything; ends with a barrier."""
-        from scopebench.dist import DistSession
+        from scopebench.distributed import DistSession
 
         start = time.perf_counter()
         session_kwargs = {}
@@ -415,8 +415,8 @@ class PolicyTrainRun(RunLifecycle):
         work such as saving a checkpoint); under ZeRO-3 with ``eval_batch_size`` every rank
         also computes :attr:`val_loss` there. Both count as callback time, not step time.
         """
-        from scopebench.dist import gather_objects
-        from scopebench.dist.launch import report_progress
+        from scopebench.distributed import gather_objects
+        from scopebench.distributed.launch import report_progress
 
         if self.step is None:
             raise RuntimeError("PolicyTrainRun.start() must run before loop()")

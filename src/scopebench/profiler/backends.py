@@ -18,7 +18,7 @@ class NullProfiler(Profiler):
     """Records nothing, synchronises nothing, writes nothing.
 
     Regions are a shared ``nullcontext`` and :meth:`iterate` is a plain loop, so a solver
-    costs the same as without a profiler (``benchmarks/profiler_overhead.py``).
+    costs the same as without a profiler (``perf/profiler_overhead.py``).
     """
 
     def track_step(self, name: str):

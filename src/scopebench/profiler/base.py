@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from scopebench.dist.reduce import broadcast_flag, gather_objects, world
+from scopebench.distributed.reduce import broadcast_flag, gather_objects, world
 from scopebench.profiler.config import ProfilerConfig
 from scopebench.profiler.device import DeviceOps
 from scopebench.profiler.files import METRICS_FILE, new_run_id, run_name, write_csv

@@ -2,7 +2,7 @@
 
 Every solver of the suite mixes in :class:`ProfiledSolverMixin` and reaches its profiler as
 ``self.profiler``: the policy solvers through :meth:`~ProfiledSolverMixin.run_profiled`,
-the imaging solvers through a run object (:class:`scopebench.dist.run.RankRun`) started by
+the imaging solvers through a run object (:class:`scopebench.distributed.run.RankRun`) started by
 :meth:`~ProfiledSolverMixin.start_run` and driven by :meth:`~ProfiledSolverMixin.finish_run`.
 """
 

@@ -9,7 +9,6 @@ numbers into an output folder.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,14 +100,6 @@ def summarize_results(results: Results, findings: list[Finding] | None = None) -
     return "\n\n".join(parts)
 
 
-def _share(paths: list[Path]) -> None:
-    """Make the written files readable like any file the user creates (mkstemp makes them 0600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    for path in paths:
-        os.chmod(path, 0o666 & ~mask)
-
-
 def _remove_previous(out_dir: Path) -> None:
     """Delete the PNGs an earlier report listed in its manifest, so none is left stale."""
     manifest = out_dir / MANIFEST
@@ -173,5 +164,4 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None) -> 
     }
     with atomic_write(out / MANIFEST, "w", encoding="utf-8") as fh:
         json.dump(manifest, fh, indent=1)
-    _share([html_path, out / "report.txt", out / MANIFEST, *pngs])
     return Report(html=html_path, pngs=pngs, text=text, findings=findings, warnings=results.warnings)

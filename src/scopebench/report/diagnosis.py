@@ -77,7 +77,7 @@ def _median(config: Configuration, metric: str) -> float | None:
     return stats.median(values) if values else None
 
 
-def _share(config: Configuration, region: str) -> float | None:
+def _step_share_pct(config: Configuration, region: str) -> float | None:
     """Mean of the region over the mean step, in %."""
     if region not in config.region_columns:
         return None
@@ -128,7 +128,7 @@ def _differences(a: Configuration, b: Configuration) -> int:
 
 def input_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
     out = []
-    share = _share(config, "dataload_wait")
+    share = _step_share_pct(config, "dataload_wait")
     if share is not None and share > INPUT_WAIT_PCT:
         out.append(
             Finding(
@@ -191,7 +191,7 @@ def distributed_overhead(config: Configuration, others: list[Configuration]) -> 
 
 
 def optimizer_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
-    share = _share(config, "optim_step")
+    share = _step_share_pct(config, "optim_step")
     if share is None or share <= OPTIM_PCT or not _on_cuda(config) or _on(config.param("fused_adamw")):
         return []
     return [
@@ -206,7 +206,7 @@ def optimizer_bound(config: Configuration, others: list[Configuration]) -> list[
 
 
 def host_sync_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
-    share = _share(config, "sync_gather")
+    share = _step_share_pct(config, "sync_gather")
     if share is None or share <= SYNC_PCT:
         return []
     return [
@@ -226,7 +226,7 @@ def rank_imbalance(config: Configuration, others: list[Configuration]) -> list[F
         parts.append(f"step skew {skew:.1f}%")
     for region in config.regions:
         region_skew = _median(config, f"{region}_rank_skew_pct")
-        share = _share(config, region)
+        share = _step_share_pct(config, region)
         if region_skew is not None and region_skew > SKEW_PCT and share is not None and share >= SKEW_REGION_MIN_PCT:
             parts.append(f"{region} skew {region_skew:.1f}%")
     if not parts:

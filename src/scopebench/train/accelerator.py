@@ -1,6 +1,6 @@
 """One ``accelerate.Accelerator`` per run, on whatever process group the run joined.
 
-:class:`scopebench.dist.DistSession` creates (or joins) the process group: torchrun,
+:class:`scopebench.distributed.DistSession` creates (or joins) the process group: torchrun,
 ``accelerate launch``, SLURM, or our own local spawn. accelerate then has to see that
 group, which it does not by itself in two cases:
 
@@ -11,7 +11,7 @@ group, which it does not by itself in two cases:
   does not read.
 
 :func:`build_accelerator` therefore exports the launcher variables accelerate reads,
-for the duration of the constructor only, from the :class:`~scopebench.dist.DistInfo` of
+for the duration of the constructor only, from the :class:`~scopebench.distributed.DistInfo` of
 the group that already exists, and restores the environment afterwards (accelerate also
 writes ``RANK``... itself in ``MULTI_CPU`` mode, and a later run in the same benchopt
 process must not believe it runs under torchrun). accelerate keeps its state in
@@ -183,7 +183,7 @@ def build_accelerator(settings: AcceleratorSettings, info: Any, device: Any):
 
     Args:
         settings: Backend, precision, DDP and compile options.
-        info: :class:`scopebench.dist.DistInfo` of the (already initialised) group.
+        info: :class:`scopebench.distributed.DistInfo` of the (already initialised) group.
         device: ``torch.device`` this rank computes on; CPU runs use ``cpu=True`` (DDP) or
             DeepSpeed's CPU accelerator (ZeRO).
 

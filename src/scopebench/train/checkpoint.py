@@ -81,7 +81,7 @@ def save_checkpoint(
         meta: JSON facts for :data:`STEP_FILE` (step, data position, backend, world size...).
         files: Extra text files (name -> content) written by rank 0.
     """
-    from scopebench.dist import gather_objects
+    from scopebench.distributed import gather_objects
 
     final = checkpoint_dir(output_dir, step)
     tmp = temporary_dir(final) if accelerator.is_main_process else None

@@ -112,7 +112,7 @@ def sample_cpu_peak(dtype_name: str = "float32") -> float:
     threads here), and the one-thread sample needs only one idle core: on a shared machine
     the multi-thread sample alone can come out low and inflate MFU; this never deflates the
     peak. :func:`peak_flops` takes one sample per process and thread count;
-    ``benchmarks/policy_speed.py`` takes one per round.
+    ``perf/policy_speed.py`` takes one per round.
     """
     import torch
 

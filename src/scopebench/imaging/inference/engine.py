@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from scopebench.dist.device import check_device, resolve_device
+from scopebench.distributed.device import check_device, resolve_device
 from scopebench.imaging.common.denoisers import DenoiserConfig, build_denoiser
 from scopebench.imaging.inference.problems import Problem, build_problem
 from scopebench.validate import choice, flag, integer, number, optional
@@ -276,7 +276,7 @@ class PnPEngine:
     def _count_denoiser_cost(self) -> None:
         # Counted eagerly (before any torch.compile) on every rank, then summed: the
         # total work of one pass over the whole signal, halos of the tiles included.
-        from scopebench.dist import gather_objects
+        from scopebench.distributed import gather_objects
         from scopebench.imaging.inference.cost import count_cost
 
         local = count_cost(lambda: self._denoise_fn(self.x0))

@@ -96,7 +96,7 @@ class PnPSolverMixin(ProfiledSolverMixin):
         )
 
     def skip(self, spec: dict[str, Any], **_: Any) -> tuple[bool, str | None]:
-        from scopebench.dist import get_dist_info
+        from scopebench.distributed import get_dist_info
 
         self.validate_profiler()
         info = get_dist_info()

@@ -21,7 +21,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from scopebench.dist.run import RankRun
+from scopebench.distributed.run import RankRun
 from scopebench.imaging.common.denoisers import DenoiserSpec
 from scopebench.imaging.training.data import TrainingData, build_training_data
 from scopebench.imaging.training.trainer import TrainConfig, UnrolledTrainer
@@ -44,7 +44,7 @@ class TrainingRun(RankRun):
         train: Optimisation and distribution settings (or their ``asdict`` form).
         data: The training set already built from ``data_params`` (rank 0 under benchopt).
         **run: ``nproc``, ``device``, ``profiler``, ``output_dir``, ``name``,
-            ``group_timeout_sec``, ``worker`` of :class:`~scopebench.dist.run.RankRun`.
+            ``group_timeout_sec``, ``worker`` of :class:`~scopebench.distributed.run.RankRun`.
     """
 
     worker_target = WORKER_TARGET
@@ -107,7 +107,7 @@ class TrainingRun(RankRun):
 
     def save_weights(self) -> Path | None:
         """Rank 0 writes ``<output_dir>/<name>_<run id>_denoiser.safetensors``; others return ``None``."""
-        from scopebench.dist import writes_reports
+        from scopebench.distributed import writes_reports
         from scopebench.profiler.files import new_run_id
 
         if self.trainer is None or not writes_reports():

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from scopebench.dist import DistSession, broadcast_flag, gather_objects
+from scopebench.distributed import DistSession, broadcast_flag, gather_objects
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,7 @@ def test_nproc_disagreeing_with_launcher(monkeypatch):
 def test_local_nproc_above_the_cores_is_refused_with_the_numbers():
     import os
 
-    from scopebench.dist import check_local_nproc
+    from scopebench.distributed import check_local_nproc
 
     cores = os.cpu_count()
     assert check_local_nproc("nproc_per_node", cores) == cores

@@ -41,9 +41,9 @@ Weights are random: latency and throughput depend on shapes and dtype only.
 
 How to run (a single process, no launcher)::
 
-    python benchmarks/policy_speed.py                      # small, 2 threads, all parts
-    python benchmarks/policy_speed.py --threads 1 --skip compile
-    python benchmarks/policy_speed.py --preset tiny --rounds 3 --json-out out.json
+    python perf/policy_speed.py                      # small, 2 threads, all parts
+    python perf/policy_speed.py --threads 1 --skip compile
+    python perf/policy_speed.py --preset tiny --rounds 3 --json-out out.json
 
 Other work on the machine slows everything down; the load average at start and end is
 part of the output so a noisy run can be recognised.

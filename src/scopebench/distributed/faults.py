@@ -4,7 +4,7 @@ When a local multi-process run fails, rank 0 describes each spawned rank from wh
 operating system and the rendezvous store say about it: its exit code or signal
 (``rank 1 died with SIGKILL after iteration 12``), whether it is stopped or still running
 behind the others (a hang: ``rank 1 is stopped (SIGSTOP or a debugger) after iteration
-4``), and the last lines of its log. These functions only read; :mod:`scopebench.dist.launch`
+4``), and the last lines of its log. These functions only read; :mod:`scopebench.distributed.launch`
 decides when to call them.
 """
 
@@ -121,5 +121,7 @@ class RankReport:
         """:meth:`sentence` followed by the log tail, indented."""
         text = self.sentence(timeout_sec)
         if self.log:
-            text += f"\n  last lines of rank {self.rank}'s log:\n" + "\n".join("    " + line for line in self.log.splitlines())
+            text += f"\n  last lines of rank {self.rank}'s log:\n" + "\n".join(
+                "    " + line for line in self.log.splitlines()
+            )
         return text

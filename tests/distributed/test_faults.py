@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from scopebench.dist import DistSession, RankFailure
-from scopebench.dist.faults import process_state
+from scopebench.distributed import DistSession, RankFailure
+from scopebench.distributed.faults import process_state
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def test_local_rendezvous_listens_on_loopback_only(worker_path):
 
 
 def DistSession_worker_pids() -> list[int]:
-    """Children of this process that run ``scopebench.dist.worker``."""
+    """Children of this process that run ``scopebench.distributed.worker``."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -78,7 +78,7 @@ def DistSession_worker_pids() -> list[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == os.getpid() and b"scopebench.dist.worker" in cmdline:
+        if ppid == os.getpid() and b"scopebench.distributed.worker" in cmdline:
             pids.append(int(entry.name))
     return pids
 
@@ -146,7 +146,7 @@ def test_stopped_worker_fails_at_the_group_timeout_naming_the_rank(worker_path):
 
 
 def test_group_timeout_reaches_the_workers_and_defaults_by_launcher(monkeypatch):
-    from scopebench.dist.launch import LAUNCHER_TIMEOUT_SEC, LOCAL_TIMEOUT_SEC
+    from scopebench.distributed.launch import LAUNCHER_TIMEOUT_SEC, LOCAL_TIMEOUT_SEC
 
     assert DistSession(1).timeout_sec == LOCAL_TIMEOUT_SEC < 300
     assert DistSession(1, timeout_sec=7).timeout_sec == 7.0

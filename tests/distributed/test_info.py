@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scopebench.dist import get_dist_info
+from scopebench.distributed import get_dist_info
 
 
 def test_single_process():
@@ -17,14 +17,22 @@ def test_torchrun():
     env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "1234"}
     info = get_dist_info(env)
     assert (info.rank, info.local_rank, info.world_size, info.master_addr, info.master_port, info.source) == (
-        3, 1, 8, "h0", 1234, "torchrun",
+        3,
+        1,
+        8,
+        "h0",
+        1234,
+        "torchrun",
     )
 
 
 def test_slurm_multi_task():
     env = {
-        "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
-        "SLURM_JOB_NODELIST": "gpu[010-013]", "SLURM_JOB_ID": "4242",
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_NODELIST": "gpu[010-013]",
+        "SLURM_JOB_ID": "4242",
     }
     info = get_dist_info(env)
     assert (info.rank, info.local_rank, info.world_size, info.master_addr, info.source) == (5, 1, 8, "gpu010", "slurm")

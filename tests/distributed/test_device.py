@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scopebench.dist import check_device, resolve_device
+from scopebench.distributed import check_device, resolve_device
 
 
 def test_cpu_and_auto_without_cuda(monkeypatch):

@@ -27,7 +27,7 @@ hand, so it lives here and not in the test suite.
 Why: the benchmark is only useful if measuring does not change what is measured, and the
 batch-size sweep says where a CPU run spends its time.
 
-Run: ``.venv/bin/python benchmarks/training_speed.py [--rounds 30 --steps 6 --threads 1]
+Run: ``.venv/bin/python perf/training_speed.py [--rounds 30 --steps 6 --threads 1]
 [--quickstart]`` (one process; ``--threads`` intra-op threads, 1 by default for stable
 timings).
 

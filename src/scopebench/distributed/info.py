@@ -6,7 +6,7 @@ Sources, in order of precedence (DESIGN.md, "Ranks and launch"):
   ``MASTER_ADDR``, ``MASTER_PORT``.
 * ``slurm``: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID`` when more than one task
   runs (submitit starts one process per task); the master is the first node of the step.
-* ``spawn``: a worker started by :mod:`scopebench.dist.launch` (``SCOPEBENCH_RANK`` …); its
+* ``spawn``: a worker started by :mod:`scopebench.distributed.launch` (``SCOPEBENCH_RANK`` …); its
   rendezvous is a file store in the run's private temporary folder (port 0).
 * ``single``: none of the above.
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 __all__ = ["DistInfo", "get_dist_info", "is_main", "writes_reports", "SPAWN_ENV"]
 
-#: Environment variables that :mod:`scopebench.dist.launch` hands to spawned workers.
+#: Environment variables that :mod:`scopebench.distributed.launch` hands to spawned workers.
 SPAWN_ENV = {
     "rank": "SCOPEBENCH_RANK",
     "world_size": "SCOPEBENCH_WORLD_SIZE",
@@ -144,4 +144,3 @@ def writes_reports() -> bool:
     in their name; this function decides only for files that exist once per run.
     """
     return is_main()
-

@@ -1,19 +1,19 @@
 """Local spawn: rank 0 starts its workers on this machine, watches them, and names the culprit.
 
-:class:`LocalSpawn` is the rank-0 half of a run whose ranks :class:`~scopebench.dist.launch.DistSession`
+:class:`LocalSpawn` is the rank-0 half of a run whose ranks :class:`~scopebench.distributed.launch.DistSession`
 starts itself (no torchrun, no SLURM):
 
 * a private temporary folder (``tempfile.mkdtemp``: mode 0700, unpredictable name) holds
   the rendezvous, a ``FileStore``, and each worker's log, so nothing listens on the
   network; the ranks' own gloo / NCCL sockets are bound to the loopback interface;
-* ``nproc - 1`` subprocesses ``python -m scopebench.dist.worker`` join through the store;
+* ``nproc - 1`` subprocesses ``python -m scopebench.distributed.worker`` join through the store;
   a worker that dies before joining is reported within a poll interval;
 * each worker holds the read end of a pipe whose write end only rank 0 holds (its
   lifeline): when rank 0 dies the workers see end-of-file and stop
-  (:mod:`scopebench.dist.worker`);
+  (:mod:`scopebench.distributed.worker`);
 * every rank marks the last iteration it finished in the store (:func:`report_progress`),
   so that when the run fails rank 0 can say which rank died (exit code or signal), is
-  stopped, or fell behind, where, and quote the end of its log (:mod:`scopebench.dist.faults`).
+  stopped, or fell behind, where, and quote the end of its log (:mod:`scopebench.distributed.faults`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from scopebench.dist.faults import RankReport, log_tail, process_state
-from scopebench.dist.info import SPAWN_ENV
+from scopebench.distributed.faults import RankReport, log_tail, process_state
+from scopebench.distributed.info import SPAWN_ENV
 
 __all__ = [
     "WORKER_KWARGS_ENV",
@@ -133,7 +133,9 @@ def report_progress(iteration: int) -> None:
 
 def loopback_env() -> dict[str, str]:
     """Bind gloo's and NCCL's sockets to the loopback interface (a local run stays local)."""
-    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")] if hasattr(socket, "if_nameindex") else []
+    names = (
+        [name for _, name in socket.if_nameindex() if name.startswith("lo")] if hasattr(socket, "if_nameindex") else []
+    )
     loopback = names[0] if names else "lo"
     return {"GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback}
 
@@ -207,7 +209,7 @@ class LocalSpawn:
                 with open(log, "wb") as fh:
                     self.procs.append(
                         subprocess.Popen(
-                            [sys.executable, "-m", "scopebench.dist.worker"],
+                            [sys.executable, "-m", "scopebench.distributed.worker"],
                             env=self._env(rank, lifeline),
                             stdin=subprocess.DEVNULL,
                             stdout=fh,

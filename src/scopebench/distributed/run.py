@@ -9,7 +9,7 @@ scripts::
     run.metrics()                                 # last iteration + setup_time_sec
 
 ``start`` (benchopt's ``pre_run_hook``: untimed) joins or creates the ranks
-(:class:`~scopebench.dist.launch.DistSession`), resolves this rank's device, builds the
+(:class:`~scopebench.distributed.launch.DistSession`), resolves this rank's device, builds the
 work (:meth:`RankRun.build`), creates the profiler, and ends with a barrier that every
 rank passes before the first iteration, so no iteration holds another rank's start-up;
 the time it took is ``setup_time_sec``. ``close`` (``__exit__``) undoes all of it in
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scopebench.dist.info import get_dist_info
+from scopebench.distributed.info import get_dist_info
 
 __all__ = ["RankRun"]
 
@@ -43,14 +43,14 @@ class RankRun:
         nproc: Processes wanted without a launcher (this one is rank 0; ``nproc_per_node``);
             under torchrun or SLURM the launcher's world is used.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``
-            (:func:`scopebench.dist.device.resolve_device`).
+            (:func:`scopebench.distributed.device.resolve_device`).
         profiler: A :class:`~scopebench.profiler.ProfilerConfig`, or the ``profiler_*``
             values as a mapping (``None``: the defaults).
         output_dir: Folder of the profiler's per-rank files (checked writable when
             ``profiler_save_file`` is on).
         name: Stem of this run's file names.
         group_timeout_sec: Bound on worker start-up and on every collective; ``None``: the
-            default of :class:`~scopebench.dist.launch.DistSession`.
+            default of :class:`~scopebench.distributed.launch.DistSession`.
         worker: ``"module:function"`` spawned ranks run instead of :attr:`worker_target`
             (tests use it to slow or break one rank).
     """
@@ -69,8 +69,8 @@ class RankRun:
         group_timeout_sec: float | None = None,
         worker: str | None = None,
     ) -> None:
-        from scopebench.dist.device import check_device, resolve_device
-        from scopebench.dist.launch import check_local_nproc
+        from scopebench.distributed.device import check_device, resolve_device
+        from scopebench.distributed.launch import check_local_nproc
         from scopebench.profiler import ProfilerConfig
         from scopebench.validate import number, optional
 
@@ -114,8 +114,7 @@ class RankRun:
         """JSON-serialisable keyword arguments that rebuild this run on a spawned rank."""
         config = self.profiler_config
         profiler = {
-            f"profiler_{key}": (str(value) if isinstance(value, Path) else value)
-            for key, value in vars(config).items()
+            f"profiler_{key}": (str(value) if isinstance(value, Path) else value) for key, value in vars(config).items()
         }
         return {
             "nproc": self.nproc,
@@ -128,7 +127,7 @@ class RankRun:
 
     # -- lifecycle -------------------------------------------------------------------
     def _session(self):
-        from scopebench.dist.launch import DistSession
+        from scopebench.distributed.launch import DistSession
 
         return DistSession(
             self.nproc,
@@ -143,8 +142,8 @@ class RankRun:
         import torch
 
         from scopebench.allocator import keep_freed_memory
-        from scopebench.dist.device import resolve_device
-        from scopebench.dist.reduce import barrier
+        from scopebench.distributed.device import resolve_device
+        from scopebench.distributed.reduce import barrier
         from scopebench.profiler import profiler_from_config
 
         if self.session is not None:
@@ -183,7 +182,7 @@ class RankRun:
 
         Other ranks ignore ``callback`` and follow rank 0's decision.
         """
-        from scopebench.dist.launch import report_progress
+        from scopebench.distributed.launch import report_progress
 
         if self.profiler is None:
             raise RuntimeError(f"{type(self).__name__}.start() must run before loop()")

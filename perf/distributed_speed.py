@@ -22,9 +22,9 @@ What it measures:
 
 How to run (2 cores; each run starts its ranks, DeepSpeed's first use builds a small op)::
 
-    python benchmarks/distributed_speed.py                              # both parts
-    python benchmarks/distributed_speed.py --presets tiny --rounds 2 --skip overhead
-    python benchmarks/distributed_speed.py --skip backends --overhead-preset tiny
+    python perf/distributed_speed.py                              # both parts
+    python perf/distributed_speed.py --presets tiny --rounds 2 --skip overhead
+    python perf/distributed_speed.py --skip backends --overhead-preset tiny
 
 Output: readable lines, then one JSON object on the last line::
 
@@ -123,9 +123,9 @@ def bare_worker(preset: str, warmup: int, steps: int, cache: str, out: str) -> N
             times.append(time.perf_counter() - start)
         if run.rank == 0:
             Path(out).write_text(json.dumps(times[warmup:]))
-    from scopebench.dist.worker import exit_without_teardown
+    from scopebench.distributed.worker import exit_without_teardown
 
-    exit_without_teardown(0)  # a launched rank's occasional abort at exit (scopebench.dist.worker)
+    exit_without_teardown(0)  # a launched rank's occasional abort at exit (scopebench.distributed.worker)
 
 
 def _python(*args: str, timeout: int = 1800) -> str:

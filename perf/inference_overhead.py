@@ -45,10 +45,10 @@ system time (``getrusage(RUSAGE_CHILDREN)``). Goal: ratio at most 1.05.
 
 Why: the benchmark is only useful if measuring does not change what is measured.
 
-Run: ``.venv/bin/python benchmarks/inference_overhead.py [--image-size 128]
+Run: ``.venv/bin/python perf/inference_overhead.py [--image-size 128]
 [--denoiser tv|drunet] [--rounds 5 --steps 10] [--quickstart]`` (one process; one
 intra-op thread unless ``--threads``), or
-``.venv/bin/python benchmarks/inference_overhead.py --case denoiser --threads 2
+``.venv/bin/python perf/inference_overhead.py --case denoiser --threads 2
 [--rounds 4 --steps 8] [--allocator-ab]``.
 
 Output: human-readable lines, then one JSON object on the last line::

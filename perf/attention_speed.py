@@ -10,8 +10,8 @@ people make per device, and on a CPU the answer is not torch's default.
 
 How to run (one process, no launcher)::
 
-    python benchmarks/attention_speed.py                 # small, 2 threads
-    python benchmarks/attention_speed.py --preset tiny --threads 1
+    python perf/attention_speed.py                 # small, 2 threads
+    python perf/attention_speed.py --preset tiny --threads 1
 
 Output: readable lines, then one JSON object on the last line::
 

@@ -4,17 +4,17 @@
 ``torch.distributed`` process group of a run:
 
 * under ``torchrun`` / SLURM (world size from the environment) it initialises the group
-  from the rendezvous in :func:`scopebench.dist.info.get_dist_info`;
+  from the rendezvous in :func:`scopebench.distributed.info.get_dist_info`;
 * on one machine, with ``nproc > 1`` and no launcher, rank 0 (the benchopt process)
-  starts ``nproc - 1`` workers ``python -m scopebench.dist.worker`` that run
-  ``worker(**worker_kwargs)`` (:class:`~scopebench.dist.spawn.LocalSpawn`: a file store in
+  starts ``nproc - 1`` workers ``python -m scopebench.distributed.worker`` that run
+  ``worker(**worker_kwargs)`` (:class:`~scopebench.distributed.spawn.LocalSpawn`: a file store in
   a private folder, loopback-only sockets, a lifeline), and every rank joins the group;
 * with one process it does nothing.
 
 Every collective is bounded by the group timeout (``group_timeout_sec``:
 :data:`LOCAL_TIMEOUT_SEC` for a local spawn, :data:`LAUNCHER_TIMEOUT_SEC` under torchrun or
 SLURM). When a run fails, :meth:`DistSession.close` names each rank that died, stopped or fell
-behind (:class:`~scopebench.dist.spawn.RankFailure`): a spawned rank with its exit code or
+behind (:class:`~scopebench.distributed.spawn.RankFailure`): a spawned rank with its exit code or
 signal and log tail; under torchrun or SLURM, from the progress marks and process ids the
 ranks leave in the rendezvous store (rank 0 reports; the launcher adds exit codes).
 
@@ -29,8 +29,8 @@ import json
 import os
 import signal
 
-from scopebench.dist.info import SPAWN_ENV, DistInfo, get_dist_info
-from scopebench.dist.spawn import (
+from scopebench.distributed.info import SPAWN_ENV, DistInfo, get_dist_info
+from scopebench.distributed.spawn import (
     WORKER_KWARGS_ENV,
     WORKER_TARGET_ENV,
     LocalSpawn,
@@ -70,6 +70,7 @@ def reporting_failure() -> bool:
     finish its report instead of ending it mid-sentence.
     """
     return _REPORTING_FAILURE
+
 
 #: Default group timeout of a local spawn: well above a collective's normal wait, short
 #: enough that a hung rank fails the run within a minute.

@@ -8,7 +8,7 @@ quality metrics), then runs the real command ``python -m scopebench.cli report <
 prints each wall time (imports, tables, diagnosis, PNGs and the HTML file included) with
 their median.
 
-Run: ``.venv/bin/python benchmarks/report_speed.py [--rows 10000] [--repeat 3] [--cores 2]``.
+Run: ``.venv/bin/python perf/report_speed.py [--rows 10000] [--repeat 3] [--cores 2]``.
 Output: one line per run, then ``median <s> s (min <s>, max <s>) for <rows> rows, <n>
 configurations, <cores> cores``; exit status 1 when the median exceeds ``--goal`` seconds.
 """

@@ -1,6 +1,6 @@
-"""Entry point of a locally spawned rank: ``python -m scopebench.dist.worker``.
+"""Entry point of a locally spawned rank: ``python -m scopebench.distributed.worker``.
 
-Started by :class:`scopebench.dist.launch.DistSession` (never by hand). It joins the
+Started by :class:`scopebench.distributed.launch.DistSession` (never by hand). It joins the
 process group announced in its environment, imports the target named in
 ``SCOPEBENCH_WORKER_TARGET`` (``"package.module:function"``) and calls it with the JSON
 keyword arguments of ``SCOPEBENCH_WORKER_KWARGS``. The target runs the same loop as rank
@@ -30,8 +30,8 @@ import sys
 import threading
 
 from scopebench.allocator import keep_freed_memory
-from scopebench.dist.info import SPAWN_ENV
-from scopebench.dist.launch import WORKER_KWARGS_ENV, WORKER_TARGET_ENV, DistSession
+from scopebench.distributed.info import SPAWN_ENV
+from scopebench.distributed.launch import WORKER_KWARGS_ENV, WORKER_TARGET_ENV, DistSession
 
 #: Exit status of a worker whose rank 0 died.
 ORPHANED_STATUS = 3

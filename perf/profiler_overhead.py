@@ -31,7 +31,7 @@ Why: the suite is only useful if measuring does not change what is measured. Goa
 ``null`` within 0.2 %, ``custom`` time after the clock at most 30 µs or accounted for,
 torch per-step overhead on tiny operators at most a third of the former code path's.
 
-Run: ``.venv/bin/python benchmarks/profiler_overhead.py [--rounds 10 --steps 30]
+Run: ``.venv/bin/python perf/profiler_overhead.py [--rounds 10 --steps 30]
 [--baseline /tmp/base/src]``.
 
 Output: human-readable lines, then one JSON object on the last line::
