@@ -1,0 +1,226 @@
+"""One ``sample_actions`` benchmark: model, observation, compilation, warm-up, profiler.
+
+:class:`InferenceRun` is the one lifecycle of ``Pi05Inference``, used alike by the
+benchopt solver, ``scopebench bench-inference``, ``scopebench decompose-latency`` and
+``perf/policy_speed.py``. One iteration is one call at batch 1, in four regions
+(``preprocess`` on the host, ``prefill``, ``denoise``, ``postprocess``). With a
+``compile_mode``, ``torch.compile`` wraps the model's prefill and denoise (never the host
+preprocessing); the ``n_warmup`` calls of ``start``, for each ``num_steps`` of the run's
+``schedule`` (compilation happens per ``num_steps``), pay for compilation outside the
+measured iterations, and the first call's excess over a steady call is reported as
+``compile_time_sec``, with ``first_call_ratio`` = first call / median later warm-up call
+(below 5, a warning says compilation may not have happened).
+
+The observation is built from the dataset's first frame (the objective scores against
+that frame's recorded actions): its camera images, cycled to ``num_cameras``; its task
+prompt, repeated to ``prompt_words`` words (then bounded by the model's
+``prompt_max_length`` tokens); its state.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scopebench.distributed.device import resolve_device
+from scopebench.distributed.run import RankRun
+from scopebench.policy.settings import InferenceSettings
+from scopebench.policy.run.steps import InferenceStep, policy_for_dataset
+
+__all__ = ["COMPILE_RATIO_WARNING", "InferenceRun", "fit_latency", "make_observation"]
+
+#: Below this first-call / steady-call ratio, compilation probably did not happen.
+COMPILE_RATIO_WARNING = 5.0
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def make_observation(sample: Mapping, num_cameras: int, prompt_words: int) -> dict:
+    """A batch-1 observation from one dataset sample (see the module docstring).
+
+    :Examples:
+
+    >>> sample = {"camera0": torch.zeros(3, 4, 4), "state": torch.zeros(2), "prompt": "pick it"}
+    >>> obs = make_observation(sample, num_cameras=2, prompt_words=5)
+    >>> sorted(obs), obs["prompt"], tuple(obs["camera1"].shape)
+    (['camera0', 'camera1', 'prompt', 'state'], ['pick it pick it pick'], (1, 3, 4, 4))
+    """
+    cams = sorted(k for k in sample if k.startswith("camera"))
+    words = str(sample.get("prompt", "")).split() or ["go"]
+    obs = {f"camera{i}": sample[cams[i % len(cams)]][None] for i in range(num_cameras)}
+    obs["state"] = sample["state"][None]
+    obs["prompt"] = [" ".join(words[i % len(words)] for i in range(prompt_words))]
+    return obs
+
+
+def fit_latency(num_steps: Sequence[float], latency: Sequence[float]) -> dict[str, float]:
+    """Least-squares fit of ``L(N) = F + N * s``.
+
+    Returns:
+        ``fixed_sec`` (F), ``per_step_sec`` (s) and ``r2`` (``1 - SS_res / SS_tot``).
+
+    :Examples:
+
+    >>> fit = fit_latency([1, 2, 4], [3.0, 5.0, 9.0])
+    >>> round(fit["fixed_sec"], 6), round(fit["per_step_sec"], 6), round(fit["r2"], 6)
+    (1.0, 2.0, 1.0)
+    """
+    n = len(num_steps)
+    if n != len(latency) or n < 2 or len(set(num_steps)) < 2:
+        raise ValueError(f"need latencies at two or more distinct num_steps, got {list(num_steps)}")
+    mx, my = sum(num_steps) / n, sum(latency) / n
+    sxx = sum((x - mx) ** 2 for x in num_steps)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(num_steps, latency))
+    slope = sxy / sxx
+    fixed = my - slope * mx
+    ss_res = sum((y - fixed - slope * x) ** 2 for x, y in zip(num_steps, latency))
+    ss_tot = sum((y - my) ** 2 for y in latency)
+    return {"fixed_sec": fixed, "per_step_sec": slope, "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0}
+
+
+def inference_memory_check(settings: InferenceSettings) -> None:
+    """Refuse a preset whose weights exceed the free memory (``check_memory: false`` skips)."""
+    from scopebench.policy import make_policy
+    from scopebench.train.memory import check_memory_fits
+
+    if not settings.check_memory:
+        return
+    with torch.device("meta"):
+        params = make_policy(settings.preset).num_params()
+    per_param = 2 if settings.precision == "bf16" else 4
+    check_memory_fits(
+        "preset",
+        settings.preset,
+        needed_bytes=params * per_param,
+        what=f"{params / 1e9:.2f} B parameters x {per_param} bytes of {settings.precision} weights",
+        device=resolve_device(settings.device),
+        override_key="check_memory",
+    )
+
+
+class InferenceRun(RankRun):
+    """Set-up, loop and teardown of one inference benchmark (a single process).
+
+    Args:
+        settings: Validated settings (``device`` is the :class:`~scopebench.distributed.run.RankRun`'s).
+        dataset_root: Folder of the robot dataset (its first frame is the observation).
+        chunk_size: The dataset's chunk size, used when ``settings.chunk_size`` is None.
+        schedule: The ``num_steps`` of the calls: iteration ``i`` uses
+            ``schedule[i % len(schedule)]``, and every value is warmed up (``n_warmup``
+            calls each) before the first measured call. Default: ``[settings.num_steps]``.
+        **run: ``profiler``, ``output_dir``, ``name``, ``keep_rows`` of
+            :class:`~scopebench.distributed.run.RankRun`.
+    """
+
+    def __init__(
+        self,
+        settings: InferenceSettings,
+        *,
+        dataset_root: str | Path,
+        chunk_size: int,
+        schedule: Sequence[int] | None = None,
+        **run: Any,
+    ) -> None:
+        from scopebench.validate import integer
+
+        run.setdefault("name", "pi05_inference")
+        super().__init__(nproc=1, device=settings.device, **run)
+        self.settings = settings
+        self.dataset_root = str(dataset_root)
+        self.chunk_size = settings.chunk_size or chunk_size
+        if settings.n_action_steps is not None and settings.n_action_steps > self.chunk_size:
+            raise ValueError(
+                f"n_action_steps must be at most chunk_size={self.chunk_size}, got {settings.n_action_steps}"
+            )
+        if schedule is not None and (isinstance(schedule, (str, bytes)) or not list(schedule)):
+            raise ValueError(f"schedule must be a non-empty list of num_steps, got {schedule!r}")
+        self.schedule = [integer("schedule", n, low=1) for n in (schedule or [settings.num_steps])]
+        inference_memory_check(settings)
+        self.model = None
+        #: The call of each iteration (after start).
+        self.work: InferenceStep | None = None
+        #: Seconds of each warm-up call, by ``num_steps``.
+        self.warmup_sec: dict[int, list[float]] = {}
+        self.actions: torch.Tensor | None = None
+        self._untimed = None
+        self._calls = 0
+
+    def build(self) -> None:
+        """Model, observation, compilation; then ``n_warmup`` calls for each ``num_steps``."""
+        from scopebench.policy.dataset import RobotDataset
+        from scopebench.policy.runner import PolicyRunner
+
+        s = self.settings
+        self.warmup_sec, self._calls, self._untimed = {}, 0, None
+        dataset = RobotDataset(self.dataset_root, chunk_size=self.chunk_size)
+        torch.manual_seed(s.seed)
+        overrides = dict(attention_implementation=s.attention_implementation, dtype=_DTYPES[s.precision])
+        if s.num_cameras is not None:
+            overrides["num_cameras"] = s.num_cameras
+        self.model = policy_for_dataset(s.preset, dataset, **overrides).to(self.device).eval()
+        cameras = self.model.config.num_cameras
+        runner = PolicyRunner(self.model, stats=dataset.stats)
+        prefill, denoise = self.model.prefill, self.model.denoise
+        if s.compile_mode != "none":
+            mode = None if s.compile_mode == "default" else s.compile_mode
+            prefill, denoise = torch.compile(prefill, mode=mode), torch.compile(denoise, mode=mode)
+        self.work = InferenceStep(
+            runner,
+            make_observation(dataset[0], cameras, s.prompt_words),
+            num_steps=s.num_steps,
+            n_action_steps=s.n_action_steps,
+            prefill=prefill,
+            denoise=denoise,
+            compiled=s.compile_mode != "none",
+        )
+        for n in dict.fromkeys(self.schedule):
+            self.warmup_sec[n] = [self.timed_call(n) for _ in range(s.n_warmup)]
+        self._check_compilation()
+
+    def step(self, profiler: Any) -> None:
+        """One call, with the schedule's next ``num_steps``."""
+        n = self.schedule[self._calls % len(self.schedule)]
+        self._calls += 1
+        self.actions = self.work(profiler, n)
+
+    def timed_call(self, num_steps: int | None = None) -> float:
+        """Seconds of one unprofiled call (synchronised on CUDA), as the warm-up times it."""
+        from scopebench.profiler import create_profiler
+        from scopebench.profiler.device import DeviceOps
+
+        if self._untimed is None:
+            self._untimed = (create_profiler(None), DeviceOps(self.device))
+        null, ops = self._untimed
+        ops.synchronize()
+        start = time.perf_counter()
+        self.actions = self.work(null, num_steps)
+        ops.synchronize()
+        return time.perf_counter() - start
+
+    def compile_metrics(self) -> dict[str, float]:
+        """``compile_time_sec`` and ``first_call_ratio`` of the first warm-up series (compile only)."""
+        from scopebench.stats import median
+
+        if self.settings.compile_mode == "none" or not self.warmup_sec:
+            return {}
+        first = next(iter(self.warmup_sec.values()))
+        steady = median(first[1:])
+        return {"compile_time_sec": max(0.0, first[0] - steady), "first_call_ratio": first[0] / steady}
+
+    def _check_compilation(self) -> None:
+        ratio = self.compile_metrics().get("first_call_ratio")
+        if ratio is not None and ratio < COMPILE_RATIO_WARNING:
+            warnings.warn(
+                f"compile_mode={self.settings.compile_mode!r}: the first call took only {ratio:.1f}x a steady call "
+                f"(expected >= {COMPILE_RATIO_WARNING:.0f}x): compilation may not have happened",
+                stacklevel=3,
+            )
+
+    def metrics(self) -> dict[str, Any]:
+        """The metrics now: the last call's profiler metrics and ``setup_time_sec``
+        (:meth:`RankRun.metrics`), plus the constant compile columns."""
+        return {**super().metrics(), **self.compile_metrics()}

@@ -1,0 +1,476 @@
+"""One policy training (or dataloader) run on every rank: group, accelerator, work, profiler.
+
+:class:`PolicyTrainRun` is the one lifecycle of ``Pi05Train`` and ``Pi05Dataloader``,
+driven alike by the benchopt solvers, the spawned ranks (:func:`run_worker`), the
+``profile-step`` / ``profile-dataloader`` / ``find-unused-params`` commands and
+``perf/policy_speed.py``, so a number printed by a tool and one in a parquet come
+from the same code. It is a :class:`~scopebench.distributed.run.RankRun`, like the imaging
+run objects::
+
+    with PolicyTrainRun(settings, dataset_root=root, profiler=ProfilerConfig(...)) as run:
+        run.loop(callback)               # rank 0's callback decides for every rank
+        metrics = run.metrics()
+
+``start`` (benchopt's ``pre_run_hook``: not timed) joins or creates the process group
+(torchrun / ``accelerate launch`` / SLURM, or ``nproc_per_node - 1`` local workers started
+by :class:`scopebench.distributed.DistSession`); :meth:`PolicyTrainRun.build` builds the
+accelerator, the dataloader and, for training, the model, AdamW and the LR schedule,
+sends them through ``accelerator.prepare`` and measures the device's peak FLOP/s; set-up
+ends with a barrier, so the first measured iteration holds no start-up, and the time it
+took is ``setup_time_sec``. Leaving the ``with`` block (or :meth:`close`) finalizes the
+profiler, releases accelerate's state and destroys what ``start`` created, also on error;
+a spawned rank of a failed run writes no profiler files, as in every benchmark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scopebench.distributed.device import resolve_device
+from scopebench.distributed.run import RankRun
+from scopebench.policy.phases import BACKWARD_STEP_PHASES
+from scopebench.policy.settings import TrainSettings, backend_conflict
+from scopebench.policy.run.steps import (
+    BatchStream,
+    DataloaderStep,
+    TrainStep,
+    config_for_dataset,
+    policy_for_dataset,
+)
+from scopebench.validate import choice
+
+__all__ = [
+    "TASKS",
+    "WORKER",
+    "PolicyTrainRun",
+    "audit_parameters",
+    "model_overrides",
+    "open_training_data",
+    "run_worker",
+    "training_memory_check",
+]
+
+#: What a run does each iteration: a training step, or a dataloader batch alone.
+TASKS = ("train", "dataloader")
+#: Entry point of spawned ranks (``scopebench.distributed.worker`` imports and calls it).
+WORKER = "scopebench.policy.run.train:run_worker"
+_ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
+
+
+def training_memory_check(settings: TrainSettings, processes: int = 1, world_size: int = 1) -> None:
+    """Refuse a preset whose fp32 weights, gradients and AdamW state exceed the free memory.
+
+    Counted on the meta device (nothing allocated); activations are not counted. Per rank,
+    DDP holds all of it; ZeRO-2 shards the AdamW state over ``world_size`` ranks (gradients
+    are bucketed but counted whole: a lower bound still); ZeRO-3 shards all three. Skipped
+    with ``check_memory: false``.
+    """
+    from scopebench.policy import make_policy
+    from scopebench.train.memory import check_memory_fits
+
+    if not settings.check_memory:
+        return
+    with torch.device("meta"):
+        params = make_policy(settings.preset).num_params()
+    optim = 0 if settings.no_optim else _ADAMW_STATE_BYTES
+    per_param = {"ddp": 4 + 4 + optim, "zero2": 4 + 4 + optim / world_size}.get(
+        settings.backend, (4 + 4 + optim) / world_size
+    )
+    what = f"{params / 1e9:.2f} B parameters x {per_param:g} bytes: fp32 weights, gradients"
+    what += "" if settings.no_optim else " and AdamW state"
+    what += "" if settings.backend == "ddp" else f" ({settings.backend} over {world_size} ranks)"
+    check_memory_fits(
+        "preset",
+        settings.preset,
+        needed_bytes=int(params * per_param),
+        what=what + "; activations not counted",
+        device=resolve_device(settings.device),
+        override_key="check_memory",
+        processes=processes,
+    )
+
+
+def resolve_accelerate_file(settings: TrainSettings):
+    """The accelerate file of a run (``accelerate_config``, else the shipped one of ``backend``),
+    checked against ``backend``."""
+    from scopebench.train import load_accelerate_file, shipped_accelerate_file
+
+    file = load_accelerate_file(settings.accelerate_config or shipped_accelerate_file(settings.backend))
+    if file.backend != settings.backend:
+        raise ValueError(
+            f"accelerate_config {file.path} selects backend {file.backend}, but backend={settings.backend}; "
+            f"set backend={file.backend} or pass a {settings.backend} file"
+        )
+    return file
+
+
+def model_overrides(settings: TrainSettings) -> dict[str, Any]:
+    """The :class:`~scopebench.policy.config.Pi05Config` fields a training run sets."""
+    return dict(
+        attention_implementation=settings.attention_implementation,
+        gradient_checkpointing=settings.gradient_checkpointing,
+        ce_weight=settings.ce_weight,
+    )
+
+
+def open_training_data(settings: TrainSettings, dataset_root: str | Path, chunk_size: int):
+    """The dataset and the training dataloader (seeded sampler, workers, prefetch) of a run."""
+    from scopebench.policy.dataset import RobotDataset, make_dataloader
+
+    dataset = RobotDataset(dataset_root, chunk_size=chunk_size)
+    loader = make_dataloader(
+        dataset,
+        settings.batch_size,
+        seed=settings.seed,
+        num_workers=settings.num_workers,
+        prefetch_factor=settings.prefetch_factor,
+        persistent_workers=settings.num_workers > 0,
+    )
+    return dataset, loader
+
+
+def audit_parameters(settings: TrainSettings, *, dataset_root: str | Path, chunk_size: int, include_zero_grad=False):
+    """One forward + backward of the run's model on the run's first batch, on one device
+    (no DDP): which parameters get no gradient (:func:`scopebench.policy.audit.find_unused_parameters`)."""
+    from scopebench.policy.audit import find_unused_parameters
+    from scopebench.policy.runner import Preprocessor
+
+    device = resolve_device(settings.device)
+    dataset, loader = open_training_data(settings, dataset_root, chunk_size)
+    torch.manual_seed(settings.seed)
+    model = policy_for_dataset(settings.preset, dataset, **model_overrides(settings)).to(device)
+    batch = Preprocessor(model.config, dataset.stats, device).preprocess(next(iter(loader)))
+    return find_unused_parameters(model, batch, include_zero_grad=include_zero_grad)
+
+
+class PolicyTrainRun(RankRun):
+    """Set-up, loop and teardown of one training or dataloader run, the same on every rank.
+
+    Args:
+        settings: Validated run settings (``nproc_per_node``, ``device`` and
+            ``group_timeout_sec`` are the :class:`~scopebench.distributed.run.RankRun`'s).
+        dataset_root: Folder of the (already written) robot dataset.
+        chunk_size: Actions per training sample (the policy's chunk size).
+        task: ``train`` or ``dataloader`` (no model, no optimizer, no collective).
+        eval_batch_size: Under ZeRO-3, every rank computes the held-out validation loss of
+            the objective (:func:`~scopebench.policy.run.steps.validation_loss` on
+            ``fixed_eval_batch(dataset, eval_batch_size)``) before each callback, since a
+            forward needs every rank's parameter shard; it becomes :attr:`val_loss`.
+        resume_from: A checkpoint (folder, ``checkpoints/`` or output folder with a
+            ``last`` pointer) to continue from: weights, optimizer, scheduler, RNG states,
+            step count and data position (:mod:`scopebench.train.checkpoint`).
+        **run: ``profiler``, ``output_dir``, ``name``, ``keep_rows``, ``worker`` of
+            :class:`~scopebench.distributed.run.RankRun`; with ``keep_rows`` every rank's
+            recorded rows are also gathered into :attr:`rank_rows` by :meth:`loop`.
+    """
+
+    worker_target = WORKER
+
+    def __init__(
+        self,
+        settings: TrainSettings,
+        *,
+        dataset_root: str | Path,
+        chunk_size: int,
+        task: str = "train",
+        eval_batch_size: int | None = None,
+        resume_from: str | Path | None = None,
+        **run: Any,
+    ) -> None:
+        import dataclasses
+        import warnings
+
+        from scopebench.train import check_launcher_backend
+        from scopebench.train.checkpoint import resolve_checkpoint
+
+        choice("task", task, TASKS)
+        if settings.backend == "zero3" and settings.torch_compile:
+            warnings.warn(
+                "torch_compile=true with backend=zero3: ZeRO-3 re-partitions parameters on every forward, which "
+                "compiled graphs do not handle; training runs eager",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            settings = dataclasses.replace(settings, torch_compile=False)
+        for key in ("nproc", "device", "group_timeout_sec"):  # a worker's kwargs repeat them; settings are the source
+            run.pop(key, None)
+        run.setdefault("name", "pi05_train")
+        super().__init__(
+            nproc=settings.nproc_per_node,
+            device=settings.device,
+            group_timeout_sec=settings.group_timeout_sec,
+            **run,
+        )
+        self.settings = settings
+        self.accelerate_file = resolve_accelerate_file(settings) if task == "train" else None
+        check_launcher_backend(settings.backend if task == "train" else "ddp")
+        self.eval_batch_size = eval_batch_size
+        self.resume_from = None if resume_from is None else str(resolve_checkpoint(resume_from))
+        #: The held-out validation loss computed by every rank (ZeRO-3), before each callback.
+        self.val_loss: float | None = None
+        self.dataset_root = str(dataset_root)
+        self.chunk_size = chunk_size
+        self.task = task
+        if task == "train":
+            conflict = backend_conflict(
+                settings.backend, settings.gradient_checkpointing, settings.no_optim, self.world_size
+            )
+            if conflict:
+                raise ValueError(conflict)
+            local = self.nproc if self.device.type == "cpu" and not self.info.is_distributed else 1
+            training_memory_check(settings, processes=local, world_size=self.world_size)
+        self.accelerator = None
+        self.model = None
+        #: The step of each iteration: :class:`TrainStep` or :class:`DataloaderStep` (after start).
+        self.work = None
+        self.peak = None
+        self.flops_per_sample = 0
+        self._eval: tuple[dict, Any] | None = None
+        self._sampler = None
+        self.rank_rows: list[list[dict[str, Any]]] = []
+        #: Per rank, gathered at the end of :meth:`loop`: accelerate's world size and a
+        #: checksum of the weights (equal on every rank when DDP keeps them in sync).
+        self.rank_checks: list[dict[str, Any]] = []
+
+    # -- RankRun hooks ---------------------------------------------------------------
+    def worker_kwargs(self) -> dict[str, Any]:
+        """JSON keyword arguments of :func:`run_worker` for the other ranks."""
+        import dataclasses
+
+        return {
+            **super().worker_kwargs(),
+            "settings": dataclasses.asdict(self.settings),
+            "dataset_root": self.dataset_root,
+            "chunk_size": self.chunk_size,
+            "task": self.task,
+            "eval_batch_size": self.eval_batch_size,
+            "resume_from": self.resume_from,
+        }
+
+    def build(self) -> None:
+        """The accelerator, the data, and for training the model, AdamW and the schedule."""
+        from scopebench.policy.runner import Preprocessor
+        from scopebench.train import AcceleratorSettings, build_accelerator, peak_flops
+
+        s = self.settings
+        self.accelerator = acc = build_accelerator(
+            AcceleratorSettings(
+                backend=s.backend if self.task == "train" else "ddp",
+                precision=s.precision,
+                find_unused_params=s.find_unused_params,
+                torch_compile=s.torch_compile,
+                timeout_sec=s.group_timeout_sec,
+                micro_batch_size=s.batch_size,
+                gradient_accumulation_steps=s.gradient_accumulation_steps,
+                grad_clip=s.grad_clip,
+                zero=self.accelerate_file.zero if self.accelerate_file else {},
+            ),
+            self.info,
+            self.device,
+        )
+        dataset, loader = open_training_data(s, self.dataset_root, self.chunk_size)
+        torch.manual_seed(s.seed)  # the same initial weights on every rank
+        overrides = model_overrides(s)
+        preprocessor = Preprocessor(config_for_dataset(s.preset, dataset, **overrides), dataset.stats, self.device)
+        if self.task == "dataloader":
+            self.work = DataloaderStep(BatchStream(acc.prepare(loader)), preprocessor)
+            return
+        model = policy_for_dataset(s.preset, dataset, **overrides).to(self.device)
+        self._sampler = loader.sampler
+        self._build_training(model, loader, preprocessor)
+        self.peak = peak_flops(self.device, s.precision, s.peak_tflops)
+        if self.eval_batch_size is not None and s.backend == "zero3":
+            from scopebench.policy.dataset import fixed_eval_batch
+
+            self._eval = (fixed_eval_batch(dataset, self.eval_batch_size), dataset.stats)
+        if self.resume_from is not None:
+            self._resume(self.resume_from)
+
+    def step(self, profiler: Any) -> None:
+        self.work(profiler)
+
+    def teardown(self) -> None:
+        from scopebench.train import release_accelerator
+
+        release_accelerator()  # the model and its wrappers stay readable for get_result
+
+    def _build_training(self, model, loader, preprocessor) -> None:
+        from scopebench.profiler.device import DeviceOps, peak_rss_mb
+        from scopebench.train import build_adamw, build_scheduler
+
+        s, acc = self.settings, self.accelerator
+        self.model = model
+        self.flops_per_sample = model.estimate_flops(1, "train")
+        optimizer = scheduler = None
+        if not s.no_optim:
+            params = [p for p in model.parameters() if p.requires_grad]
+            optimizer = build_adamw(params, lr=s.learning_rate, weight_decay=s.weight_decay, fused=s.fused_adamw)
+            scheduler = build_scheduler(optimizer, name=s.scheduler, warmup_steps=s.warmup_steps)
+            prepared, optimizer, scheduler, loader = acc.prepare(model, optimizer, scheduler, loader)
+        else:
+            prepared, loader = acc.prepare(model, loader)
+        ops = DeviceOps(self.device)
+        peak_gpu = [0.0]
+
+        def memory() -> tuple[float, float]:
+            # The custom profiler resets the device's peak at every region; fold in its
+            # per-iteration peaks so far (this rank's rows) for the run's peak.
+            last = self.profiler.last_local if self.profiler is not None else {}
+            peak_gpu[0] = max(peak_gpu[0], last.get("max_gpu_mb", 0.0) or 0.0)
+            return peak_rss_mb(), max(peak_gpu[0], ops.max_memory_mb())
+
+        self.work = TrainStep(
+            accelerator=acc,
+            model=prepared,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            batches=BatchStream(loader),
+            preprocessor=preprocessor,
+            grad_clip=s.grad_clip,
+            gather_every=s.gather_every,
+            accumulation=s.gradient_accumulation_steps,
+            memory=memory,
+        )
+
+    # -- checkpoints -----------------------------------------------------------------
+    def training_state(self) -> dict[str, Any]:
+        """Where the run stands: optimizer steps done and the data position (same on every rank)."""
+        return {"step": self.work.steps, **self.work.batches.state()}
+
+    def save_checkpoint(self, output_dir: str | Path, files: dict[str, str] | None = None) -> Path:
+        """Every rank: write ``<output_dir>/checkpoints/<step>/`` (a collective; see
+        :func:`scopebench.train.checkpoint.save_checkpoint`), plus ``policy_config.json``."""
+        import dataclasses
+        import json
+
+        from scopebench.policy.checkpoint import POLICY_CONFIG_FILE
+        from scopebench.train.checkpoint import save_checkpoint
+
+        config = self.accelerator.unwrap_model(self.work.model).config
+        meta = {
+            **self.training_state(),
+            "backend": self.settings.backend,
+            "world_size": self.world_size,
+            "global_batch_size": self.global_batch_size,
+        }
+        policy = {"preset": self.settings.preset, "config": dataclasses.asdict(config)}
+        extra = {POLICY_CONFIG_FILE: json.dumps(policy, indent=2) + "\n", **(files or {})}
+        return save_checkpoint(self.accelerator, output_dir, self.work.steps, meta=meta, files=extra)
+
+    def _resume(self, checkpoint: str) -> None:
+        from scopebench.train.checkpoint import load_checkpoint
+
+        meta = load_checkpoint(self.accelerator, checkpoint, world_size=self.world_size, backend=self.settings.backend)
+        self.work.steps = meta["step"]
+        per_batch = self.settings.batch_size * self.world_size
+        self.work.batches.resume(meta["epoch"], meta["position"], self._sampler, per_batch)
+
+    # -- the loop --------------------------------------------------------------------
+    def loop(
+        self, callback: Callable[[], bool] | None = None, before_callback: Callable[[], None] | None = None
+    ) -> None:
+        """:meth:`RankRun.loop`, then every rank's profiler rows are gathered into
+        :attr:`rank_rows` and its checks into :attr:`rank_checks` (a collective).
+
+        Under ZeRO-3 with ``eval_batch_size`` every rank also computes :attr:`val_loss`
+        before each callback, after ``before_callback``.
+        """
+        from scopebench.distributed import gather_objects
+
+        hooks = [h for h in (self._score_on_every_rank if self._eval else None, before_callback) if h]
+        super().loop(callback, before_callback=(lambda: [hook() for hook in hooks]) if hooks else None)
+        check = {"rank": self.rank, "accelerate_num_processes": self.accelerator.num_processes}
+        if self.model is not None and self.settings.backend != "zero3":  # ZeRO-3: each rank holds a shard
+            with torch.no_grad():
+                check["weights_checksum"] = float(sum(p.double().sum() for p in self.model.parameters()))
+        gathered = gather_objects((list(self.profiler.rows), check))
+        self.rank_rows = [rows for rows, _ in gathered]
+        self.rank_checks = [c for _, c in gathered]
+
+    def _score_on_every_rank(self) -> None:
+        from scopebench.policy.run.steps import validation_loss
+
+        batch, stats = self._eval
+        self.val_loss = validation_loss(
+            self.accelerator.unwrap_model(self.work.model), batch, stats, self.settings.seed
+        )
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step over all ranks: batch x ranks x accumulation."""
+        return self.settings.batch_size * self.world_size * self.settings.gradient_accumulation_steps
+
+    @property
+    def unwrapped_model(self):
+        """The policy without DDP / DeepSpeed / compile wrappers; None for the dataloader task
+        and under ZeRO-3, where this rank holds only a shard of each parameter."""
+        if self.work is None or self.model is None or self.settings.backend == "zero3":
+            return None
+        return self.accelerator.unwrap_model(self.work.model)
+
+    def constant_metrics(self) -> dict[str, Any]:
+        """Columns that do not change between iterations."""
+        out: dict[str, Any] = {"world_size": self.world_size}
+        if self.peak is not None:
+            out["peak_flops_per_sec"] = (
+                None if self.peak.flops_per_sec is None else self.peak.flops_per_sec * self.world_size
+            )
+            out["peak_flops_source"] = self.peak.source
+        return out
+
+    def derived_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Throughput, FLOP/s, MFU and per-rank values derived from one iteration's metrics.
+
+        ``step = total_time_sec - callback_time_sec`` (the step without benchopt's scoring);
+        ``samples_per_sec = batch_size x world_size x gradient_accumulation_steps / step`` (:func:`scopebench.stats.samples_per_sec`);
+        ``achieved_flops_per_sec = estimate_flops(global batch, "train") / step``;
+        ``mfu = achieved / (peak of one device x world_size)``.
+        """
+        from scopebench.stats import samples_per_sec
+
+        if "total_time_sec" not in metrics:
+            return {}
+        batch = self.global_batch_size if self.task == "train" else self.settings.batch_size * self.world_size
+        rate = samples_per_sec(batch, metrics)
+        step_sec = batch / rate if rate else None
+        out: dict[str, Any] = {"samples_per_sec": rate}
+        if self.task == "dataloader":
+            out["batches_per_sec"] = None if step_sec is None else 1.0 / step_sec
+            return out
+        out["steps_per_sec"] = None if step_sec is None else 1.0 / step_sec
+        regions = [metrics.get(f"{p}_time_sec") for p in BACKWARD_STEP_PHASES]
+        if all(r is not None for r in regions):
+            out["backward_step_time_sec"] = sum(regions)
+        achieved = None if step_sec is None else self.flops_per_sample * batch / step_sec
+        out["achieved_flops_per_sec"] = achieved
+        peak = self.constant_metrics().get("peak_flops_per_sec")
+        out["mfu"] = None if (achieved is None or not peak) else achieved / peak
+        gathered = self.work.gathered or []
+        for r, row in enumerate(gathered):
+            out[f"max_rss_mb_rank{r}"] = row["max_rss_mb"]
+            out[f"max_gpu_mb_rank{r}"] = row["max_gpu_mb"]
+        if gathered:
+            out["max_rss_mb"] = max(metrics.get("max_rss_mb", 0.0), *(row["max_rss_mb"] for row in gathered))
+            out["max_gpu_mb"] = max(metrics.get("max_gpu_mb", 0.0), *(row["max_gpu_mb"] for row in gathered))
+            for key in ("train_loss", "mse_loss", "ce_loss"):
+                values = [row[key] for row in gathered if row[key] == row[key]]  # NaN: term disabled
+                if values:
+                    out[key] = sum(values) / len(values)
+        return out
+
+    def metrics(self) -> dict[str, Any]:
+        """The metrics now: the last iteration's profiler metrics and ``setup_time_sec``
+        (:meth:`RankRun.metrics`) plus derived and constant columns (rank 0's row covers
+        every rank); only the constant columns outside the profiler's window."""
+        metrics = super().metrics()
+        return {**metrics, **self.derived_metrics(metrics), **self.constant_metrics()}
+
+
+def run_worker(*, settings: dict[str, Any], **kwargs: Any) -> None:
+    """Rank > 0 of a locally spawned run: the same loop as rank 0, without a callback."""
+    with PolicyTrainRun(TrainSettings(**settings), **kwargs) as run:
+        run.loop(None)

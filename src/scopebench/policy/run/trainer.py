@@ -1,0 +1,179 @@
+"""``scopebench train``: train the policy for real, with logs, checkpoints and exact resume.
+
+The run is one :class:`~scopebench.policy.run.train.PolicyTrainRun`, the training step of
+``Pi05Train`` and ``profile-step`` (the same phases, the same backends), driven for
+``training.steps`` optimizer steps::
+
+    result = train_policy(config, resume_from=None)
+
+Every rank, at the top of each iteration (outside the timed step), saves a checkpoint when
+``training.save_freq`` divides the step (:func:`scopebench.train.checkpoint.save_checkpoint`:
+a collective under DeepSpeed); rank 0 then logs every ``training.log_freq`` steps and
+decides when to stop. The last step is always saved. A resumed run restores weights,
+optimizer, LR schedule, every rank's RNG states, the step count and the data position (the
+epoch and the batch within it: the sampler skips what was already seen, without loading
+it), so it takes the steps the uninterrupted run would have taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from scopebench.policy.phases import TRAIN_PHASES, describe_phases
+from scopebench.policy.settings import RunConfig
+
+__all__ = ["TrainLog", "check_output_dir", "train_policy"]
+
+
+def check_output_dir(output_dir: str | Path, resume: bool) -> None:
+    """Refuse to start a new run over an older run's checkpoints (they would be mixed).
+
+    Raises:
+        ValueError: ``output_dir`` already has ``checkpoints/last`` and ``resume`` is false.
+    """
+    from scopebench.train.checkpoint import CHECKPOINTS, LAST
+
+    last = Path(output_dir) / CHECKPOINTS / LAST
+    if not resume and (last.exists() or last.is_symlink()):
+        raise ValueError(
+            f"output_dir {output_dir} already holds checkpoints ({last} -> {last.readlink()}): pass --resume true "
+            "to continue that run, or choose another --output_dir"
+        )
+
+
+class TrainLog:
+    """Rank 0's callback: log every ``log_freq`` steps, stop after step ``steps``.
+
+    Each log line gives the step, the loss (mean over ranks of the last step), global
+    samples/s and each phase's mean over the steps since the previous line.
+    """
+
+    def __init__(self, run: Any, *, start: int, steps: int, log_freq: int, out: TextIO, bar=None) -> None:
+        self.run, self.start, self.steps, self.log_freq = run, start, steps, log_freq
+        self.out, self.bar = out, bar
+        self.window: list[dict[str, Any]] = []
+        self.records: list[dict[str, Any]] = []
+
+    def __call__(self) -> bool:
+        step = self.run.work.steps
+        if step > self.start:
+            metrics = self.run.metrics()
+            if "total_time_sec" in metrics:
+                self.window.append(metrics)
+            if self.bar is not None:
+                self.bar.update(1)
+            if step % self.log_freq == 0 or step == self.steps:
+                self._log(step)
+        return step < self.steps
+
+    def _log(self, step: int) -> None:
+        from scopebench.stats import mean
+
+        if not self.window:
+            return
+        last = self.window[-1]
+        phases = {p: mean([m[f"{p}_time_sec"] for m in self.window]) for p in TRAIN_PHASES}
+        record = {
+            "step": step,
+            "train_loss": last.get("train_loss"),
+            "samples_per_sec": mean([m["samples_per_sec"] for m in self.window]),
+            "phases_mean_sec": phases,
+        }
+        self.records.append(record)
+        loss = "nan" if record["train_loss"] is None else f"{record['train_loss']:.4f}"
+        text = " ".join(f"{p}={sec * 1e3:.1f}ms" for p, sec in phases.items())
+        line = f"step {step}/{self.steps} loss={loss} {record['samples_per_sec']:.1f} samples/s | {text}"
+        (self.bar.write if self.bar is not None and not self.bar.disable else self._print)(line)
+        self.window = []
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+
+
+def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, out: TextIO | None = None) -> dict:
+    """Train ``config`` on every rank of the current group; rank 0 logs to ``out``.
+
+    Returns:
+        On every rank: ``start_step``, ``steps``, ``checkpoints`` (folders written),
+        ``world_size``, ``accelerate_num_processes`` (what accelerate sees), ``backend``,
+        ``log`` (rank 0's log records).
+    """
+    from scopebench.policy.tools import progress_bar
+    from scopebench.policy.run.train import PolicyTrainRun
+    from scopebench.profiler import ProfilerConfig
+
+    out = sys.stdout if out is None else out
+    loop = config.training
+    root = config.dataset.materialize()
+    run = PolicyTrainRun(
+        config.train,
+        dataset_root=root,
+        chunk_size=config.dataset.chunk_size,
+        profiler=ProfilerConfig(mode="custom"),
+        output_dir=loop.output_dir,
+        name="train",
+        resume_from=resume_from,
+    )
+    saved: list[str] = []
+    with run:
+        main = run.rank == 0
+        start = run.work.steps
+        to_save = dataclasses.replace(config, train=dataclasses.replace(config.train, nproc_per_node=run.world_size))
+        if main:
+            _print_header(run, config, start, resume_from, out)
+
+        def save() -> None:
+            path = run.save_checkpoint(loop.output_dir, files={"train_config.yaml": to_save.to_yaml()})
+            saved.append(str(path))
+            if main:
+                print(f"saved {path}", file=out, flush=True)
+
+        def save_if_due() -> None:
+            step = run.work.steps
+            if step > start and loop.save_freq and step % loop.save_freq == 0:
+                save()
+
+        with progress_bar(max(0, loop.steps - start), "train", enabled=main) as bar:
+            log = TrainLog(run, start=start, steps=loop.steps, log_freq=loop.log_freq, out=out, bar=bar)
+            if start < loop.steps:
+                run.loop(log, before_callback=save_if_due)
+        if run.work.steps > start and (not loop.save_freq or run.work.steps % loop.save_freq):  # not saved yet
+            save()
+        if main and start >= loop.steps:
+            print(f"nothing to do: the checkpoint is at step {start}, training.steps={loop.steps}", file=out)
+        return {
+            "start_step": start,
+            "steps": run.work.steps,
+            "checkpoints": saved,
+            "world_size": run.world_size,
+            "accelerate_num_processes": run.accelerator.num_processes,
+            "backend": run.settings.backend,
+            "log": log.records,
+        }
+
+
+def _print_header(run: Any, config: RunConfig, start: int, resume_from: Any, out: TextIO) -> None:
+    from scopebench.train import settings_in_force
+
+    s = run.settings
+    file = run.accelerate_file
+    lines = [
+        f"scopebench train: preset={s.preset} ranks={run.world_size} backend={s.backend} "
+        f"(accelerate config {file.path})",
+        f"phases: {describe_phases(s.backend)}",
+        "in force: " + "; ".join(settings_in_force(file, s)),
+        f"global batch: {run.global_batch_size} = batch_size {s.batch_size} x {run.world_size} ranks x "
+        f"{s.gradient_accumulation_steps} accumulation",
+        f"output: {config.training.output_dir} (save every {config.training.save_freq or 'end'}, "
+        f"log every {config.training.log_freq})",
+    ]
+    if resume_from is not None:
+        state = run.training_state()
+        lines.append(
+            f"resumed from {resume_from} at step {start} (epoch {state['epoch']}, batch {state['position']} "
+            "of it: the data order continues where it stopped)"
+        )
+    print("\n".join(lines), file=out, flush=True)
