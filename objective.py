@@ -37,7 +37,7 @@ class Objective(BaseObjective):
         )
 
     def evaluate_result(self, model=None, actions=None, dataloader=False, **metrics):
-        from scopebench.policy.steps import validation_loss
+        from scopebench.policy.run.steps import validation_loss
 
         if actions is not None:
             b, t, a = actions.shape
@@ -46,7 +46,7 @@ class Objective(BaseObjective):
             err = ((actions[:, : target.shape[1]] - target) ** 2).mean(-1)[keep].mean()
             return dict(value=float(err), action_mse=float(err), **metrics)
         if dataloader:
-            step = metrics.get("total_time_sec", float("nan")) - metrics.get("callback_time_sec", 0.0)
+            step = metrics.get("step_time_sec", float("nan"))  # the profiler's total without the callback
             return dict(value=step, **metrics)
         if model is None:  # ZeRO-3: the solver ran validation_loss on every rank (a forward needs them all)
             loss = metrics.pop("val_loss")

@@ -2,8 +2,9 @@
 
 One benchopt iteration is one optimizer step. Each row reports the step's training loss
 (``value`` = ``train_loss``, the batch MSE before the update), the throughput
-``samples_per_sec = batch_size / (total_time_sec - callback_time_sec)``, every profiler
-metric of the step (``forward_time_sec``, ``backward_time_sec``,
+``samples_per_sec = batch_size / step_time_sec`` (``step_time_sec`` is the profiler's
+``total_time_sec - callback_time_sec``), every profiler metric of the step
+(``step_time_sec``, ``forward_time_sec``, ``backward_time_sec``,
 ``optimizer_step_time_sec``, ...) and, every ``eval_every`` steps, the validation PSNR /
 SSIM / MSE of the network on the held-out set (``None`` on other rows). The validation
 runs inside benchopt's callback, so its time is the profiler's ``callback_time_sec`` and

@@ -104,10 +104,10 @@ def run_scopebench(trainer: UnrolledTrainer, steps: int) -> tuple[list[float], l
 
 
 def region_shares(rows: list[dict]) -> dict[str, float]:
-    """Median share (%) of each region in the step time ``total - callback``."""
+    """Median share (%) of each region in the step time (``step_time_sec`` = total - callback)."""
     shares: dict[str, list[float]] = {name: [] for name in (*REGIONS, "untracked")}
     for row in rows:
-        step = row["total_time_sec"] - row["callback_time_sec"]
+        step = row["step_time_sec"]
         for name in REGIONS:
             shares[name].append(100.0 * row[f"{name}_time_sec"] / step)
         shares["untracked"].append(100.0 * row["untracked_time_sec"] / step)

@@ -2,7 +2,7 @@
 
 Every table, report and benchmark script that summarises a list of samples calls
 :func:`summarize` (or the small functions below), so "p95" means the same thing in
-the console, the HTML report and the README.
+the console, the HTML report and docs/performance.md.
 
 Conventions:
     * Percentiles use **linear interpolation between closest ranks** (numpy's default
@@ -178,24 +178,30 @@ def summarize(samples: Sequence[float] | Iterable[float], level: float = 0.95) -
 
 
 def samples_per_sec(batch_size: int, metrics: dict[str, Any]) -> float | None:
-    """Throughput of one step: ``batch_size / (total_time_sec - callback_time_sec)``.
+    """Throughput of one step: ``batch_size / step_time_sec``.
 
     The one definition of ``samples_per_sec`` in every benchmark: the step without the
-    benchopt scoring callback (which ``total_time_sec`` includes). Pass the global batch
-    (all ranks) for a global rate.
+    benchopt scoring callback (which ``total_time_sec`` includes), as the profiler reports
+    it in ``step_time_sec``; metrics without that key (rows of an older profiler) fall back
+    to ``total_time_sec - callback_time_sec``. Pass the global batch (all ranks) for a
+    global rate.
 
     ``None`` when the step was not recorded (outside the profiler's window, or no timer).
 
     :Examples:
+        >>> samples_per_sec(8, {"total_time_sec": 0.5, "callback_time_sec": 0.1, "step_time_sec": 0.4})
+        20.0
         >>> samples_per_sec(8, {"total_time_sec": 0.5, "callback_time_sec": 0.1})
         20.0
         >>> samples_per_sec(8, {}) is None
         True
     """
-    total = metrics.get("total_time_sec")
-    if total is None:
-        return None
-    step = total - metrics.get("callback_time_sec", 0.0)
+    step = metrics.get("step_time_sec")
+    if step is None:
+        total = metrics.get("total_time_sec")
+        if total is None:
+            return None
+        step = total - metrics.get("callback_time_sec", 0.0)
     return batch_size / step if step > 0 else None
 
 

@@ -59,3 +59,20 @@ def test_per_rank_csvs_do_not_overwrite_each_other(tmp_path, worker_path):
         with open(path) as fh:
             rows = list(csv.DictReader(fh))
         assert [r["rank"] for r in rows] == [str(rank)] * 4
+
+
+def test_reduced_step_time_is_the_slowest_rank_own_step(tmp_path, worker_path):
+    seen, _ = _run_two_ranks("custom", tmp_path, slow_rank=1, extra_sec=0.02)
+    per_rank = []
+    for path in sorted(tmp_path.glob("comm_test_*_gpu_metrics.csv")):
+        with open(path) as fh:
+            per_rank.append(list(csv.DictReader(fh)))
+    assert len(per_rank) == 2 and len(seen) == 4
+    for k, m in enumerate(seen):
+        rows = [ranks[k] for ranks in per_rank]
+        for row in rows:  # each rank's own row: its total without its own callback
+            step = float(row["total_time_sec"]) - float(row["callback_time_sec"])
+            assert float(row["step_time_sec"]) == pytest.approx(step, rel=1e-9)
+        assert m["step_time_sec"] == max(float(row["step_time_sec"]) for row in rows), (m, rows)
+        # never below the difference of the reduced total and callback (their maxima may be different ranks')
+        assert m["step_time_sec"] >= m["total_time_sec"] - m["callback_time_sec"] - 1e-12

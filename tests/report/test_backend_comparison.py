@@ -7,8 +7,9 @@ import json
 import pytest
 
 from scopebench.policy.phases import PHASE_CONTENTS
+from scopebench.report.backend_comparison import backend_comparisons
 from scopebench.report.build import build_report, diagnose_groups, read, summarize_results
-from scopebench.report.diagnosis import backend_comparisons, diagnose_all
+from scopebench.report.diagnosis import diagnose_all
 from scopebench.report.results import configurations, load_results
 
 from .helpers import config_rows, write

@@ -73,3 +73,16 @@ def test_folder_reads_every_parquet(tmp_path):
     write(tmp_path / "b.parquet", config_rows("B", {"y": 0.01}))
     df = load_results([tmp_path])
     assert sorted(df["solver_name"].str.partition("[")[0].unique()) == ["A", "B"] and df["result_file"].nunique() == 2
+
+
+def test_step_comes_from_step_time_sec_and_old_files_fall_back_to_total_minus_callback(tmp_path):
+    new = config_rows("New", {"forward": 0.01}, callback=0.002, extra={"step_time_sec": 0.5})
+    old = config_rows("Old", {"forward": 0.01}, callback=0.002)
+    new_config, old_config = configurations(load_results([write(tmp_path / "r.parquet", new, old)]))
+    # A column of its own, not a region; read as is (0.5 is no total - callback of these rows).
+    assert "step" not in new_config.regions and new_config.step_values() == [0.5] * 19
+    # Old rows in the same frame have an empty step column: each falls back on its own.
+    rec = old_config.recorded
+    assert rec["objective_step_time_sec"].isna().all()
+    expected = (rec["objective_total_time_sec"] - rec["objective_callback_time_sec"]).tolist()
+    assert old_config.step_values() == pytest.approx(expected) and len(expected) == 19

@@ -12,6 +12,8 @@ from scopebench.profiler.device import MAXRSS_UNIT, MB
 __all__ = ["NullProfiler", "CustomProfiler"]
 
 _NULL_CONTEXT = nullcontext()
+#: Region names whose ``<region>_time_sec`` would overwrite a whole-iteration column.
+RESERVED_REGIONS = frozenset({"total", "step", "callback", "untracked"})
 
 
 class NullProfiler(Profiler):
@@ -47,6 +49,7 @@ class CustomProfiler(Profiler):
     """Wall clock around regions; on CUDA, synchronisation and peak allocated memory.
 
     Per recorded iteration: ``total_time_sec``, ``callback_time_sec``,
+    ``step_time_sec = total - callback`` (derived by the base class),
     ``untracked_time_sec = total - callback - sum(regions)``, ``max_gpu_mb``,
     ``max_rss_mb`` (process peak RSS, since start), ``minor_faults_count`` (minor page
     faults of the process during the iteration, callback included as in
@@ -55,7 +58,8 @@ class CustomProfiler(Profiler):
     show up here, not in wall time alone),
     ``profiler_overhead_sec`` (this profiler's own time outside the clock), and per
     region ``<region>_time_sec`` (summed over the region's occurrences) and
-    ``<region>_max_gpu_mb``. GPU memory fields are 0 on CPU.
+    ``<region>_max_gpu_mb``. GPU memory fields are 0 on CPU. A region may not be named
+    after a whole-iteration column (:data:`RESERVED_REGIONS`: ``ValueError``).
     """
 
     region_time_key = "{}_time_sec"
@@ -72,6 +76,11 @@ class CustomProfiler(Profiler):
         self._faults0 = faults if last == i - 1 else getrusage(RUSAGE_SELF).ru_minflt
 
     def _enter_region(self, name: str) -> Any:
+        if name in RESERVED_REGIONS:
+            raise ValueError(
+                f"track_step: region name {name!r} is reserved ({name}_time_sec is a whole-iteration "
+                "column of the custom profiler); rename the region"
+            )
         ops = self.ops
         if ops.is_cuda:
             ops.synchronize()

@@ -9,7 +9,16 @@ Timeline of one recorded iteration ``i`` (0-based)::
 
     callback ── [backend start] ── body (regions) ── end_iteration() ── [stop, reduction]
     |<-- A -->|                    |<------------ B ------------->|
-    total_time_sec = A + B,  callback_time_sec = A
+    total_time_sec = A + B,  callback_time_sec = A,  step_time_sec = B
+
+Every backend that records ``total_time_sec`` also gets ``step_time_sec =
+total_time_sec - callback_time_sec`` (the iteration without benchopt's scoring callback,
+what ``samples_per_sec`` divides by), derived here in :meth:`Profiler.end_iteration`;
+``callback_time_sec`` itself is a column only where the backend reports it. Under the
+cross-rank reduction ``step_time_sec`` is, like every time, the maximum over ranks of
+each rank's own value (the slowest rank's step), so on the reduced row it is at least,
+and can exceed, ``total_time_sec - callback_time_sec`` (whose two maxima may come from
+different ranks: a rank that finished its step early waits longer in the next callback).
 
 The callback at the top of iteration ``i`` scores iteration ``i - 1``; its duration is
 ``callback_time_sec`` of iteration ``i``. The profiler's own work outside the clock —
@@ -44,7 +53,9 @@ __all__ = ["Profiler", "reduce_across_ranks"]
 def reduce_across_ranks(per_rank: list[dict[str, Any]], time_keys: list[str]) -> dict[str, Any]:
     """Combine every rank's metrics into the row rank 0 reports.
 
-    Each numeric value becomes its maximum over ranks (the slowest rank sets the pace).
+    Each numeric value becomes its maximum over ranks (the slowest rank sets the pace);
+    ``step_time_sec`` too is the maximum of each rank's own step time, not a difference
+    of the reduced total and callback.
     For each key in ``time_keys`` present on every rank, ``<key>`` skew is added as
     ``(max - min) / max * 100`` under ``rank_skew_pct`` (for ``total_time_sec``) or
     ``<region>_rank_skew_pct`` (for ``<region>_<unit>``).
@@ -177,7 +188,8 @@ class Profiler:
         stop = time.perf_counter()
         # The callback ran just before the clock started (so backends never trace it).
         total = stop - self._t0 + self._callback_sec
-        metrics = {"total_time_sec": total}
+        # The one place step time is derived: consumers read it rather than subtract.
+        metrics = {"total_time_sec": total, "step_time_sec": total - self._callback_sec}
         metrics.update(self._iteration_metrics(i, total))
         if self.reports_overhead:
             metrics["profiler_overhead_sec"] = self._overhead_sec + (time.perf_counter() - stop)

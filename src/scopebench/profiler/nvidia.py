@@ -5,7 +5,8 @@ nested range with the region's name. ``cudaProfilerStart`` is called when the wi
 first iteration begins and ``cudaProfilerStop`` after its last one ends (or at
 :meth:`finalize` when the window is open-ended or the run stops early), so
 ``nsys profile --capture-range=cudaProfilerApi`` records exactly the window. Internally
-only ``total_time_sec`` and ``max_gpu_mb`` are measured; nsys holds the detail.
+only ``total_time_sec``, ``step_time_sec`` (the total without benchopt's callback) and
+``max_gpu_mb`` are measured; nsys holds the detail.
 
 Without CUDA the ranges go to the ``nvtx`` package (inert unless a tool listens), the
 capture calls are skipped, and a warning says so once per process.

@@ -5,12 +5,13 @@ region, ``<region>_cpu_sec`` (wall time of the region's CPU range), ``<region>_c
 (device time of the kernels launched inside it), ``<region>_comm_sec`` (time covered by
 communication inside it), plus ``comm_cuda_sec`` (communication inside regions),
 ``comm_sync_sec`` (communication outside every region), ``total_time_sec``,
+``step_time_sec`` (``total_time_sec - callback_time_sec``, derived by the base class),
 ``max_gpu_mb``, ``callback_time_sec`` and ``profiler_overhead_sec`` (profiler start, stop
 and event processing, outside the iteration clock).
 
 Scheduled mode (``per_step=False``) keeps one profiler running over each ``active``-long
-cycle of the window (``repeat`` cycles, 0 = forever), reports only ``total_time_sec`` and
-``max_gpu_mb`` per iteration, aggregates operator rows with ``iter=agg`` and exports a
+cycle of the window (``repeat`` cycles, 0 = forever), reports only ``total_time_sec``,
+``step_time_sec`` and ``max_gpu_mb`` per iteration, aggregates operator rows with ``iter=agg`` and exports a
 Chrome trace ``<run-name>.pt.trace.json`` per cycle (later cycles:
 ``<run-name>.cycle<k>.pt.trace.json``; the run name carries the run id and rank, like the
 CSVs). With ``repeat=0`` only the last :data:`KEPT_TRACES` cycles' traces are kept.

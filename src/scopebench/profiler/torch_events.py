@@ -155,54 +155,89 @@ def _display_name(name: str) -> str:
     return name
 
 
-def analyse_events(
-    events: Any,
-    regions: set[str],
-    *,
-    iteration: Any = 0,
-    rank: int = 0,
-    on_cuda: bool = False,
-    with_ops: bool = True,
-    region_metrics: bool = True,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Per-region metrics and operator rows from one cycle's kineto events.
+class _Trace:
+    """One cycle's CPU ranges as parallel lists, and what the stages derive from them.
 
-    Args:
-        events: ``prof.profiler.kineto_results.events()`` of a stopped ``torch.profiler.profile``.
-        regions: Names of the ``record_function`` ranges that are regions.
-        iteration: Value of the operator rows' ``iter`` column.
-        rank: Value of their ``rank`` column.
-        on_cuda: Whether CUDA activity was profiled (device times and memory then count).
-        with_ops: Build the operator rows.
-        region_metrics: Build the per-region metrics.
-
-    Returns:
-        ``(metrics, rows)``, with the values ``prof.events()`` would give: an operator's
-        region is its innermost enclosing region on its thread (communication outside
-        every region's range: the innermost region whose time range holds its start).
+    Index ``i`` is one CPU range (an operator, a region, a communication call or an
+    ``[OutOfMemory]`` record); device events and ``[memory]`` records are kept apart.
     """
-    if region_metrics and not with_ops and not on_cuda:
-        metrics = _region_metrics_cpu(events, regions)
-        if metrics is not None:
-            return metrics, []
+
+    __slots__ = (
+        "raw",
+        "names",
+        "starts",
+        "ends",
+        "threads",
+        "sync",
+        "linked",
+        "fixed_mem",
+        "kernel_ns",
+        "device_comm",
+        "memory",
+        "own_dev",
+        "parent",
+        "order",
+        "children",
+        "alive",
+        "is_region",
+        "region_of",
+        "spans",
+    )
+
+    def __init__(self) -> None:
+        self.raw: list[Any] = []
+        self.names: list[str] = []
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.threads: list[int] = []
+        self.sync: list[bool] = []
+        self.linked: list[int] = []
+        #: ``[OutOfMemory]`` records: zero-length events with their own bytes.
+        self.fixed_mem: dict[int, int] = {}
+        #: Correlation id of the launching operator -> device time.
+        self.kernel_ns: dict[int, int] = {}
+        #: Communication kernels: ``(start, end)``.
+        self.device_comm: list[tuple[int, int]] = []
+        #: ``[memory]`` records: ``(time, bytes of the profiled kind)``.
+        self.memory: list[tuple[int, int]] = []
+        #: Device time of the kernels each range launched itself.
+        self.own_dev: list[int] = []
+        #: Innermost enclosing range on the same thread (``-1``: none).
+        self.parent: list[int] = []
+        #: Synchronous ranges by (thread, start, -end): parents before children.
+        self.order: list[int] = []
+        self.children: list[list[int]] = []
+        #: ``False`` for a range merged into its parent of the same name.
+        self.alive: list[bool] = []
+        self.is_region: list[bool] = []
+        #: Index of the innermost enclosing region range (``-1``: none).
+        self.region_of: list[int] = []
+        #: ``(length, name, start, end)`` of every region range, shortest first.
+        self.spans: list[tuple[int, str, int, int]] = []
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def _read_events(events: Any, on_cuda: bool, with_ops: bool) -> _Trace:
+    """Classify the raw events in one pass: CPU ranges, kernels, memory records.
+
+    CPU ranges become the trace's rows; on CUDA, device events add their time to the
+    operator that launched them (by correlation id) and communication kernels are kept
+    as intervals; ``[memory]`` records (only ``with_ops``) keep the bytes of the profiled
+    kind (device memory on CUDA, host memory otherwise). Filtered and hidden events are
+    dropped, as ``prof.events()`` drops them.
+    """
     from torch.autograd import DeviceType
 
     cpu_type = DeviceType.CPU
     cpu_kinds = (cpu_type, DeviceType.MKLDNN, DeviceType.IDEEP)
     device_kinds = (DeviceType.CUDA, DeviceType.PrivateUse1, DeviceType.HIP, DeviceType.XPU)
     kernel_kinds = (DeviceType.CUDA, DeviceType.PrivateUse1, DeviceType.XPU)
-    # -- one pass over the raw events: CPU ranges, kernels, memory records -------------------
-    raw: list[Any] = []
-    names: list[str] = []
-    starts: list[int] = []
-    ends: list[int] = []
-    threads: list[int] = []
-    sync: list[bool] = []
-    linked: list[int] = []
-    fixed_mem: dict[int, int] = {}  # "[OutOfMemory]" records: zero-length events with their own bytes
-    kernel_ns: dict[int, int] = {}  # correlation id of the launching operator -> device time
-    device_comm: list[tuple[int, int]] = []  # communication kernels: (start, end)
-    memory: list[tuple[int, int]] = []  # "[memory]" records: (time, bytes of the profiled kind)
+    trace = _Trace()
+    raw, names, starts, ends = trace.raw, trace.names, trace.starts, trace.ends
+    threads, sync, linked = trace.threads, trace.sync, trace.linked
+    fixed_mem, kernel_ns, device_comm, memory = trace.fixed_mem, trace.kernel_ns, trace.device_comm, trace.memory
     for event in events:
         name = event.name()
         if name == _MEMORY or name == _OOM:
@@ -238,26 +273,44 @@ def analyse_events(
         threads.append(thread)
         sync.append(is_sync)
         linked.append(link)
-    n = len(names)
-    # Operators that launched device work ("frontend" events, linked id 0): their kernels
-    # are their own device time, and runtime events (cudaLaunchKernel...) linked to them
-    # move to their thread, as prof.events() does.
-    own_dev = [0] * n
-    if on_cuda or any(link > 0 for link in linked):
-        launched: dict[int, list[int]] = {}
-        for i in range(n):
-            if linked[i] == 0 and sync[i] and i not in fixed_mem and raw[i].activity_type() != "overhead":
-                launched.setdefault(raw[i].correlation_id(), []).append(i)
-        for i in range(n):
-            for owner in launched.get(linked[i], ()) if linked[i] > 0 else ():
-                threads[i] = threads[owner]
-        if on_cuda:
-            for corr_id, owners in launched.items():
-                for i in owners:
-                    own_dev[i] = kernel_ns.get(corr_id, 0)
-    # -- nesting: the innermost enclosing range on the same thread ---------------------------
-    parent = [-1] * n
-    order = sorted((i for i in range(n) if sync[i]), key=lambda i: (threads[i], starts[i], -ends[i], i))
+    return trace
+
+
+def _attach_launches(trace: _Trace, on_cuda: bool) -> None:
+    """Tie device work to the operators that launched it (sets ``own_dev``; moves threads).
+
+    Operators that launched device work ("frontend" events, linked id 0) get their
+    kernels as their own device time, and runtime events (cudaLaunchKernel...) linked to
+    them move to their thread, as ``prof.events()`` does.
+    """
+    n = len(trace)
+    linked, sync, raw, threads = trace.linked, trace.sync, trace.raw, trace.threads
+    own_dev = trace.own_dev = [0] * n
+    if not (on_cuda or any(link > 0 for link in linked)):
+        return
+    launched: dict[int, list[int]] = {}
+    for i in range(n):
+        if linked[i] == 0 and sync[i] and i not in trace.fixed_mem and raw[i].activity_type() != "overhead":
+            launched.setdefault(raw[i].correlation_id(), []).append(i)
+    for i in range(n):
+        for owner in launched.get(linked[i], ()) if linked[i] > 0 else ():
+            threads[i] = threads[owner]
+    if on_cuda:
+        kernel_ns = trace.kernel_ns
+        for corr_id, owners in launched.items():
+            for i in owners:
+                own_dev[i] = kernel_ns.get(corr_id, 0)
+
+
+def _nest(trace: _Trace) -> None:
+    """Nest the synchronous ranges: each one's innermost enclosing range on its thread.
+
+    Sets ``parent``, ``order`` (parents before children) and ``children``.
+    """
+    n = len(trace)
+    threads, starts, ends, sync = trace.threads, trace.starts, trace.ends, trace.sync
+    parent = trace.parent = [-1] * n
+    order = trace.order = sorted((i for i in range(n) if sync[i]), key=lambda i: (threads[i], starts[i], -ends[i], i))
     stack: list[int] = []
     current = None
     for i in order:
@@ -272,13 +325,23 @@ def analyse_events(
                 parent[i] = top
                 break
         stack.append(i)
-    children: list[list[int]] = [[] for _ in range(n)]
+    children = trace.children = [[] for _ in range(n)]
     for i in order:
         if parent[i] >= 0:
             children[parent[i]].append(i)
-    # An only child with its parent's name (aten::mean calling aten::mean) is merged into
-    # the parent, which takes over its children and kernels (EventList._remove_dup_nodes).
-    alive = [True] * n
+
+
+def _merge_duplicates(trace: _Trace) -> None:
+    """Merge an only child with its parent's name into the parent (sets ``alive``).
+
+    ``aten::mean`` calling ``aten::mean`` is one operator: the parent takes over the
+    child's children and kernels (``EventList._remove_dup_nodes``), until no such pair is
+    left.
+    """
+    n = len(trace)
+    names, starts, ends = trace.names, trace.starts, trace.ends
+    parent, children, own_dev = trace.parent, trace.children, trace.own_dev
+    alive = trace.alive = [True] * n
     by_time = sorted(range(n), key=lambda i: (starts[i], -ends[i], i))
     while True:
         merged = []
@@ -294,56 +357,89 @@ def analyse_events(
             break
         for i in merged:
             alive[i] = False
-    is_region = [name in regions for name in names]
-    region_of = [-1] * n  # index of the innermost enclosing region event
-    for i in order:  # parents before children
+
+
+def _attribute_regions(trace: _Trace, regions: set[str]) -> None:
+    """Each range's innermost enclosing region, and the regions' time spans.
+
+    Sets ``is_region``, ``region_of`` and ``spans`` (for communication that no region
+    encloses on its own thread: see :func:`_span_region`).
+    """
+    n = len(trace)
+    names, parent, alive = trace.names, trace.parent, trace.alive
+    is_region = trace.is_region = [name in regions for name in names]
+    region_of = trace.region_of = [-1] * n
+    for i in trace.order:  # parents before children
         top = parent[i]
         if alive[i] and top >= 0:
             region_of[i] = top if is_region[top] else region_of[top]
-    # Region spans, for communication that no region encloses on its own thread.
-    spans = sorted((ends[i] - starts[i], names[i], starts[i], ends[i]) for i in range(n) if is_region[i] and alive[i])
+    starts, ends = trace.starts, trace.ends
+    trace.spans = sorted(
+        (ends[i] - starts[i], names[i], starts[i], ends[i]) for i in range(n) if is_region[i] and alive[i]
+    )
 
-    def span_region(t: int) -> str | None:
-        for _, name, lo, hi in spans:  # shortest first
-            if lo <= t <= hi:
-                return name
-        return None
 
-    def region_name(i: int) -> str | None:
-        if region_of[i] >= 0:
-            return names[region_of[i]]
-        return span_region(starts[i]) if is_comm_event(names[i]) else None
+def _span_region(trace: _Trace, t: int) -> str | None:
+    """The shortest region whose time range holds time ``t`` (any thread); ``None``: none."""
+    for _, name, lo, hi in trace.spans:  # shortest first
+        if lo <= t <= hi:
+            return name
+    return None
 
-    metrics: dict[str, Any] = {}
-    if region_metrics:
-        cpu_ns: dict[str, int] = {}
-        cuda_ns: dict[str, int] = {}
-        comm: dict[str | None, list[tuple[int, int]]] = {}
-        for i in range(n):
-            if not alive[i]:
-                continue
-            name = names[i]
-            if is_region[i]:
-                cpu_ns[name] = cpu_ns.get(name, 0) + ends[i] - starts[i]
-                continue
-            comm_event = is_comm_event(name)
-            if region_of[i] < 0 and not comm_event:
-                continue
-            region = region_name(i)
-            if comm_event:
-                comm.setdefault(region, []).append((starts[i], ends[i]))
-            if region is not None and own_dev[i]:
-                cuda_ns[region] = cuda_ns.get(region, 0) + own_dev[i]
-        for lo, hi in device_comm:
-            comm.setdefault(span_region(lo), []).append((lo, hi))
-        metrics = _region_totals(cpu_ns, cuda_ns, comm)
-    if not with_ops:
-        return metrics, []
-    # -- operator rows --------------------------------------------------------------------------
-    incl_dev = list(own_dev)
-    for i in reversed(order):  # children come after their parent in ``order``
-        if alive[i] and parent[i] >= 0:
-            incl_dev[parent[i]] += incl_dev[i]
+
+def _region_name(trace: _Trace, i: int) -> str | None:
+    """Region of range ``i``: its enclosing region, or for communication outside every
+    region of its thread (Gloo's own thread) the region whose span holds its start."""
+    if trace.region_of[i] >= 0:
+        return trace.names[trace.region_of[i]]
+    return _span_region(trace, trace.starts[i]) if is_comm_event(trace.names[i]) else None
+
+
+def _region_metrics_full(trace: _Trace) -> dict[str, float]:
+    """Per-region CPU, device and communication time (see :func:`_region_totals`).
+
+    A region's CPU time is the sum of its ranges; its device time the kernels of the
+    operators inside it; communication inside a region counts in that region, and
+    communication outside every region (CPU calls and device kernels alike) under
+    ``comm_sync_sec``.
+    """
+    names, starts, ends = trace.names, trace.starts, trace.ends
+    alive, is_region, region_of, own_dev = trace.alive, trace.is_region, trace.region_of, trace.own_dev
+    cpu_ns: dict[str, int] = {}
+    cuda_ns: dict[str, int] = {}
+    comm: dict[str | None, list[tuple[int, int]]] = {}
+    for i in range(len(trace)):
+        if not alive[i]:
+            continue
+        name = names[i]
+        if is_region[i]:
+            cpu_ns[name] = cpu_ns.get(name, 0) + ends[i] - starts[i]
+            continue
+        comm_event = is_comm_event(name)
+        if region_of[i] < 0 and not comm_event:
+            continue
+        region = _region_name(trace, i)
+        if comm_event:
+            comm.setdefault(region, []).append((starts[i], ends[i]))
+        if region is not None and own_dev[i]:
+            cuda_ns[region] = cuda_ns.get(region, 0) + own_dev[i]
+    for lo, hi in trace.device_comm:
+        comm.setdefault(_span_region(trace, lo), []).append((lo, hi))
+    return _region_totals(cpu_ns, cuda_ns, comm)
+
+
+def _operator_memory(trace: _Trace) -> tuple[list[int], list[int], list[int]]:
+    """Memory of every range from the ``[memory]`` records inside its time range.
+
+    Returns:
+        ``(mem, child_mem, covered)``: bytes per range (an ``[OutOfMemory]`` record its
+        own), bytes of its direct children, and a difference array over the sorted
+        records (its running sum is how many ranges hold each record; zero: outside
+        every operator).
+    """
+    n = len(trace)
+    starts, ends, fixed_mem = trace.starts, trace.ends, trace.fixed_mem
+    memory = trace.memory
     memory.sort(key=lambda record: record[0])
     times = [t for t, _ in memory]
     prefix = [0, *accumulate(nbytes for _, nbytes in memory)]
@@ -359,9 +455,25 @@ def analyse_events(
             covered[lo] += 1
             covered[hi] -= 1
     child_mem = [0] * n
-    for i in order:
+    alive, parent = trace.alive, trace.parent
+    for i in trace.order:
         if alive[i] and parent[i] >= 0:
             child_mem[parent[i]] += mem[i]
+    return mem, child_mem, covered
+
+
+def _operator_rows(trace: _Trace, iteration: Any, rank: int) -> list[dict[str, Any]]:
+    """One row per (region, operator): times, device times, memory and call count.
+
+    Operators outside every region go to ``untracked``, and so do memory records outside
+    every operator (as rows of their own, as in ``prof.events()``).
+    """
+    alive, parent, own_dev = trace.alive, trace.parent, trace.own_dev
+    incl_dev = list(own_dev)
+    for i in reversed(trace.order):  # children come after their parent in ``order``
+        if alive[i] and parent[i] >= 0:
+            incl_dev[parent[i]] += incl_dev[i]
+    mem, child_mem, covered = _operator_memory(trace)
     ops: dict[tuple[str, str], dict[str, Any]] = {}
 
     def add(region: str, name: str, cpu: int, dev: int, self_dev: int, mem_bytes: int, self_mem: int) -> None:
@@ -386,10 +498,11 @@ def analyse_events(
         row["self_mem_mb"] += self_mem / MB
         row["count"] += 1
 
-    for i in range(n):
+    names, starts, ends, sync, is_region = trace.names, trace.starts, trace.ends, trace.sync, trace.is_region
+    for i in range(len(trace)):
         if is_region[i] or not alive[i]:
             continue
-        region = region_name(i) or "untracked"
+        region = _region_name(trace, i) or "untracked"
         if sync[i]:
             add(
                 region,
@@ -402,10 +515,58 @@ def analyse_events(
             )
         else:  # ranges that start and end on different threads have no children and no device time
             add(region, _display_name(names[i]), ends[i] - starts[i], 0, 0, mem[i], 0)
-    # Memory records outside every operator become rows of their own, as in prof.events().
     depth = 0
-    for pos, (_, nbytes) in enumerate(memory):
+    for pos, (_, nbytes) in enumerate(trace.memory):
         depth += covered[pos]
         if depth == 0:
             add("untracked", _MEMORY, 0, 0, 0, nbytes, nbytes)
-    return metrics, list(ops.values())
+    return list(ops.values())
+
+
+def analyse_events(
+    events: Any,
+    regions: set[str],
+    *,
+    iteration: Any = 0,
+    rank: int = 0,
+    on_cuda: bool = False,
+    with_ops: bool = True,
+    region_metrics: bool = True,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Per-region metrics and operator rows from one cycle's kineto events.
+
+    A CPU-only trace that needs only region metrics takes the short path
+    (:func:`_region_metrics_cpu`); otherwise the stages run in turn: classify the events
+    (:func:`_read_events`), tie device work to its launching operator
+    (:func:`_attach_launches`), nest the ranges (:func:`_nest`), merge duplicate nodes
+    (:func:`_merge_duplicates`), attribute ranges to regions (:func:`_attribute_regions`),
+    then the region metrics (:func:`_region_metrics_full`) and the operator rows
+    (:func:`_operator_rows`).
+
+    Args:
+        events: ``prof.profiler.kineto_results.events()`` of a stopped ``torch.profiler.profile``.
+        regions: Names of the ``record_function`` ranges that are regions.
+        iteration: Value of the operator rows' ``iter`` column.
+        rank: Value of their ``rank`` column.
+        on_cuda: Whether CUDA activity was profiled (device times and memory then count).
+        with_ops: Build the operator rows.
+        region_metrics: Build the per-region metrics.
+
+    Returns:
+        ``(metrics, rows)``, with the values ``prof.events()`` would give: an operator's
+        region is its innermost enclosing region on its thread (communication outside
+        every region's range: the innermost region whose time range holds its start).
+    """
+    if region_metrics and not with_ops and not on_cuda:
+        metrics = _region_metrics_cpu(events, regions)
+        if metrics is not None:
+            return metrics, []
+    trace = _read_events(events, on_cuda, with_ops)
+    _attach_launches(trace, on_cuda)
+    _nest(trace)
+    _merge_duplicates(trace)
+    _attribute_regions(trace, regions)
+    metrics = _region_metrics_full(trace) if region_metrics else {}
+    if not with_ops:
+        return metrics, []
+    return metrics, _operator_rows(trace, iteration, rank)

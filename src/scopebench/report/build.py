@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from scopebench.atomic import atomic_write
-from scopebench.report.diagnosis import Finding, backend_comparisons, diagnose_all
+from scopebench.report.backend_comparison import backend_comparisons
+from scopebench.report.diagnosis import Finding, diagnose_all
 from scopebench.report.results import Configuration, configurations, find_result_files, load_results
 from scopebench.report.tables import format_tables, phase_rows
 

@@ -6,7 +6,7 @@ whose values in A and in B have nothing in common (``fused_adamw`` False in ever
 True in every B run; ``backend`` ddp vs zero2) is the change under test, so it is left out
 of the match and printed once as the A/B difference.
 
-Per region (and the step, ``total - callback``): ``ratio = median(B) / median(A)`` over
+Per region (and the step, ``step_time_sec`` = total - callback): ``ratio = median(B) / median(A)`` over
 the recorded iterations, with a seeded percentile-bootstrap confidence interval
 (:func:`scopebench.stats.median_ratio_ci`, iterations resampled). A row is flagged when its
 interval excludes 1 (``slower`` above, ``faster`` below). With a 95 % interval about one

@@ -4,8 +4,8 @@ Each function takes the configurations of one benchmark and returns plain lists 
 ``None`` / ``[]`` when the picture does not apply, e.g. no sweep over processes):
 
 * :func:`stacked_regions`: mean time of each region per configuration, the rest of the
-  step as ``untracked``, so each bar is the mean step (callback excluded);
-* :func:`step_series`: step time per recorded iteration, and benchopt's own time per
+  step as ``untracked``, so each bar is the mean step (``step_time_sec``: callback excluded);
+* :func:`step_series`: step time (``step_time_sec``) per recorded iteration, and benchopt's own time per
   iteration for every iteration (differences of its ``time`` column: warm-up included);
 * :func:`metric_series`: quality columns (loss, PSNR, SSIM, MSE...) per iteration;
 * :func:`scaling_groups`: throughput speed-up and parallel efficiency against processes

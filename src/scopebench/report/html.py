@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from scopebench.report import figures
-from scopebench.report.diagnosis import BackendComparison
+from scopebench.report.backend_comparison import BackendComparison
 from scopebench.report.plots import slug
 from scopebench.report.results import Configuration
 from scopebench.report.tables import format_config, phase_rows
@@ -303,7 +303,7 @@ def render_html(sections: list[dict[str, Any]], sources: list[str], warnings: li
 
     Args:
         sections: One per benchmark: ``title``, ``configs``, ``findings``, ``warnings`` and
-            optionally ``comparisons`` (:class:`~scopebench.report.diagnosis.BackendComparison`).
+            optionally ``comparisons`` (:class:`~scopebench.report.backend_comparison.BackendComparison`).
         sources: The results files, listed at the top.
         warnings: Warnings that belong to no benchmark section.
     """
@@ -316,7 +316,8 @@ def render_html(sections: list[dict[str, Any]], sources: list[str], warnings: li
         f"<p>Generated {datetime.now():%Y-%m-%d %H:%M} from: "
         + ", ".join(f"<code>{html.escape(s)}</code>" for s in sources)
         + "</p>",
-        "<p>Shares are of the step without the scoring callback (<code>total_time_sec - callback_time_sec</code>); "
+        "<p>Shares are of the step without the scoring callback (<code>step_time_sec</code> = "
+        "<code>total_time_sec - callback_time_sec</code>); "
         "statistics from <code>scopebench.stats</code>; diagnosis rules in <code>docs/diagnosis.md</code>.</p>",
         "<ul>"
         + "".join(f"<li><a href='#{slug(s['title'])}'>{html.escape(s['title'])}</a></li>" for s in sections)

@@ -30,12 +30,13 @@ __all__ = [
     "load_results",
     "read_results",
     "short_labels",
+    "step_times",
 ]
 
 #: Columns every benchopt result file has; a parquet without them is someone else's.
 REQUIRED_COLUMNS = ("objective_name", "dataset_name", "solver_name", "stop_val")
 #: ``objective_<name>_time_sec`` columns that are not regions of the step.
-NOT_REGIONS = frozenset({"total", "callback", "untracked", "compile", "setup", "first_call"})
+NOT_REGIONS = frozenset({"total", "step", "callback", "untracked", "compile", "setup", "first_call"})
 #: Phases that are sums of other regions (``backward_step`` = bwd + unscale_clip + optim_step + zero_grad_sched).
 COMPOSITE_PHASES = frozenset({"backward_step"})
 _REGION_SUFFIXES = ("_time_sec", "_cpu_sec")
@@ -176,14 +177,10 @@ class Configuration:
         return self.values(self.region_columns[region])
 
     def step_values(self) -> list[float]:
-        """Seconds per recorded iteration without the scoring callback: ``total - callback``."""
+        """Seconds per recorded iteration without the scoring callback (:func:`step_times`)."""
         if "step" in self.cache:
             return self.cache["step"]
-        rec = self.recorded
-        total = rec["objective_total_time_sec"]
-        if "objective_callback_time_sec" in rec.columns:
-            total = total - rec["objective_callback_time_sec"].fillna(0.0)
-        self.cache["step"] = [float(v) for v in total.tolist()]
+        self.cache["step"] = [float(v) for v in step_times(self.recorded).tolist()]
         return self.cache["step"]
 
     def iterations(self) -> list[int]:
@@ -237,6 +234,29 @@ def _missing(value: Any) -> bool:
         return value is None or value != value  # NaN
     except (TypeError, ValueError):
         return False
+
+
+def step_times(rows):
+    """Step time of each row (a Series): ``objective_step_time_sec``, the profiler's
+    ``total_time_sec - callback_time_sec``.
+
+    Files written before the profiler reported ``step_time_sec`` lack the column (or, mixed
+    with newer files, leave it empty on their rows): those rows fall back to
+    ``objective_total_time_sec - objective_callback_time_sec`` (no callback column: the total).
+
+    :Examples:
+        >>> import pandas as pd
+        >>> rows = pd.DataFrame({"objective_total_time_sec": [0.5, 0.5], "objective_callback_time_sec": [0.1, 0.2],
+        ...                      "objective_step_time_sec": [0.4, None]})
+        >>> step_times(rows).round(3).tolist()
+        [0.4, 0.3]
+    """
+    step = rows["objective_total_time_sec"]
+    if "objective_callback_time_sec" in rows.columns:
+        step = step - rows["objective_callback_time_sec"].fillna(0.0)
+    if "objective_step_time_sec" in rows.columns:
+        step = rows["objective_step_time_sec"].fillna(step)
+    return step
 
 
 def _benchmark_name(objective_name: str) -> str:

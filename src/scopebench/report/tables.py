@@ -2,8 +2,8 @@
 
 Per configuration and phase: count, mean, median, p95 and p99 (milliseconds, statistics of
 :mod:`scopebench.stats`) and the **share of the step**, where the step is one iteration
-without the benchopt scoring callback (``total_time_sec - callback_time_sec``, the time
-``samples_per_sec`` divides by). The callback gets its own line, outside the step; so does
+without the benchopt scoring callback (``step_time_sec``, the profiler's
+``total_time_sec - callback_time_sec`` and the time ``samples_per_sec`` divides by). The callback gets its own line, outside the step; so does
 ``total_time_sec`` (step + callback). Composite phases (``backward_step``) show their
 share too but are sums of regions, so shares need not add up to 100 %.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from scopebench import stats
-from scopebench.report.results import Configuration
+from scopebench.report.results import Configuration, step_times
 
 __all__ = ["PROFILE_STEP_ORDER", "config_kind", "phase_rows", "format_config", "format_tables", "throughput"]
 
@@ -128,8 +128,7 @@ def throughput(config: Configuration) -> dict[str, float]:
     if "objective_samples_per_sec" in rec.columns:
         both = rec[rec["objective_samples_per_sec"].notna()]
         if not both.empty:
-            callback = both.get("objective_callback_time_sec")
-            steps = both["objective_total_time_sec"] - (callback.fillna(0.0) if callback is not None else 0.0)
+            steps = step_times(both)
             batch = stats.median((both["objective_samples_per_sec"] * steps).tolist())
             out["samples_per_sec"] = batch / mean_step
     return out
