@@ -56,7 +56,7 @@ LOOPBACK = ("0100007F:", "00000000000000000000000001000000:")  # 127.0.0.1, ::1
 
 
 def test_local_rendezvous_listens_on_loopback_only(worker_path):
-    with DistSession(2, worker="dist.workers:hold_until_released") as info:
+    with DistSession(2, worker="distributed.workers:hold_until_released") as info:
         assert info.world_size == 2
         pids = [os.getpid(), *DistSession_worker_pids()]
         listening = {pid: listening_addresses(pid) for pid in pids}
@@ -84,7 +84,7 @@ def DistSession_worker_pids() -> list[int]:
 
 
 def test_the_store_folder_is_private(worker_path):
-    session = DistSession(2, worker="dist.workers:hold_until_released")
+    session = DistSession(2, worker="distributed.workers:hold_until_released")
     session.start()
     try:
         assert (session.run_dir.stat().st_mode & 0o777) == 0o700
@@ -120,7 +120,7 @@ def test_killed_worker_fails_the_run_naming_rank_signal_and_iteration(worker_pat
 
 
 def test_stopped_worker_fails_at_the_group_timeout_naming_the_rank(worker_path):
-    from dist.workers import CountingRun
+    from distributed.workers import CountingRun
 
     timeout = 3.0
     run = CountingRun(nproc=2, device="cpu", group_timeout_sec=timeout)
@@ -146,21 +146,20 @@ def test_stopped_worker_fails_at_the_group_timeout_naming_the_rank(worker_path):
 
 
 def test_group_timeout_reaches_the_workers_and_defaults_by_launcher(monkeypatch):
-    from scopebench.distributed.launch import LAUNCHER_TIMEOUT_SEC, LOCAL_TIMEOUT_SEC
-
-    assert DistSession(1).timeout_sec == LOCAL_TIMEOUT_SEC < 300
+    # The documented defaults (launch.LOCAL_TIMEOUT_SEC, launch.LAUNCHER_TIMEOUT_SEC), written out.
+    assert DistSession(1).timeout_sec == 60.0  # a local spawn
     assert DistSession(1, timeout_sec=7).timeout_sec == 7.0
     with pytest.raises(ValueError, match="group_timeout_sec must be a finite number > 0, got 0"):
         DistSession(1, timeout_sec=0)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert DistSession(2).timeout_sec == LAUNCHER_TIMEOUT_SEC
+    assert DistSession(2).timeout_sec == 600.0  # under torchrun / SLURM
 
 
 def test_killed_rank_0_leaves_no_worker_and_no_temporary_folder(worker_path, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     driver = subprocess.Popen(
-        [sys.executable, str(TESTS / "dist" / "rank0_driver.py"), str(tmp_path)],
+        [sys.executable, str(TESTS / "distributed" / "rank0_driver.py"), str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

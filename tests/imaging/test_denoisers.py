@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,3 +163,56 @@ def test_one_loader_for_both_benchmarks_refuses_the_wrong_kind(tmp_path):
     assert type(load_denoiser_weights(path)).__name__ == "DRUNet"
     with pytest.raises(ValueError, match="holds a drunet, not a dncnn"):
         build_denoiser(DenoiserConfig(name="dncnn", weights=str(path)), channels=3)
+
+
+_COMMON = "scopebench.imaging.common"
+
+
+def _imports(source: str, package: str) -> set[str]:
+    """Modules a source imports anywhere (function bodies too), relative imports resolved;
+    ``from pkg import name`` also counts ``pkg.name`` (it may be a module)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(p for p in (base, node.module) if p)
+            out.add(module)
+            out.update(f"{module}.{alias.name}" for alias in node.names)
+    return out
+
+
+def _common_graph() -> dict[str, set[str]]:
+    """``module -> modules of imaging.common it imports`` (short names), read from the sources."""
+    import scopebench.imaging.common as common
+
+    folder = Path(common.__file__).parent
+    names = {path.stem for path in folder.glob("*.py") if path.stem != "__init__"}
+    graph = {}
+    for name in names:
+        imported = _imports((folder / f"{name}.py").read_text(), _COMMON)
+        graph[name] = {other for other in names if f"{_COMMON}.{other}" in imported and other != name}
+    return graph
+
+
+def test_import_reader_sees_function_level_and_relative_imports():
+    source = "def f():\n    from scopebench.imaging.common.weights import x\nfrom . import denoisers\n"
+    found = _imports(source, _COMMON)
+    assert {f"{_COMMON}.weights", f"{_COMMON}.denoisers"} <= found
+
+
+def test_denoisers_and_weights_do_not_import_each_other():
+    graph = _common_graph()
+    assert {"denoisers", "weights"} <= set(graph)
+    assert not ("weights" in graph["denoisers"] and "denoisers" in graph["weights"]), graph
+
+    # Nor through a third module of the package: no cycle at all.
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in graph[start] - seen:
+            if nxt == goal or reaches(nxt, goal, seen | {nxt}):
+                return True
+        return False
+
+    cyclic = sorted(name for name in graph if reaches(name, name, set()))
+    assert cyclic == [], graph

@@ -58,7 +58,16 @@ def test_null_spellings():
 
 
 def test_solver_mixin_defaults_and_validation():
-    assert ProfiledSolverMixin.parameters == {k: [v] for k, v in PROFILER_DEFAULTS.items()}
+    # The documented defaults, written out: a changed default must change this test too.
+    assert ProfiledSolverMixin.parameters == {
+        "profiler_mode": ["custom"],
+        "profiler_warmup": [0],
+        "profiler_active": [0],
+        "profiler_save_file": [False],
+        "profiler_per_step": [True],
+        "profiler_repeat": [1],
+        "profiler_trace_dir": [None],
+    }
     assert PROFILER_DEFAULTS["profiler_mode"] == "custom"
 
     class FakeSolver(ProfiledSolverMixin):
@@ -78,25 +87,31 @@ def test_unknown_parameter_is_refused():
         ProfilerConfig.from_params(profiler_mdoe="custom")
 
 
-def test_solver_mixin_run_profiled(tmp_path):
+def test_solver_mixin_drives_a_run_object(tmp_path):
+    from scopebench.distributed.run import RankRun
+
+    class Work(RankRun):
+        def step(self, profiler):
+            with profiler.track_step("work"):
+                pass
+
     class FakeSolver(ProfiledSolverMixin):
         profiler_mode = "custom"
         profiler_warmup = 1
         profiler_save_file = True
 
     solver = FakeSolver()
-    assert solver.current_metrics() == {}
+    run = Work(profiler=solver.validate_profiler(tmp_path), output_dir=tmp_path, name="fake")
+    assert run.metrics() == {}
     seen, calls = [], iter(range(4))
 
     def callback():
-        seen.append(solver.current_metrics())
+        seen.append(run.metrics())
         return next(calls) < 3
 
-    def step(prof):
-        with prof.track_step("work"):
-            pass
-
-    solver.run_profiled(callback, step, name="fake", output_dir=tmp_path)
-    assert [bool(m) for m in seen] == [False, False, True, True]
-    assert "work_time_sec" in solver.current_metrics()
+    solver.start_run(run)
+    assert solver.profiler is run.profiler and run.metrics().keys() == {"setup_time_sec"}
+    solver.finish_run(run, callback)
+    assert ["work_time_sec" in m for m in seen] == [False, False, True, True]
+    assert "work_time_sec" in run.metrics()
     assert len(list(tmp_path.glob("fake_*_rank0_gpu_metrics.csv"))) == 1

@@ -6,7 +6,8 @@ unrolled network):
 * :data:`DENOISERS`: learned (:data:`LEARNED`: ``drunet``, ``dncnn``) and classical
   (``tv``, ``wavelet``, ``bm3d``, ``median``) deepinv denoisers;
 * :class:`DenoiserSpec`: the architecture of a learned denoiser (what its deepinv
-  constructor needs, weights aside), also stored in the header of a weight file;
+  constructor needs, weights aside), also stored in the header of a weight file (defined
+  in :mod:`scopebench.imaging.common.architectures`, re-exported here);
 * :class:`DenoiserConfig`: which denoiser a reconstruction uses, at which strength, with
   which weights (the ``denoiser*`` solver parameters);
 * :func:`build_denoiser`: the ready-to-call denoiser of a :class:`DenoiserConfig`.
@@ -21,11 +22,14 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from scopebench.validate import choice, integer, number
+# The architecture lives apart so that weights (which rebuilds one) need not import this
+# registry (which loads weights): the two modules depend on each other one way only.
+from scopebench.imaging.common.architectures import LEARNED, DenoiserSpec
+from scopebench.imaging.common.weights import check_weights_file, load_denoiser_weights
+from scopebench.validate import choice, number
 
 __all__ = [
     "CLASSICAL",
@@ -38,7 +42,6 @@ __all__ = [
     "denoiser_unavailable",
 ]
 
-LEARNED = ("drunet", "dncnn")
 CLASSICAL = ("tv", "wavelet", "bm3d", "median")
 DENOISERS = LEARNED + CLASSICAL
 PRETRAINED = ("auto", "none")
@@ -46,83 +49,8 @@ PRETRAINED = ("auto", "none")
 _REQUIRES = {"bm3d": "bm3d", "wavelet": "ptwt"}
 #: Denoisers deepinv implements for 2-D images only.
 ONLY_2D = ("median", "bm3d", "wavelet")
-#: Default depth of a trained network: conv layers of DnCNN, residual blocks per scale of
-#: DRUNet (small, for CPU training).
-DEFAULT_DEPTH = {"dncnn": 6, "drunet": 1}
 #: deepinv's own default sizes, used for random weights in inference cost studies.
 DEEPINV_SIZES = {"drunet": {"channels": 64, "depth": 4}, "dncnn": {"channels": 64, "depth": 20}}
-#: Fields of :class:`DenoiserSpec` stored in a weight file's header.
-SPEC_KEYS = ("denoiser", "channels", "depth", "in_channels", "out_channels", "dim")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DenoiserSpec:
-    """The architecture of a learned deepinv denoiser (weights aside)."""
-
-    denoiser: str = "dncnn"
-    """``dncnn`` or ``drunet``."""
-    channels: int = 16
-    """Width: DnCNN's ``nf``; DRUNet's first scale (``nc = (c, 2c, 4c, 8c)``)."""
-    depth: int | None = None
-    """DnCNN conv layers (>= 2) or DRUNet residual blocks per scale; ``None``: :data:`DEFAULT_DEPTH`."""
-    in_channels: int = 3
-    """Image channels in."""
-    out_channels: int = 3
-    """Image channels out."""
-    dim: int = 2
-    """2 for images, 3 for volumes."""
-
-    def __post_init__(self) -> None:
-        choice("denoiser", self.denoiser, sorted(LEARNED))
-        integer("denoiser_channels", self.channels, low=1)
-        if self.depth is None:
-            object.__setattr__(self, "depth", DEFAULT_DEPTH[self.denoiser])
-        integer("denoiser depth", self.depth, low=1)
-        if self.denoiser == "dncnn" and self.depth < 2:
-            raise ValueError(f"DnCNN needs at least 2 conv layers, got depth={self.depth}")
-        integer("in_channels", self.in_channels, low=1)
-        integer("out_channels", self.out_channels, low=1)
-        choice("dim", self.dim, (2, 3))
-
-    def constructor_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of the deepinv constructor (``pretrained=None``: no download)."""
-        if self.denoiser == "dncnn":
-            size = {"depth": self.depth, "nf": self.channels}
-        else:
-            c = self.channels
-            size = {"nc": (c, 2 * c, 4 * c, 8 * c), "nb": self.depth}
-        return {"in_channels": self.in_channels, "out_channels": self.out_channels, "dim": self.dim, **size}
-
-    def build(self, device: Any = "cpu") -> torch.nn.Module:
-        """A freshly initialised network (drawn from the global RNG: seed it first)."""
-        return construct(self.denoiser, self.constructor_kwargs()).to(device)
-
-    def to_metadata(self) -> dict[str, str]:
-        """String-valued weight-file header entries (safetensors stores strings only)."""
-        from scopebench.imaging.common.weights import WEIGHTS_FORMAT
-
-        return {"format": WEIGHTS_FORMAT, **{key: str(getattr(self, key)) for key in SPEC_KEYS}}
-
-    @classmethod
-    def from_metadata(cls, metadata: dict[str, str]) -> DenoiserSpec:
-        """Inverse of :meth:`to_metadata`; ``ValueError`` on a foreign or incomplete header."""
-        from scopebench.imaging.common.weights import WEIGHTS_FORMAT
-
-        if metadata.get("format") != WEIGHTS_FORMAT:
-            raise ValueError(f"expected a weight file of format {WEIGHTS_FORMAT!r}, got {metadata.get('format')!r}")
-        missing = [key for key in SPEC_KEYS if key not in metadata]
-        if missing:
-            raise ValueError(f"weight file metadata lacks {missing}")
-        ints = {key: int(metadata[key]) for key in SPEC_KEYS if key != "denoiser"}
-        return cls(denoiser=metadata["denoiser"], **ints)
-
-
-def construct(name: str, kwargs: dict[str, Any]) -> torch.nn.Module:
-    """The deepinv ``DRUNet`` / ``DnCNN`` with constructor ``kwargs``, on the CPU, never downloaded."""
-    import deepinv as dinv
-
-    cls = dinv.models.DRUNet if name == "drunet" else dinv.models.DnCNN
-    return cls(**kwargs, pretrained=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,8 +70,6 @@ class DenoiserConfig:
     studies only, the reconstruction is meaningless)."""
 
     def __post_init__(self) -> None:
-        from scopebench.imaging.common.weights import check_weights_file
-
         choice("denoiser", self.name, DENOISERS)
         object.__setattr__(self, "sigma", number("denoiser_sigma", self.sigma, low=0, low_open=True))
         pretrained = "none" if self.pretrained is None else self.pretrained
@@ -198,8 +124,6 @@ def build_denoiser(config: DenoiserConfig, channels: int, spatial_dims: int = 2)
         ValueError: weights whose channels or dimension do not fit the problem, a
             denoiser that does not support volumes, or a missing optional package.
     """
-    from scopebench.imaging.common.weights import load_denoiser_weights
-
     reason = denoiser_unavailable(config.name)
     if reason:
         raise ValueError(reason)

@@ -2,8 +2,8 @@
 
 A weight file written by ``benchmark_training`` (:func:`save_denoiser_weights`) is a
 safetensors file holding the plain ``state_dict`` of a deepinv denoiser; its header holds
-the :class:`~scopebench.imaging.common.denoisers.DenoiserSpec` that rebuilds it (format
-:data:`WEIGHTS_FORMAT`) and JSON-encoded extras (trained step sizes, noise levels, steps).
+the :class:`~scopebench.imaging.common.architectures.DenoiserSpec` that rebuilds it (format
+:data:`~scopebench.imaging.common.architectures.WEIGHTS_FORMAT`) and JSON-encoded extras (trained step sizes, noise levels, steps).
 
 :func:`load_denoiser_weights` reads that format and also foreign state dicts
 (``.safetensors``, ``.pth``, ``.pt``, optionally wrapped in ``state_dict`` / ``model`` or
@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from scopebench.imaging.common.denoisers import LEARNED, SPEC_KEYS, DenoiserSpec, construct
+# Not from denoisers: that registry imports this module (one-way dependency).
+from scopebench.imaging.common.architectures import LEARNED, SPEC_KEYS, WEIGHTS_FORMAT, DenoiserSpec, construct
 
 __all__ = [
     "WEIGHTS_FORMAT",
@@ -37,8 +38,6 @@ __all__ = [
     "save_denoiser_weights",
 ]
 
-#: Value of the ``format`` header key of a weight file written here.
-WEIGHTS_FORMAT = "scopebench.denoiser.v1"
 SUFFIXES = (".safetensors", ".pth", ".pt")
 #: Prefixes that wrappers add to parameter names (DDP, torch.compile).
 _PREFIXES = ("module.", "_orig_mod.")
