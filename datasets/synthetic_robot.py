@@ -1,31 +1,23 @@
-"""Synthetic LeRobot-style robot episodes, written once to outputs/datasets and reused."""
+"""Synthetic LeRobot-style robot episodes, written once to outputs/datasets and reused.
+
+Every parameter is a field of ``scopebench.policy.settings.DatasetSettings`` (the
+``dataset:`` section of a policy run config), documented and defaulted there.
+"""
 
 from pathlib import Path
 
 from benchopt import BaseDataset
 
+from scopebench.policy.settings import DatasetSettings, solver_parameters
+
 
 class Dataset(BaseDataset):
     name = "synthetic_robot"
-    parameters = {
-        "num_episodes": [4],
-        "episode_length": [24],
-        "image_size": [32],
-        "num_cameras": [2],
-        "chunk_size": [8],
-        "seed": [0],
-    }
+    parameters = solver_parameters(DatasetSettings, exclude=("cache_dir",))
 
     def get_data(self):
-        from scopebench.policy.data import SyntheticRobotConfig, cached_synthetic_dataset
-
-        config = SyntheticRobotConfig(
-            num_episodes=self.num_episodes,
-            episode_length=self.episode_length,
-            image_size=self.image_size,
-            num_cameras=self.num_cameras,
-            seed=self.seed,
-        )
         cache = Path(__file__).resolve().parents[1] / "outputs" / "datasets"
-        root = cached_synthetic_dataset(cache, config)
+        values = {key: getattr(self, key) for key in self.parameters}
+        settings = DatasetSettings(**values, cache_dir=str(cache), key_prefix="")
+        root = settings.materialize()
         return dict(dataset_root=str(root), chunk_size=self.chunk_size, seed=self.seed)

@@ -5,9 +5,9 @@ What it measures:
 1. **Backends** (``--presets``, default ``tiny,small``): in each round, one run per backend
    (the order rotates from round to round, so background load hits each alike) of
    ``--warmup`` + ``--steps`` training steps of the same model and per-rank batch, through
-   :class:`scopebench.policy.train_run.PolicyTrainRun` (the code of ``Pi05Train``,
+   :class:`scopebench.policy.run.train.PolicyTrainRun` (the code of ``Pi05Train``,
    ``profile-step`` and ``scopebench train``) on 2 local ranks. Each run is a fresh process
-   (its peak RSS is its own). Per run: the median step (``total - callback``, the slowest
+   (its peak RSS is its own). Per run: the median step (``step_time_sec``: ``total - callback``, the slowest
    rank's), each phase's median, global samples/s, each rank's peak RSS. Reported: per
    backend the median over rounds; the ZeRO-3 / ZeRO-2 and ZeRO-2 / DDP step ratios (ratio
    of the two medians in each round, then the median with min-max over rounds); per phase
@@ -15,7 +15,7 @@ What it measures:
    in ``forward`` and ``bwd``; ZeRO-2 all-gathers the updated parameters in ``optim_step``:
    :data:`scopebench.policy.phases.PHASE_CONTENTS`).
 2. **Suite cost** (``--overhead-preset``, default ``small``): per round, ``benchopt run`` of
-   ``Pi05Train`` (ddp, 2 ranks, custom profiler: ``total - callback`` per iteration) and a
+   ``Pi05Train`` (ddp, 2 ranks, custom profiler: ``step_time_sec`` per iteration) and a
    bare loop of the same step on 2 torchrun ranks (the same model, DDP, data and AdamW;
    no profiler, no benchopt, no per-iteration decision broadcast), alternating which goes
    first. Ratio of median step times, with the min-max over rounds. Goal: <= 1.03.
@@ -83,8 +83,9 @@ def _dataset(preset: str, cache: str):
 def one_run(preset: str, backend: str, warmup: int, steps: int, cache: str) -> dict:
     """Rank 0 of one run (this process) and its spawned rank 1: medians of the measured steps."""
     from scopebench.policy.phases import TRAIN_PHASES
+    from scopebench.policy.run.train import PolicyTrainRun
     from scopebench.policy.tools import StepCounter
-    from scopebench.policy.train_run import PolicyTrainRun
+    from scopebench.profiler import ProfilerConfig
     from scopebench.stats import median
 
     data = _dataset(preset, cache)
@@ -92,15 +93,15 @@ def one_run(preset: str, backend: str, warmup: int, steps: int, cache: str) -> d
         _settings(preset, backend),
         dataset_root=data.materialize(),
         chunk_size=data.chunk_size,
-        profiler_params={"profiler_warmup": warmup},
+        profiler=ProfilerConfig(warmup=warmup),
         name="distributed_speed",
     )
     rows: list[dict] = []
     with run:
-        run.loop(StepCounter(warmup + steps, lambda: rows.append(run.current_metrics())))
+        run.loop(StepCounter(warmup + steps, lambda: rows.append(run.metrics())))
     rows = [m for m in rows if "total_time_sec" in m]
     return {
-        "step_sec": median(m["total_time_sec"] - m["callback_time_sec"] for m in rows),
+        "step_sec": median(m["step_time_sec"] for m in rows),
         "samples_per_sec": median(m["samples_per_sec"] for m in rows),
         "phases_sec": {p: median(m[f"{p}_time_sec"] for m in rows) for p in TRAIN_PHASES},
         "peak_rss_mb_per_rank": [rows[-1][f"max_rss_mb_rank{r}"] for r in range(run.world_size)],
@@ -109,7 +110,7 @@ def one_run(preset: str, backend: str, warmup: int, steps: int, cache: str) -> d
 
 def bare_worker(preset: str, warmup: int, steps: int, cache: str, out: str) -> None:
     """A torchrun rank: the same DDP step as ``Pi05Train``, looped without profiler or benchopt."""
-    from scopebench.policy.train_run import PolicyTrainRun
+    from scopebench.policy.run.train import PolicyTrainRun
     from scopebench.profiler import create_profiler
 
     data = _dataset(preset, cache)
@@ -119,7 +120,7 @@ def bare_worker(preset: str, warmup: int, steps: int, cache: str, out: str) -> N
     with run:
         for _ in range(warmup + steps):
             start = time.perf_counter()
-            run.step(null)
+            run.work(null)
             times.append(time.perf_counter() - start)
         if run.rank == 0:
             Path(out).write_text(json.dumps(times[warmup:]))
@@ -201,7 +202,7 @@ def bench_overhead(preset: str, rounds: int, warmup: int, steps: int, cache: str
                     run = run_benchopt(REPO, config, output=Path(tmp, f"r{r}.parquet"), timeout_sec=3600)
                     df = pd.read_parquet(run.parquet)
                     df = df[df["objective_total_time_sec"].notna()]
-                    benchopt_runs.append(median(df["objective_total_time_sec"] - df["objective_callback_time_sec"]))
+                    benchopt_runs.append(median(df["objective_step_time_sec"]))
                 else:
                     out = Path(tmp, f"bare{r}.json")
                     _python(

@@ -74,9 +74,9 @@ import time
 
 import torch
 
-from scopebench.policy.inference_run import InferenceRun, fit_latency
+from scopebench.policy.run.inference import InferenceRun, fit_latency
+from scopebench.policy.run.train import PolicyTrainRun
 from scopebench.policy.settings import DatasetSettings, InferenceSettings, TrainSettings
-from scopebench.policy.train_run import PolicyTrainRun
 from scopebench.profiler import create_profiler
 from scopebench.stats import median
 from scopebench.train.peak import sample_cpu_peak, sustained_cpu_matmul_flops
@@ -140,7 +140,7 @@ def bench_training(
     with run:
         for _ in range(warmup):
             start = time.perf_counter()
-            run.step(null)
+            run.work(null)
             warm.append(time.perf_counter() - start)
         peaks.append(sample_cpu_peak())
         # As long as one loop of the round (the fastest warm-up step: the first may compile).
@@ -152,7 +152,7 @@ def bench_training(
             def callback() -> bool:
                 ticks.append(time.perf_counter())
                 if len(ticks) > 1:
-                    m = run.current_metrics()
+                    m = run.metrics()
                     achieved.append(m["achieved_flops_per_sec"])
                     run_mfu.append(m["mfu"])
                 return len(ticks) <= steps
@@ -161,7 +161,7 @@ def bench_training(
                 out = []
                 for _ in range(steps):
                     start = time.perf_counter()
-                    run.step(null)
+                    run.work(null)
                     out.append(time.perf_counter() - start)
                 return out
 
@@ -221,9 +221,10 @@ def bench_inference(root, preset: str, repeats: int, skip: set[str]) -> dict:
     chunk = DATA[preset]["chunk_size"]
     out: dict = {}
     steps = [1, 2, 5, 10]
-    eager = InferenceRun(InferenceSettings(preset=preset, n_warmup=2), dataset_root=root, chunk_size=chunk)
+    eager = InferenceRun(
+        InferenceSettings(preset=preset, n_warmup=2), dataset_root=root, chunk_size=chunk, schedule=steps
+    )
     with eager:
-        eager.start(warmup_num_steps=steps)
         lat = {n: [] for n in steps}
         for _ in range(repeats):
             for n in steps:
@@ -233,7 +234,7 @@ def bench_inference(root, preset: str, repeats: int, skip: set[str]) -> dict:
         out["decompose"] = {"num_steps": steps, "median_sec": {str(n): v for n, v in med.items()}, **fit}
         if "kv" not in skip:
             model = eager.model
-            obs = eager.step.runner.preprocess(eager.step.batch)
+            obs = eager.work.runner.preprocess(eager.work.batch)
             noise = torch.randn(1, model.config.chunk_size, model.config.action_dim)
             cached, recompute = [], []
             with torch.inference_mode():

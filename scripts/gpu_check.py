@@ -121,8 +121,9 @@ def _policy_data():
 
 
 def policy_train_run():
+    from scopebench.policy.run.train import PolicyTrainRun
     from scopebench.policy.settings import TrainSettings
-    from scopebench.policy.train_run import PolicyTrainRun
+    from scopebench.profiler import ProfilerConfig
 
     data, root = _policy_data()
     settings = TrainSettings(device="cuda", precision="bf16", fused_adamw=True)
@@ -130,13 +131,11 @@ def policy_train_run():
 
     def callback():
         if calls[0]:
-            metrics.append(run.current_metrics())
+            metrics.append(run.metrics())
         calls[0] += 1
         return calls[0] <= 4
 
-    run = PolicyTrainRun(
-        settings, dataset_root=root, chunk_size=data.chunk_size, profiler_params={"profiler_warmup": 1}
-    )
+    run = PolicyTrainRun(settings, dataset_root=root, chunk_size=data.chunk_size, profiler=ProfilerConfig(warmup=1))
     with run:
         run.loop(callback)
     m = metrics[-1]
@@ -145,14 +144,14 @@ def policy_train_run():
         and m["max_gpu_mb_rank0"] > 0
         and str(m["peak_flops_source"]).startswith("table:")
         and 0 < (m["mfu"] or 0) < 1
-        and run.step.optimizer.defaults["fused"] is True
+        and run.work.optimizer.defaults["fused"] is True
     )
     keys = ("forward_time_sec", "bwd_time_sec", "max_gpu_mb", "mfu", "peak_flops_source", "samples_per_sec")
     return {"ok": ok, **{k: m.get(k) for k in keys}}
 
 
 def policy_inference_compile():
-    from scopebench.policy.inference_run import InferenceRun
+    from scopebench.policy.run.inference import InferenceRun
     from scopebench.policy.settings import InferenceSettings
 
     data, root = _policy_data()

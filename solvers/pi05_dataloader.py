@@ -12,7 +12,8 @@ from pathlib import Path
 from benchopt import BaseSolver
 from benchopt.stopping_criterion import NoCriterion
 
-from scopebench.policy.solver import TrainSolverMixin
+from scopebench.policy.run.solver import DATALOADER_SETTINGS, TrainSolverMixin
+from scopebench.policy.settings import TrainSettings, solver_parameters
 
 
 class Solver(TrainSolverMixin, BaseSolver):
@@ -22,14 +23,9 @@ class Solver(TrainSolverMixin, BaseSolver):
     output_dir = Path(__file__).resolve().parents[1] / "outputs"
     task = "dataloader"
     parameters = {
-        **TrainSolverMixin.parameters,
-        "preset": ["tiny"],
-        "batch_size": [4],
-        "num_workers": [0],
-        "prefetch_factor": [2],
-        "nproc_per_node": [1],
-        "group_timeout_sec": [None],
-        "device": ["auto"],
+        **TrainSolverMixin.parameters,  # the seven profiler_*
+        # every run setting, with its default, from scopebench.policy.settings (seed: the dataset's)
+        **solver_parameters(TrainSettings, *DATALOADER_SETTINGS),
         # The cell's SLURM job under the submitit backend (its tasks are the ranks); not run settings.
         "slurm_gres": [None],
         "slurm_nodes": [1],

@@ -13,7 +13,8 @@ from pathlib import Path
 from benchopt import BaseSolver
 from benchopt.stopping_criterion import NoCriterion
 
-from scopebench.policy.solver import InferenceSolverMixin
+from scopebench.policy.run.solver import InferenceSolverMixin
+from scopebench.policy.settings import InferenceSettings, solver_parameters
 
 
 class Solver(InferenceSolverMixin, BaseSolver):
@@ -22,18 +23,8 @@ class Solver(InferenceSolverMixin, BaseSolver):
     stopping_criterion = NoCriterion(strategy="callback")
     output_dir = Path(__file__).resolve().parents[1] / "outputs"
     parameters = {
-        **InferenceSolverMixin.parameters,
-        "preset": ["tiny"],
-        "num_cameras": [None],
-        "num_steps": [10],
-        "chunk_size": [None],
-        "n_action_steps": [None],
-        "compile_mode": ["none"],
-        "precision": ["fp32"],
-        "attention_implementation": ["sdpa"],
-        "n_warmup": [5],
-        "prompt_words": [24],
-        "check_memory": [True],
-        "device": ["auto"],
+        **InferenceSolverMixin.parameters,  # the seven profiler_*
+        # every run setting, with its default, from scopebench.policy.settings (seed: the dataset's)
+        **solver_parameters(InferenceSettings),
     }
     test_config = {"n_warmup": 1}

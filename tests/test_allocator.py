@@ -90,14 +90,15 @@ def test_denoiser_inside_benchopt_keeps_its_memory(tmp_path):
     assert faults["1"] < faults["0"] / 10, faults
 
 
-def test_policy_run_objects_apply_the_settings_when_they_start():
-    """Every driver of a policy run gets them (perf/policy_speed.py drives the run
-    object directly, without the solver or the command line that apply them too)."""
+def test_run_objects_apply_the_settings_when_they_start():
+    """Every driver of a run object gets them (perf/policy_speed.py drives the policy run
+    objects directly, without the solver or the command line that apply them too); all
+    four run objects start through RankRun.start."""
     code = (
         "from scopebench import allocator\n"
-        "from scopebench.policy.lifecycle import RunLifecycle\n"
-        "class Run(RunLifecycle):\n"
-        "    def _start(self): pass\n"
+        "from scopebench.distributed.run import RankRun\n"
+        "class Run(RankRun):\n"
+        "    def step(self, profiler): pass\n"
         "before = allocator._applied\n"
         "with Run(): print(before, allocator._applied)\n"
     )

@@ -1,7 +1,7 @@
 """scopebench: where deep-learning solvers spend time, memory and communication.
 
 The library under the three BenchOpt benchmarks of this repository; it never imports
-benchopt (see DESIGN.md).
+benchopt (see docs/design.md).
 """
 
 __version__ = "0.1.0"

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_spawn_joins_group_and_tears_it_down(worker_path):
-    with DistSession(2, worker="dist.workers:sum_ranks") as info:
+    with DistSession(2, worker="distributed.workers:sum_ranks") as info:
         assert (info.rank, info.world_size, info.source) == (0, 2, "spawn")
         value = torch.tensor([1.0])
         dist.all_reduce(value)
@@ -25,14 +25,14 @@ def test_spawn_joins_group_and_tears_it_down(worker_path):
 def test_worker_dead_before_joining_is_reported_fast(worker_path):
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"died before joining(.|\n)*cannot be imported \(on purpose\)"):
-        DistSession(2, worker="dist.broken_worker_module:anything", timeout_sec=60).start()
+        DistSession(2, worker="distributed.broken_worker_module:anything", timeout_sec=60).start()
     # detection is bounded by the worker's own start-up (python + torch import), not the timeout
     assert time.monotonic() - start < 30
     assert not dist.is_initialized()
 
 
 def test_worker_failing_after_join_fails_the_close(worker_path):
-    session = DistSession(2, worker="dist.workers:fail_after_join", timeout_sec=60)
+    session = DistSession(2, worker="distributed.workers:fail_after_join", timeout_sec=60)
     session.start()
     value = torch.tensor([1.0])
     dist.all_reduce(value)

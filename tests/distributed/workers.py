@@ -26,7 +26,7 @@ def fail_after_join():
 class CountingRun(RankRun):
     """One all-reduce per iteration, in region ``sum``: the smallest real run."""
 
-    worker_target = "dist.workers:run_counting"
+    worker_target = "distributed.workers:run_counting"
 
     def step(self, profiler):
         with profiler.track_step("sum"):

@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 
 from scopebench.distributed.worker import exit_without_teardown
+from scopebench.policy.run.train import PolicyTrainRun
+from scopebench.policy.run.trainer import train_policy
 from scopebench.policy.settings import load_run_config
 from scopebench.policy.tools import StepCounter
-from scopebench.policy.train_run import PolicyTrainRun
-from scopebench.policy.trainer import train_policy
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "policy" / "tiny.yml"
 BACKENDS = ("ddp", "zero2", "zero3")
@@ -65,10 +65,10 @@ def main(out: str, cache: str) -> None:
         run = PolicyTrainRun(config.train, dataset_root=root, chunk_size=config.dataset.chunk_size)
         with run:
             run.loop(StepCounter(2))
-            engine = run.step.engine
+            engine = run.work.engine
             facts[f"{backend}_accumulation"] = {
-                "optimizer_steps": engine.global_steps if engine is not None else run.step.steps,
-                "position": run.step.batches.position,
+                "optimizer_steps": engine.global_steps if engine is not None else run.work.steps,
+                "position": run.work.batches.position,
                 "checkpoint": str(run.save_checkpoint(f"{out}/{backend}_accumulation")),
             }
     Path(out, f"facts_rank{rank}.json").write_text(json.dumps(facts, indent=2))

@@ -82,8 +82,8 @@ def test_the_checkpoints_hold_the_layout_of_their_backend(trained):
 def test_a_zero3_checkpoint_converts_to_weights_that_give_the_live_loss(trained):
     from scopebench.policy.checkpoint import load_policy
     from scopebench.policy.dataset import RobotDataset, fixed_eval_batch
+    from scopebench.policy.run.steps import validation_loss
     from scopebench.policy.settings import DatasetSettings
-    from scopebench.policy.steps import validation_loss
 
     _, facts, cache = trained
     live = facts[0]["zero3_live"]

@@ -12,14 +12,14 @@ pytestmark = [
 
 
 def test_training_run_on_cuda_reports_gpu_memory_and_a_table_peak(robot_data):
+    from scopebench.policy.run.train import PolicyTrainRun
     from scopebench.policy.settings import TrainSettings
-    from scopebench.policy.train_run import PolicyTrainRun
 
     calls, metrics = [0], []
 
     def callback():
         if calls[0]:
-            metrics.append(run.current_metrics())
+            metrics.append(run.metrics())
         calls[0] += 1
         return calls[0] <= 3
 
@@ -32,7 +32,7 @@ def test_training_run_on_cuda_reports_gpu_memory_and_a_table_peak(robot_data):
 
 
 def test_inference_run_on_cuda(robot_data):
-    from scopebench.policy.inference_run import InferenceRun
+    from scopebench.policy.run.inference import InferenceRun
     from scopebench.policy.settings import InferenceSettings
 
     with InferenceRun(InferenceSettings(device="cuda", n_warmup=1), dataset_root=robot_data[1], chunk_size=8) as run:

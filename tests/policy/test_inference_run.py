@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scopebench.policy.inference_run import InferenceRun, fit_latency
 from scopebench.policy.phases import INFERENCE_PHASES
+from scopebench.policy.run.inference import InferenceRun, fit_latency
 from scopebench.policy.settings import InferenceSettings
 from scopebench.stats import median
 
@@ -16,7 +16,7 @@ def calls(run: InferenceRun, n: int) -> list[dict]:
 
     def callback() -> bool:
         if count[0]:
-            out.append(run.current_metrics())
+            out.append(run.metrics())
         count[0] += 1
         return count[0] <= n
 
@@ -41,7 +41,7 @@ def test_observation_has_the_prompt_words_and_cycled_cameras(robot_data):
     with InferenceRun(
         InferenceSettings(n_warmup=0, num_cameras=3, prompt_words=24), dataset_root=robot_data[1], chunk_size=8
     ) as run:
-        batch = run.step.batch
+        batch = run.work.batch
     assert len(batch["prompt"][0].split()) == 24
     assert torch.equal(batch["camera2"], batch["camera0"]) and not torch.equal(batch["camera1"], batch["camera0"])
 

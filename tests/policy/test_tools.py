@@ -358,6 +358,29 @@ def test_decompose_latency_fits_a_line(data_args, tmp_path, capsys):
     assert "fit: L(N) = F + N*s" in out
 
 
+def test_decompose_latency_warms_every_num_steps_before_its_first_timed_call(data_args, capsys, monkeypatch):
+    # Was: only settings.num_steps was warmed (run.start(warmup_num_steps=...) inside `with run:`
+    # was a no-op), so the other points of the fit were measured cold.
+    from scopebench.policy.run.steps import InferenceStep
+    from scopebench.profiler.backends import NullProfiler
+
+    calls = []
+    real_call = InferenceStep.__call__
+
+    def recording_call(self, prof, num_steps=None):
+        calls.append(("warmup" if isinstance(prof, NullProfiler) else "timed", num_steps))
+        return real_call(self, prof, num_steps)
+
+    monkeypatch.setattr(InferenceStep, "__call__", recording_call)
+    args = ["decompose-latency", *data_args, "--num-steps", "1,2,4", "--repeats", "2", "--policy.n_warmup=2"]
+    code, _, err = run_tool(args, capsys)
+    assert code == 0, err
+    for n in (1, 2, 4):
+        first_timed = calls.index(("timed", n))
+        assert calls[:first_timed].count(("warmup", n)) == 2, (n, calls)
+    assert [c for c in calls if c[0] == "timed"] == [("timed", n) for _ in range(2) for n in (1, 2, 4)]
+
+
 @pytest.mark.parametrize(
     ("args", "match"),
     [

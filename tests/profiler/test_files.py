@@ -64,22 +64,29 @@ def test_unwritable_csv_at_the_end_warns_and_keeps_the_results(read_only_dir):
     assert prof.get_current_metrics()["work_time_sec"] >= 0.0
 
 
-def test_unwritable_output_does_not_break_the_solver_loop(read_only_dir):
+def test_an_output_folder_unwritable_at_the_end_does_not_break_the_solver_loop(tmp_path, read_only_dir):
+    from scopebench.distributed.run import RankRun
+
+    class Work(RankRun):
+        def step(self, profiler):
+            with profiler.track_step("work"):
+                torch.ones(8) + 1
+
     class FakeSolver(ProfiledSolverMixin):
         profiler_mode = "torch"
         profiler_save_file = True
 
     solver = FakeSolver()
+    with pytest.raises(ValueError, match="profiler_save_file"):  # checked before any work ...
+        Work(profiler=solver.validate_profiler(read_only_dir), output_dir=read_only_dir)
+    run = Work(profiler=solver.validate_profiler(tmp_path), output_dir=tmp_path, name="fake")
     calls = iter(range(3))
-
-    def step(prof):
-        with prof.track_step("work"):
-            torch.ones(8) + 1
-
+    solver.start_run(run)
+    run.profiler.output_dir = read_only_dir  # ... but a folder can still go read-only during the run
     with pytest.warns(RuntimeWarning, match="profiler_save_file: could not write") as record:
-        solver.run_profiled(lambda: next(calls) < 2, step, name="fake", output_dir=read_only_dir)
+        solver.finish_run(run, lambda: next(calls) < 2)
     assert len(record) == 2  # the metrics CSV and the operator CSV, each named
-    assert "work_cpu_sec" in solver.current_metrics()
+    assert "work_cpu_sec" in run.metrics()
 
 
 def test_window_never_reached_is_reported_at_the_end(tmp_path):

@@ -6,7 +6,9 @@ import argparse
 
 OVERRIDES_HELP = (
     "Any setting of the config can be overridden: --batch_size=12, --policy.num_steps=5, "
-    "--dataset.image_size=64 (values are YAML scalars; unknown keys are refused)."
+    "--dataset.image_size=64 (values are YAML scalars; unknown keys are refused). "
+    # scopebench.policy.tools.PRECEDENCE, spelled out here so that --help imports nothing
+    "Precedence: command-line flag or --key=value > environment variable > YAML file > default."
 )
 
 

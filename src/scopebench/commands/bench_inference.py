@@ -1,7 +1,7 @@
 """Latency of one ``sample_actions`` call at batch 1 (upstream ``benchmark_inference``).
 
 What it measures: the full call of ``Pi05Inference`` (the same
-:class:`scopebench.policy.inference_run.InferenceRun`): host preprocessing (tokenize,
+:class:`scopebench.policy.run.inference.InferenceRun`): host preprocessing (tokenize,
 resize, normalize), prefill, ``num_steps`` denoising steps, postprocessing, on an
 observation of ``num_cameras`` images, a ``prompt_words``-word prompt and a state, with
 random weights (latency depends on shapes, dtype and compilation, not on weight values).
@@ -55,16 +55,21 @@ def run(args: argparse.Namespace) -> int:
     from scopebench.policy.tools import env_bool, env_int, load_config
 
     try:
-        no_compile = True if args.no_compile else env_bool("BENCH_NO_COMPILE", False)
-        mode = args.compile_mode or os.environ.get("BENCH_COMPILE_MODE") or None
-        forced = {"policy.compile_mode": "none" if no_compile else mode}
-        warmup = args.n_warmup if args.n_warmup is not None else env_int("BENCH_N_WARMUP", -1, low=0)
-        if warmup >= 0:
-            forced["policy.n_warmup"] = warmup
+        env_warmup = env_int("BENCH_N_WARMUP", -1, low=0)
+        env = {
+            "policy.compile_mode": (
+                "none" if env_bool("BENCH_NO_COMPILE", False) else os.environ.get("BENCH_COMPILE_MODE") or None
+            ),
+            "policy.n_warmup": None if env_warmup < 0 else env_warmup,
+        }
+        flags = {
+            "policy.compile_mode": "none" if args.no_compile else args.compile_mode or None,
+            "policy.n_warmup": args.n_warmup,
+        }
         timed = args.n_timed if args.n_timed is not None else env_int("BENCH_N_TIMED", 50)
         if timed < 1:
             raise ValueError(f"--n-timed must be >= 1, got {timed}")
-        config = load_config(args, **forced)
+        config = load_config(args, env=env, flags=flags)
         out_dir = args.output_dir or os.environ.get("BENCH_OUTPUT_DIR") or "benchmark_results"
         return _bench(config, timed, out_dir, args.json)
     except (ValueError, FileNotFoundError) as err:
@@ -77,8 +82,8 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
     import time
     from pathlib import Path
 
-    from scopebench.policy.inference_run import InferenceRun
     from scopebench.policy.phases import INFERENCE_PHASES
+    from scopebench.policy.run.inference import InferenceRun
     from scopebench.policy.tools import (
         StepCounter,
         environment_info,
@@ -87,24 +92,28 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         summary_sec,
         write_json,
     )
+    from scopebench.profiler import ProfilerConfig
     from scopebench.profiler.config import check_writable_dir
     from scopebench.stats import summarize
 
     check_writable_dir("BENCH_OUTPUT_DIR", out_dir)
     s = config.inference
     root = config.dataset.materialize()
-    params = {"profiler_mode": "custom", "profiler_active": n_timed}
     per_call: list[dict] = []
     with InferenceRun(
-        s, dataset_root=root, chunk_size=config.dataset.chunk_size, profiler_params=params, keep_rows=True
+        s,
+        dataset_root=root,
+        chunk_size=config.dataset.chunk_size,
+        profiler=ProfilerConfig(mode="custom", active=n_timed),
+        keep_rows=True,
     ) as run:
         with progress_bar(n_timed, "bench-inference") as bar:
-            run.loop(StepCounter(n_timed, lambda: per_call.append(run.current_metrics()), bar))
+            run.loop(StepCounter(n_timed, lambda: per_call.append(run.metrics()), bar))
         rows = list(run.profiler.rows)
         num_params = run.model.num_params()
         warm = next(iter(run.warmup_sec.values()), [])
         compile_info = run.compile_metrics()
-    calls = [row["total_time_sec"] - row.get("callback_time_sec", 0.0) for row in rows]
+    calls = [row["step_time_sec"] for row in rows]
     stats = summarize(calls)
     report = {
         "tool": "bench-inference",

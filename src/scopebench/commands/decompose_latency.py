@@ -64,30 +64,30 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _decompose(config, steps: list[int], repeats: int, json_path: str | None) -> int:
-    from scopebench.policy.inference_run import InferenceRun, fit_latency
+    from scopebench.policy.run.inference import InferenceRun, fit_latency
     from scopebench.policy.tools import StepCounter, environment_info, progress_bar, settings_dict, write_json
+    from scopebench.profiler import ProfilerConfig
     from scopebench.stats import median, percentile
 
     total = repeats * len(steps)
-    params = {"profiler_mode": "custom", "profiler_active": total}
     run = InferenceRun(
         config.inference,
         dataset_root=config.dataset.materialize(),
         chunk_size=config.dataset.chunk_size,
-        profiler_params=params,
+        schedule=steps,  # every N is warmed up before the first timed call (compilation happens per N)
+        profiler=ProfilerConfig(mode="custom", active=total),
         keep_rows=True,
     )
     with run:
-        run.start(warmup_num_steps=steps)
         with progress_bar(total, "decompose-latency") as bar:
-            run.loop(StepCounter(total, bar=bar), schedule=steps)
+            run.loop(StepCounter(total, bar=bar))
         rows = list(run.profiler.rows)
         device = run.device
     latency = {n: [] for n in steps}
     denoise = {n: [] for n in steps}
     for i, row in enumerate(rows):
         n = steps[i % len(steps)]
-        latency[n].append(row["total_time_sec"] - row.get("callback_time_sec", 0.0))
+        latency[n].append(row["step_time_sec"])
         denoise[n].append(row["denoise_time_sec"])
     med = {n: median(v) for n, v in latency.items()}
     fit = fit_latency(steps, [med[n] for n in steps])

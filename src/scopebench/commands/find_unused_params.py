@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         zero = args.include_zero_grad == "true" if args.include_zero_grad else env_bool("INCLUDE_ZERO_GRAD", False)
-        config = load_config(args, nproc_per_node=1)
+        config = load_config(args, flags={"nproc_per_node": 1})
         return _audit(config, zero, args.json)
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench find-unused-params: {err}", file=sys.stderr)
@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _audit(config, include_zero_grad: bool, json_path: str | None) -> int:
+    from scopebench.policy.run.train import audit_parameters
     from scopebench.policy.tools import settings_dict, write_json
-    from scopebench.policy.train_run import audit_parameters
 
     root = config.dataset.materialize()
     audit = audit_parameters(

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         batches = args.batches if args.batches is not None else env_int("PROFILE_BATCHES", 300)
         if batches < 1 or args.warmup < 0:
             raise ValueError(f"--batches must be >= 1 and --warmup >= 0, got {batches} and {args.warmup}")
-        config = load_config(args, nproc_per_node=args.nproc_per_node)
+        config = load_config(args, flags={"nproc_per_node": args.nproc_per_node})
         return _profile(config, args.warmup, batches, args.json)
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench profile-dataloader: {err}", file=sys.stderr)
@@ -61,17 +61,17 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
     import time
 
     from scopebench.distributed import writes_reports
+    from scopebench.policy.run.train import PolicyTrainRun
     from scopebench.policy.tools import StepCounter, environment_info, progress_bar, settings_dict, summary_sec
-    from scopebench.policy.train_run import PolicyTrainRun
+    from scopebench.profiler import ProfilerConfig
 
     root = config.dataset.materialize()
-    params = {"profiler_mode": "custom", "profiler_warmup": warmup, "profiler_active": batches}
     run = PolicyTrainRun(
         config.train,
         dataset_root=root,
         chunk_size=config.dataset.chunk_size,
         task="dataloader",
-        profiler_params=params,
+        profiler=ProfilerConfig(mode="custom", warmup=warmup, active=batches),
         name="profile_dataloader",
         keep_rows=True,
     )
@@ -85,7 +85,7 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
     s = config.train
     per_rank = []
     for r, rows in enumerate(run.rank_rows):
-        own = [row["total_time_sec"] - row.get("callback_time_sec", 0.0) for row in rows]
+        own = [row["step_time_sec"] for row in rows]
         fetch = [row["fetch_time_sec"] for row in rows]
         h2d = [row["h2d_time_sec"] for row in rows]
         per_rank.append(

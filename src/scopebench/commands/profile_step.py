@@ -1,13 +1,13 @@
 """Per-step wall-clock of the policy's training step, split into phases (upstream ``profile_step``).
 
 What it measures: ``--warmup`` steps (20) then ``--steps`` measured steps (200) of the
-training step of ``Pi05Train`` (the same :class:`scopebench.policy.train_run.PolicyTrainRun`,
+training step of ``Pi05Train`` (the same :class:`scopebench.policy.run.train.PolicyTrainRun`,
 on accelerate), each split into ``dataload_wait``, ``forward``, ``bwd``, ``unscale_clip``,
 ``optim_step``, ``zero_grad_sched``, ``sync_gather`` and the derived ``backward_step``;
 per phase mean / median / p95 over the measured steps and its share of the mean step;
 steps/s and global samples/s; peak memory per rank; achieved FLOP/s and MFU. Each step's
 phase times are the slowest rank's (as in the parquet); the JSON keeps every rank's raw
-samples. Why: "why is my policy's training slow?" — read the shares (see the README).
+samples. Why: "why is my policy's training slow?" — read the shares (docs/tools.md, "The policy tools").
 
 How to run::
 
@@ -77,12 +77,15 @@ def run(args: argparse.Namespace) -> int:
         steps = args.steps if args.steps is not None else env_int("PROFILE_STEPS", 200)
         if steps < 1 or args.warmup < 0:
             raise ValueError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {args.warmup}")
-        forced = {
-            "no_optim": True if args.no_optim else env_bool("PROFILE_NO_OPTIM"),
-            "find_unused_params": (
-                _flag(args.find_unused_params) if args.find_unused_params else env_bool("FIND_UNUSED_PARAMS")
-            ),
-            "fused_adamw": _flag(args.fused_adamw) if args.fused_adamw else env_bool("FUSED_ADAMW"),
+        env = {
+            "no_optim": env_bool("PROFILE_NO_OPTIM"),
+            "find_unused_params": env_bool("FIND_UNUSED_PARAMS"),
+            "fused_adamw": env_bool("FUSED_ADAMW"),
+        }
+        flags = {
+            "no_optim": True if args.no_optim else None,
+            "find_unused_params": _flag(args.find_unused_params),
+            "fused_adamw": _flag(args.fused_adamw),
             "batch_size": args.batch_size,
             "nproc_per_node": args.nproc_per_node,
         }
@@ -92,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
             from scopebench.train import load_accelerate_file
 
             file = load_accelerate_file(args.accelerate_config)
-            forced.update(accelerate_config=str(Path(file.path).resolve()), backend=file.backend)
-        config = load_config(args, **forced)
+            flags.update(accelerate_config=str(Path(file.path).resolve()), backend=file.backend)
+        config = load_config(args, env=env, flags=flags)
         json_path = args.json or os.environ.get("PROFILE_STEP_JSON") or None
         return _profile(config, warmup=args.warmup, steps=steps, json_path=json_path)
     except (ValueError, FileNotFoundError) as err:
@@ -105,16 +108,16 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
     import time
 
     from scopebench.distributed import writes_reports
+    from scopebench.policy.run.train import PolicyTrainRun
     from scopebench.policy.tools import StepCounter, progress_bar
-    from scopebench.policy.train_run import PolicyTrainRun
+    from scopebench.profiler import ProfilerConfig
 
     root = config.dataset.materialize()
-    params = {"profiler_mode": "custom", "profiler_warmup": warmup, "profiler_active": steps}
     run = PolicyTrainRun(
         config.train,
         dataset_root=root,
         chunk_size=config.dataset.chunk_size,
-        profiler_params=params,
+        profiler=ProfilerConfig(mode="custom", warmup=warmup, active=steps),
         name="profile_step",
         keep_rows=True,
     )
@@ -122,7 +125,7 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
     with run:
         main = run.rank == 0
         with progress_bar(warmup + steps, "profile-step", enabled=main) as bar:
-            counter = StepCounter(warmup + steps, lambda: per_step.append(run.current_metrics()), bar)
+            counter = StepCounter(warmup + steps, lambda: per_step.append(run.metrics()), bar)
             start = time.perf_counter()
             run.loop(counter)
             wall = time.perf_counter() - start
@@ -143,7 +146,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
     from scopebench.policy.phases import TRAIN_PHASES, describe_phases
     from scopebench.policy.tools import environment_info, settings_dict, summary_sec
 
-    step_times = [m["total_time_sec"] - m.get("callback_time_sec", 0.0) for m in per_step]
+    step_times = [m["step_time_sec"] for m in per_step]
     total = summary_sec(step_times)
     samples = {p: [m[f"{p}_time_sec"] for m in per_step] for p in TRAIN_PHASES}
     samples["backward_step"] = [m["backward_step_time_sec"] for m in per_step]
@@ -154,7 +157,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
     last = per_step[-1]
     per_rank = []
     for r, rows in enumerate(run.rank_rows):
-        own = [row["total_time_sec"] - row.get("callback_time_sec", 0.0) for row in rows]
+        own = [row["step_time_sec"] for row in rows]
         raw = {f"{p}_time_sec": [row.get(f"{p}_time_sec") for row in rows] for p in TRAIN_PHASES}
         per_rank.append({"rank": r, "step_time_sec": summary_sec(own), "samples": {**raw, "step_time_sec": own}})
     achieved = [m["achieved_flops_per_sec"] for m in per_step]

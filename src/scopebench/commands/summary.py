@@ -3,7 +3,8 @@
 Per benchmark and solver configuration: the recorded window (warm-up, measured iterations,
 ranks), then per phase the mean, median and p95 in milliseconds (statistics of
 :mod:`scopebench.stats`) and the share of the step, where the step is one iteration
-without the benchopt scoring callback (``total_time_sec - callback_time_sec``); the
+without the benchopt scoring callback (``step_time_sec``: ``total_time_sec -
+callback_time_sec``, of the slowest rank); the
 callback and ``total_time_sec`` get their own lines, outside the step. Regions come from
 the ``objective_<region>_time_sec`` / ``_cpu_sec`` columns, whatever the solver. Below the
 table: steps/s and global samples/s for a training step, mean / p50 / p95 / p99 latency

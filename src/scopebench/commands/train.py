@@ -1,7 +1,7 @@
 """Train the policy with checkpoints and exact resume, on DDP, DeepSpeed ZeRO-2 or ZeRO-3.
 
 What it does: ``training.steps`` optimizer steps of the training step of ``Pi05Train``
-(:mod:`scopebench.policy.trainer`, the same :class:`~scopebench.policy.train_run.PolicyTrainRun`),
+(:mod:`scopebench.policy.run.trainer`, the same :class:`~scopebench.policy.run.train.PolicyTrainRun`),
 logging loss, global samples/s and the phase means every ``--log_freq`` steps (a progress bar
 on a terminal), saving ``<output_dir>/checkpoints/<step:06d>/`` every ``--save_freq`` steps
 and at the end, with a ``checkpoints/last`` link. Why: to train for real and trust the
@@ -66,13 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from scopebench.distributed import RankFailure, get_dist_info, writes_reports
+    from scopebench.policy.run.trainer import check_output_dir, train_policy
     from scopebench.policy.tools import load_config, write_json
-    from scopebench.policy.trainer import check_output_dir, train_policy
     from scopebench.train import load_accelerate_file
 
     try:
         file = load_accelerate_file(args.accelerate_config) if args.accelerate_config else None
-        forced = {
+        flags = {
             "accelerate_config": str(Path(file.path).resolve()) if file else None,
             "backend": file.backend if file else None,
             "nproc_per_node": args.nproc_per_node or (file.num_processes if file else None),
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             "training.log_freq": args.log_freq,
             "training.save_freq": args.save_freq,
         }
-        config = load_config(args, **forced)
+        config = load_config(args, flags=flags)
         resume = args.resume == "true"
         resume_from = _resume_point(args.config, config.training.output_dir) if resume else None
         check_output_dir(config.training.output_dir, resume)

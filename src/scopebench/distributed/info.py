@@ -1,6 +1,6 @@
 """Rank discovery: the one place that reads the launcher's environment variables.
 
-Sources, in order of precedence (DESIGN.md, "Ranks and launch"):
+Sources, in order of precedence (docs/design.md, "Ranks and launch"):
 
 * ``torchrun`` / ``accelerate launch``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``MASTER_ADDR``, ``MASTER_PORT``.

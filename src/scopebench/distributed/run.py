@@ -6,7 +6,12 @@ scripts::
 
     with PnPRun(spec, config, nproc=2) as run:   # start(): ranks, device, build, profiler
         run.loop(callback)                        # rank 0's callback decides for every rank
-    run.metrics()                                 # last iteration + setup_time_sec
+    run.metrics()                                 # the metrics now: last iteration + setup_time_sec
+
+The run objects: ``PnPRun`` (imaging inference), ``TrainingRun`` (imaging training),
+``PolicyTrainRun`` (policy training and dataloader) and ``InferenceRun`` (policy
+inference); every driver, the solvers included, uses :meth:`RankRun.start`,
+:meth:`RankRun.loop`, :meth:`RankRun.metrics` and :meth:`RankRun.close`.
 
 ``start`` (benchopt's ``pre_run_hook``: untimed) joins or creates the ranks
 (:class:`~scopebench.distributed.launch.DistSession`), resolves this rank's device, builds the
@@ -44,8 +49,9 @@ class RankRun:
             under torchrun or SLURM the launcher's world is used.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``
             (:func:`scopebench.distributed.device.resolve_device`).
-        profiler: A :class:`~scopebench.profiler.ProfilerConfig`, or the ``profiler_*``
-            values as a mapping (``None``: the defaults).
+        profiler: The validated :class:`~scopebench.profiler.ProfilerConfig` (solvers and
+            tools), or its ``profiler_*`` values as a mapping (a spawned rank's JSON
+            arguments, :meth:`ProfilerConfig.to_params`); ``None``: the defaults.
         output_dir: Folder of the profiler's per-rank files (checked writable when
             ``profiler_save_file`` is on).
         name: Stem of this run's file names.
@@ -53,6 +59,9 @@ class RankRun:
             default of :class:`~scopebench.distributed.launch.DistSession`.
         worker: ``"module:function"`` spawned ranks run instead of :attr:`worker_target`
             (tests use it to slow or break one rank).
+        keep_rows: Keep every recorded iteration's raw metrics in ``profiler.rows`` on
+            each rank (the tools report every sample); otherwise only when
+            ``profiler_save_file`` writes them.
     """
 
     #: ``"module:function"`` that spawned ranks run (the subclass module's ``run_worker``).
@@ -68,21 +77,19 @@ class RankRun:
         name: str = "run",
         group_timeout_sec: float | None = None,
         worker: str | None = None,
+        keep_rows: bool = False,
     ) -> None:
         from scopebench.distributed.device import check_device, resolve_device
-        from scopebench.distributed.launch import check_local_nproc
+        from scopebench.distributed.launch import check_launcher_nproc, check_local_nproc
         from scopebench.profiler import ProfilerConfig
-        from scopebench.validate import number, optional
+        from scopebench.validate import flag, number, optional
 
         self.device_setting = check_device("device", device)
         self.device = resolve_device(device)  # refined by start(), which knows the local rank
         self.nproc = check_local_nproc("nproc_per_node", nproc, self.device.type)
         launcher = get_dist_info()
-        if launcher.is_distributed and self.nproc not in (1, launcher.world_size):
-            raise ValueError(
-                f"nproc_per_node={self.nproc} disagrees with the {launcher.world_size} processes "
-                f"{launcher.source} started"
-            )
+        if launcher.is_distributed:
+            check_launcher_nproc("nproc_per_node", self.nproc, launcher.world_size, launcher.source)
         self.world_size = launcher.world_size if launcher.is_distributed else self.nproc
         if not isinstance(profiler, ProfilerConfig):
             profiler = ProfilerConfig.from_params(**dict(profiler or {}))
@@ -91,6 +98,7 @@ class RankRun:
         profiler.check_outputs(self.output_dir)
         self.group_timeout_sec = optional(number, "group_timeout_sec", group_timeout_sec, low=0, low_open=True)
         self.name = name
+        self.keep_rows = flag("keep_rows", keep_rows)
         self.worker = worker or self.worker_target
         self.info = launcher
         self.session = None
@@ -112,17 +120,14 @@ class RankRun:
 
     def worker_kwargs(self) -> dict[str, Any]:
         """JSON-serialisable keyword arguments that rebuild this run on a spawned rank."""
-        config = self.profiler_config
-        profiler = {
-            f"profiler_{key}": (str(value) if isinstance(value, Path) else value) for key, value in vars(config).items()
-        }
         return {
             "nproc": self.nproc,
             "device": self.device_setting,
-            "profiler": profiler,
+            "profiler": self.profiler_config.to_params(),
             "output_dir": str(self.output_dir),
             "name": self.name,
             "group_timeout_sec": self.group_timeout_sec,
+            "keep_rows": self.keep_rows,
         }
 
     # -- lifecycle -------------------------------------------------------------------
@@ -169,6 +174,7 @@ class RankRun:
             self.profiler = profiler_from_config(
                 self.profiler_config, device=self.device, name=self.name, output_dir=self.output_dir
             )
+            self.profiler.keep_rows |= self.keep_rows
             self._stack.callback(self._finalize_profiler)
             barrier()
             self.setup_time_sec = time.perf_counter() - begin
@@ -177,19 +183,28 @@ class RankRun:
             raise
         return self
 
-    def loop(self, callback: Callable[[], bool] | None = None) -> None:
+    def loop(
+        self, callback: Callable[[], bool] | None = None, before_callback: Callable[[], None] | None = None
+    ) -> None:
         """One :meth:`step` per iteration until rank 0's ``callback`` returns False.
 
-        Other ranks ignore ``callback`` and follow rank 0's decision.
+        Other ranks ignore ``callback`` and follow rank 0's decision. ``before_callback``
+        runs on every rank at the top of each iteration (collective work such as saving a
+        checkpoint); its time counts as callback time, not step time.
         """
         from scopebench.distributed.launch import report_progress
 
         if self.profiler is None:
             raise RuntimeError(f"{type(self).__name__}.start() must run before loop()")
         callback = callback if self.info.rank == 0 else None
-        for i in self.profiler.iterate(callback):
+        for i in self.profiler.iterate(callback, before_callback=before_callback):
             self.step(self.profiler)
             report_progress(i)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (0 before :meth:`start` joined the ranks)."""
+        return self.info.rank
 
     def metrics(self) -> dict[str, Any]:
         """The profiler's metrics of the last iteration and the constant ``setup_time_sec``."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -49,11 +49,11 @@ class SyntheticRobotConfig:
 
     num_episodes: int = 4
     """Episodes to write."""
-    episode_length: int = 40
+    episode_length: int = 24
     """Frames per episode."""
     num_cameras: int = 2
     """Cameras, named ``camera0``, ``camera1``, ..."""
-    image_size: int = 64
+    image_size: int = 32
     """Side of the square frames in pixels."""
     state_dim: int = 7
     """Size of the state vector."""
@@ -65,13 +65,16 @@ class SyntheticRobotConfig:
     """Distinct task prompts, at most ``len(TASKS)``; episode e gets task e % num_tasks."""
     seed: int = 0
     """Seed of every random trajectory; the same seed writes the same dataset."""
+    key_prefix: InitVar[str] = ""
+    """How errors name the keys: ``dataset.`` for a run config's section, nothing for the
+    benchopt dataset's parameters (not stored: the dataset's cache key ignores it)."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, key_prefix: str) -> None:
         for name in ("num_episodes", "episode_length", "num_cameras", "state_dim", "action_dim", "fps"):
-            integer(f"SyntheticRobotConfig.{name}", getattr(self, name), low=1)
-        integer("SyntheticRobotConfig.image_size", self.image_size, low=8)
-        integer("SyntheticRobotConfig.num_tasks", self.num_tasks, low=1, high=len(TASKS))
-        integer("SyntheticRobotConfig.seed", self.seed, low=0)
+            integer(f"{key_prefix}{name}", getattr(self, name), low=1)
+        integer(f"{key_prefix}image_size", self.image_size, low=8)
+        integer(f"{key_prefix}num_tasks", self.num_tasks, low=1, high=len(TASKS))
+        integer(f"{key_prefix}seed", self.seed, low=0)
 
     @property
     def cameras(self) -> list[str]:

@@ -1,6 +1,6 @@
 """Phase names of the policy's steps, and what each training phase holds per backend.
 
-The one source of these names for the steps (:mod:`scopebench.policy.steps`), the solvers,
+The one source of these names for the steps (:mod:`scopebench.policy.run.steps`), the solvers,
 the command-line tools, the reports and the tests. It imports nothing heavy, so a report
 reads it without importing torch.
 

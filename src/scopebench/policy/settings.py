@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ __all__ = [
     "load_run_config",
     "parse_overrides",
     "settings_from",
+    "solver_parameters",
 ]
 
 #: Top-level keys a policy section inherits from the top level of a run config.
@@ -99,7 +100,7 @@ class TrainSettings:
     """Compile the model (inductor); the first steps pay for compilation."""
     precision: str = "fp32"
     """``fp32``, or ``bf16`` autocast over fp32 weights."""
-    learning_rate: float = 1e-4
+    learning_rate: float = 1e-3
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
@@ -255,10 +256,15 @@ class DatasetSettings:
     cache_dir: str = "outputs/datasets"
     """Folder of the cached datasets (relative to the working directory)."""
 
-    def __post_init__(self) -> None:
-        integer("dataset.chunk_size", self.chunk_size, low=1)
+    key_prefix: InitVar[str] = "dataset."
+    """How errors name this section's keys (``dataset.num_episodes``); the benchopt dataset,
+    whose parameters a user types bare, passes ``""``. Not a setting (not in the YAML)."""
+
+    def __post_init__(self, key_prefix: str) -> None:
+        object.__setattr__(self, "key_prefix", key_prefix)
+        integer(f"{self.key_prefix}chunk_size", self.chunk_size, low=1)
         if not isinstance(self.cache_dir, str) or not self.cache_dir:
-            raise ValueError(f"dataset.cache_dir must be a folder path, got {self.cache_dir!r}")
+            raise ValueError(f"{self.key_prefix}cache_dir must be a folder path, got {self.cache_dir!r}")
         self.synthetic()  # validates the rest
 
     def synthetic(self) -> SyntheticRobotConfig:
@@ -269,6 +275,7 @@ class DatasetSettings:
             image_size=self.image_size,
             num_cameras=self.num_cameras,
             seed=self.seed,
+            key_prefix=self.key_prefix,
         )
 
     def materialize(self) -> Path:
@@ -320,6 +327,29 @@ class RunConfig:
         sections = {"policy": policy, "dataset": dataclasses.asdict(self.dataset)}
         sections["training"] = dataclasses.asdict(self.training)
         return yaml.safe_dump({**top, **sections}, sort_keys=False)
+
+
+def solver_parameters(cls, *names: str, exclude: tuple[str, ...] = ("seed",)) -> dict[str, list[Any]]:
+    """A benchopt parameter grid of one value per field: the settings dataclass's defaults.
+
+    The policy solvers and the dataset build their ``parameters`` with it, so a default
+    lives in one place (``seed`` comes from the dataset, hence excluded by default).
+
+    Args:
+        cls: :class:`TrainSettings`, :class:`InferenceSettings` or :class:`DatasetSettings`.
+        *names: The fields to include, in the dataclass's order (default: all).
+        exclude: Fields left out.
+
+    :Examples:
+
+    >>> solver_parameters(InferenceSettings, "num_steps", "n_warmup")
+    {'num_steps': [10], 'n_warmup': [5]}
+    """
+    fields = {f.name: f.default for f in dataclasses.fields(cls)}
+    unknown = sorted(set(names) - set(fields))
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field(s) {unknown}")
+    return {name: [default] for name, default in fields.items() if (not names or name in names) and name not in exclude}
 
 
 def settings_from(cls, source: Any, **extra: Any):

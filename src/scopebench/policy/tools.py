@@ -1,9 +1,10 @@
 """Shared plumbing of the policy command-line tools (``scopebench profile-step`` ...).
 
-The tools read a policy run config (:func:`scopebench.policy.settings.load_run_config`),
-apply the upstream scripts' environment variables and then the command-line flags (flags
-win over environment variables, which win over the file), drive the run objects of
-:mod:`scopebench.policy.train_run` / :mod:`~scopebench.policy.inference_run`, show a
+The tools read a policy run config (:func:`scopebench.policy.settings.load_run_config`)
+and apply, in this order of precedence (:data:`PRECEDENCE`): a command-line flag or
+``--key=value`` > the upstream scripts' environment variable > the YAML file > the
+default, drive the run objects of
+:mod:`scopebench.policy.run.train` / :mod:`~scopebench.policy.run.inference`, show a
 progress bar on a terminal (tqdm on stderr, only when it is a TTY, only on rank 0) and
 write their JSON atomically.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "PRECEDENCE",
     "StepCounter",
     "env_bool",
     "env_int",
@@ -33,6 +35,8 @@ __all__ = [
     "write_json",
 ]
 
+#: Which value of a setting wins (every policy tool's ``--help`` says so).
+PRECEDENCE = "command-line flag or --key=value > environment variable > YAML file > default"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -83,17 +87,19 @@ def env_int(name: str, default: int, low: int = 1, environ=None) -> int:
     return number
 
 
-def load_config(args: argparse.Namespace, **forced: Any):
-    """The run config of ``args.config`` with ``args.overrides`` and then ``forced`` top-level values.
+def load_config(args: argparse.Namespace, *, env: dict[str, Any] | None = None, flags: dict[str, Any] | None = None):
+    """The run config of ``args.config`` under :data:`PRECEDENCE`.
 
-    ``forced`` holds flags and environment variables already resolved by the tool
-    (``None`` values are skipped).
+    Applied over the YAML file in order, later values winning: ``env`` (settings read
+    from environment variables), then ``args.overrides`` (``--key=value``), then
+    ``flags`` (the tool's own options). ``None`` values are skipped (not given).
     """
     from scopebench.policy.settings import load_run_config, parse_overrides
 
-    overrides = parse_overrides(list(args.overrides or []))
-    overrides += [(key, value) for key, value in forced.items() if value is not None]
-    return load_run_config(args.config, overrides)
+    given = [(key, value) for key, value in (env or {}).items() if value is not None]
+    given += parse_overrides(list(args.overrides or []))
+    given += [(key, value) for key, value in (flags or {}).items() if value is not None]
+    return load_run_config(args.config, given)
 
 
 def progress_bar(total: int, desc: str, enabled: bool = True, stream=None):

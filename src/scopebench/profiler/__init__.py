@@ -1,4 +1,4 @@
-"""One profiler interface, four backends (DESIGN.md, "Profiler contract").
+"""One profiler interface, four backends (docs/design.md, "Profiler contract").
 
 :Examples:
     >>> from scopebench.profiler import create_profiler

@@ -15,7 +15,7 @@ __all__ = ["MODES", "ProfilerConfig", "PROFILER_DEFAULTS", "check_writable_dir",
 MODES = ("null", "custom", "torch", "nvidia")
 _NULL_ALIASES = (None, "null", "none", "None", "off")
 
-#: Solver parameter name -> default (DESIGN.md, "Profiler contract").
+#: Solver parameter name -> default (docs/design.md, "Profiler contract").
 PROFILER_DEFAULTS: dict[str, Any] = {
     "profiler_mode": "custom",
     "profiler_warmup": 0,
@@ -123,6 +123,21 @@ class ProfilerConfig:
             raise ValueError(f"unknown profiler parameter(s) {unknown}; expected {sorted(PROFILER_DEFAULTS)}")
         merged = {**PROFILER_DEFAULTS, **params}
         return cls(**{key.removeprefix("profiler_"): value for key, value in merged.items()})
+
+    def to_params(self) -> dict[str, Any]:
+        """The solver parameters of this config (``profiler_*`` keys, paths as strings):
+        the inverse of :meth:`from_params`, JSON-serialisable for a spawned rank.
+
+        :Examples:
+            >>> cfg = ProfilerConfig(mode="torch", warmup=2)
+            >>> ProfilerConfig.from_params(**cfg.to_params()) == cfg
+            True
+            >>> sorted(cfg.to_params()) == sorted(PROFILER_DEFAULTS)
+            True
+        """
+        return {
+            f"profiler_{key}": (str(value) if isinstance(value, Path) else value) for key, value in vars(self).items()
+        }
 
     def in_window(self, iteration: int) -> bool:
         """Whether 0-based ``iteration`` is recorded.

@@ -1,20 +1,27 @@
 """Solver-side glue: the seven ``profiler_*`` parameters and the profiler handle, without importing benchopt.
 
-Every solver of the suite mixes in :class:`ProfiledSolverMixin` and reaches its profiler as
-``self.profiler``: the policy solvers through :meth:`~ProfiledSolverMixin.run_profiled`,
-the imaging solvers through a run object (:class:`scopebench.distributed.run.RankRun`) started by
-:meth:`~ProfiledSolverMixin.start_run` and driven by :meth:`~ProfiledSolverMixin.finish_run`.
+Every solver of the suite mixes in :class:`ProfiledSolverMixin`, drives a run object
+(:class:`scopebench.distributed.run.RankRun`) started by
+:meth:`~ProfiledSolverMixin.start_run` and driven by :meth:`~ProfiledSolverMixin.finish_run`,
+reaches its profiler as ``self.profiler`` and returns the run's ``metrics()``; whether a
+cell can run is :meth:`~ProfiledSolverMixin.check_cell`, which ``skip`` and
+``scopebench check-config`` both call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from scopebench.profiler.config import PROFILER_DEFAULTS, ProfilerConfig
 
-__all__ = ["ProfiledSolverMixin"]
+__all__ = ["MachineReason", "ProfiledSolverMixin"]
+
+
+class MachineReason(str):
+    """A reason to decline a cell that holds on this machine only (a missing package, no C
+    compiler): ``scopebench check-config`` says a compute node may differ."""
 
 
 class ProfiledSolverMixin:
@@ -31,6 +38,53 @@ class ProfiledSolverMixin:
     output_dir: str | Path | None = None
     #: The profiler of the current run (``None`` before the first).
     profiler: Any = None
+
+    # -- can this cell run: one check for skip and for scopebench check-config ---------
+    @classmethod
+    def check_cell(
+        cls, params: Mapping[str, Any], spec: Mapping[str, Any], launcher_world_size: int | None
+    ) -> str | None:
+        """Whether one grid cell of this solver can run, without building anything.
+
+        The one home of that decision: the solver's ``skip`` calls it on its own
+        parameters, ``scopebench check-config`` (:mod:`scopebench.preflight`) on every
+        cell of a config. Subclasses extend it (calling this one for the profiler).
+
+        Args:
+            params: The solver's parameters, defaults included.
+            spec: The cell's dataset as ``{"kind": <dataset name>, **<its parameters>}``.
+            launcher_world_size: The ranks a launcher started (the SLURM tasks of the
+                cell's job, torchrun's world), ``None`` for one process that may spawn
+                its own ranks.
+
+        Returns:
+            ``None`` when the cell runs, else why the solver declines it (a grid
+            combination that does not apply; a :class:`MachineReason` when the reason is
+            this machine's).
+
+        Raises:
+            ValueError: a value is invalid or the parameters contradict each other; the
+                message names the key.
+        """
+        ProfilerConfig.from_params(**{key: params[key] for key in PROFILER_DEFAULTS if key in params})
+        return None
+
+    def cell_params(self) -> dict[str, Any]:
+        """This solver's parameter values, as :meth:`check_cell` takes them."""
+        return {key: getattr(self, key) for key in self.parameters if hasattr(self, key)}
+
+    @staticmethod
+    def launcher_world_size() -> int | None:
+        """The world size of the launcher this process runs under, ``None`` without one."""
+        from scopebench.distributed import get_dist_info
+
+        info = get_dist_info()
+        return info.world_size if info.is_distributed else None
+
+    def decline(self, spec: Mapping[str, Any]) -> tuple[bool, str | None]:
+        """benchopt's ``skip`` answer from :meth:`check_cell` on this solver's parameters."""
+        reason = self.check_cell(self.cell_params(), spec, self.launcher_world_size())
+        return (True, str(reason)) if reason else (False, None)
 
     def profiler_kwargs(self) -> dict[str, Any]:
         """The seven ``profiler_*`` values of this solver, as plain keyword arguments."""
@@ -51,32 +105,6 @@ class ProfiledSolverMixin:
         self.profiler_config = ProfilerConfig.from_params(**self.profiler_kwargs())
         self.profiler_config.check_outputs(output_dir if output_dir is not None else self.output_dir)
         return self.profiler_config
-
-    def build_profiler(self, device: Any = "cpu", name: str = "run", output_dir: str | Path = "outputs"):
-        """A fresh profiler for one run of this solver."""
-        from scopebench.profiler import profiler_from_config
-
-        config = getattr(self, "profiler_config", None) or self.validate_profiler()
-        return profiler_from_config(config, device=device, name=name, output_dir=output_dir)
-
-    def run_profiled(
-        self,
-        callback: Callable[[], bool] | None,
-        step: Callable[[Any], Any],
-        *,
-        device: Any = "cpu",
-        name: str = "run",
-        output_dir: str | Path = "outputs",
-    ) -> None:
-        """The whole ``Solver.run``: ``step(profiler)`` once per iteration until told to stop.
-
-        The profiler stays reachable as ``self.profiler`` so that ``get_result`` can
-        return :meth:`current_metrics`; its files are written when the loop ends.
-        """
-        with self.build_profiler(device=device, name=name, output_dir=output_dir) as prof:
-            self.profiler = prof
-            for _ in prof.iterate(callback):
-                step(prof)
 
     def start_run(self, run: Any) -> Any:
         """Start a run object in ``pre_run_hook`` (ranks, build, set-up barrier: untimed).
@@ -111,8 +139,3 @@ class ProfiledSolverMixin:
         """
         if rank != 0 and callable(callback):
             callback()
-
-    def current_metrics(self) -> dict[str, Any]:
-        """Metrics of the last finished iteration (``{}`` before the first or outside the window)."""
-        prof = getattr(self, "profiler", None)
-        return prof.get_current_metrics() if prof is not None else {}

@@ -1,7 +1,7 @@
 """Training set-up shared by the benchmarks: the accelerator, the optimizer, peak FLOP/s, memory.
 
 The model code (``scopebench.policy``) knows nothing about distribution; a run object
-(:class:`scopebench.policy.train_run.PolicyTrainRun`) takes a model, an optimizer, a
+(:class:`scopebench.policy.run.train.PolicyTrainRun`) takes a model, an optimizer, a
 scheduler and a dataloader and hands them to :func:`build_accelerator`'s
 ``accelerator.prepare``. The ``backend`` setting (``ddp``, ``zero2``, ``zero3``) chooses DDP or
 DeepSpeed ZeRO-2/3.

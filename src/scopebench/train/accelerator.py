@@ -23,7 +23,7 @@ several ranks, nothing with one) or DeepSpeed ZeRO-2 / ZeRO-3 through accelerate
 DeepSpeed plugin (:func:`deepspeed_config`). The caller sends model, optimizer, scheduler
 and dataloader through ``accelerator.prepare`` either way; under DeepSpeed the prepared
 model is the DeepSpeed engine, whose ``backward`` / ``step`` the training step calls
-itself (:class:`scopebench.policy.steps.TrainStep`). accelerate's DeepSpeed path needs
+itself (:class:`scopebench.policy.run.steps.TrainStep`). accelerate's DeepSpeed path needs
 ``cpu=False`` even on a machine without CUDA (DeepSpeed then runs on the CPU over gloo),
 and the launcher variables for the whole run, not only the constructor (DeepSpeed reads
 ``LOCAL_RANK`` in ``prepare``): :func:`release_accelerator` restores them.

@@ -1,7 +1,8 @@
 """The benchopt-free half of benchmark_inference's ``PnP`` and ``Denoiser`` solvers.
 
 ``class Solver(PnPSolverMixin, BaseSolver)`` declares its parameter grid and ``task`` and
-gets ``skip`` (layouts and optional packages that cannot run are declined with a reason),
+gets ``check_cell`` (can a cell run: the one check ``skip`` and ``scopebench check-config``
+call), ``skip`` (layouts and optional packages that cannot run are declined with a reason),
 ``set_objective`` (invalid values raise ``ValueError`` before anything starts; builds the
 :class:`~scopebench.imaging.inference.run.PnPRun`), ``pre_run_hook`` (starts the ranks and
 builds the engine, untimed), ``run`` (the profiled loop; the run is torn down on any exit)
@@ -18,7 +19,7 @@ from scopebench.imaging.inference.engine import ReconstructionConfig
 from scopebench.imaging.inference.problems import describe_problem
 from scopebench.imaging.inference.run import PnPRun
 from scopebench.imaging.inference.topology import Topology, check_topology
-from scopebench.profiler.solver import ProfiledSolverMixin
+from scopebench.profiler.solver import MachineReason, ProfiledSolverMixin
 
 __all__ = ["PnPSolverMixin", "cell_problems"]
 
@@ -76,6 +77,19 @@ def cell_problems(
     return None, None, unavailable
 
 
+def _reconstruction_config(params: dict[str, Any]) -> ReconstructionConfig:
+    return ReconstructionConfig(**{key: params[key] for key in CONFIG_KEYS if key in params})
+
+
+def _topology(params: dict[str, Any]) -> Topology:
+    return Topology(
+        nproc_per_node=params.get("nproc_per_node", 1),
+        slurm_nodes=params.get("slurm_nodes", 1),
+        slurm_ntasks_per_node=params.get("slurm_ntasks_per_node"),
+        slurm_gres=params.get("slurm_gres"),
+    )
+
+
 class PnPSolverMixin(ProfiledSolverMixin):
     """Skip, validate, start, loop and report; the solver file sets ``task`` and ``output_dir``."""
 
@@ -83,28 +97,32 @@ class PnPSolverMixin(ProfiledSolverMixin):
     """``pnp`` (gradient + denoise) or ``denoise`` (one denoiser pass per iteration)."""
     output_dir: str | Path = "outputs"
 
+    @classmethod
+    def check_cell(cls, params: dict[str, Any], spec: dict[str, Any], launcher_world_size: int | None) -> str | None:
+        """:func:`cell_problems`: an invalid layout raises ``ValueError``; a grid combination
+        that does not apply or cannot run here (a :class:`MachineReason`) is the reason."""
+        super().check_cell(params, spec, launcher_world_size)
+        invalid, inapplicable, unavailable = cell_problems(
+            _reconstruction_config(params), _topology(params), spec, launcher_world_size
+        )
+        if invalid:
+            raise ValueError(invalid)
+        return inapplicable or (MachineReason(unavailable) if unavailable else None)
+
     def reconstruction_config(self) -> ReconstructionConfig:
         """The validated config from this solver's parameters (``ValueError`` if invalid)."""
-        return ReconstructionConfig(**{key: getattr(self, key) for key in CONFIG_KEYS if hasattr(self, key)})
+        return _reconstruction_config(self.cell_params())
 
     def topology(self) -> Topology:
-        return Topology(
-            nproc_per_node=self.nproc_per_node,
-            slurm_nodes=self.slurm_nodes,
-            slurm_ntasks_per_node=self.slurm_ntasks_per_node,
-            slurm_gres=self.slurm_gres,
-        )
+        return _topology(self.cell_params())
 
     def skip(self, spec: dict[str, Any], **_: Any) -> tuple[bool, str | None]:
-        from scopebench.distributed import get_dist_info
-
         self.validate_profiler()
-        info = get_dist_info()
-        problems = cell_problems(
-            self.reconstruction_config(), self.topology(), spec, info.world_size if info.is_distributed else None
-        )
-        reason = next((p for p in problems if p), None)
-        return (True, reason) if reason else (False, None)
+        self.reconstruction_config()  # invalid values raise; what check_cell raises now is the layout's
+        try:
+            return self.decline(spec)
+        except ValueError as err:  # a layout that contradicts the problem is declined, with its reason
+            return True, str(err)
 
     def set_objective(self, spec: dict[str, Any]) -> None:
         self.pnp = PnPRun(

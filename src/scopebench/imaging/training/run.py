@@ -27,12 +27,27 @@ from scopebench.imaging.training.data import TrainingData, build_training_data
 from scopebench.imaging.training.trainer import TrainConfig, UnrolledTrainer
 from scopebench.imaging.training.unrolled import UnrolledConfig
 
-__all__ = ["WEIGHTS_FILE", "WORKER_TARGET", "TrainingRun", "run_worker"]
+__all__ = ["WEIGHTS_FILE", "WORKER_TARGET", "TrainingRun", "check_world_size", "run_worker"]
 
 #: Weight file of a run, in the benchmark's ``outputs/`` folder.
 WEIGHTS_FILE = "{run_name}_denoiser.safetensors"
 #: ``module:function`` that spawned ranks run.
 WORKER_TARGET = "scopebench.imaging.training.run:run_worker"
+
+
+def check_world_size(world_size: int, distribute_model: bool) -> None:
+    """Several ranks share the work only by tiling the denoiser (``distribute_model``).
+
+    :Examples:
+        >>> check_world_size(2, False)
+        Traceback (most recent call last):
+        ...
+        ValueError: 2 processes need distribute_model=true (the ranks share the work by tiling the denoiser)
+    """
+    if world_size > 1 and not distribute_model:
+        raise ValueError(
+            f"{world_size} processes need distribute_model=true (the ranks share the work by tiling the denoiser)"
+        )
 
 
 class TrainingRun(RankRun):
@@ -64,11 +79,7 @@ class TrainingRun(RankRun):
             unrolled = UnrolledConfig(**{**unrolled, "denoiser": DenoiserSpec(**unrolled["denoiser"])})
         if isinstance(train, dict):
             train = TrainConfig(**train)
-        if self.world_size > 1 and not train.distribute_model:
-            raise ValueError(
-                f"{self.world_size} processes need distribute_model=true "
-                "(the ranks share the work by tiling the denoiser)"
-            )
+        check_world_size(self.world_size, train.distribute_model)
         self.data_params = dict(data_params)
         self.unrolled = unrolled
         self.train = train

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,8 @@ import torch
 
 from scopebench.distributed.device import resolve_device
 from scopebench.distributed.run import RankRun
-from scopebench.policy.settings import InferenceSettings
 from scopebench.policy.run.steps import InferenceStep, policy_for_dataset
+from scopebench.policy.settings import InferenceSettings
 
 __all__ = ["COMPILE_RATIO_WARNING", "InferenceRun", "fit_latency", "make_observation"]
 

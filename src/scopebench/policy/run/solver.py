@@ -1,7 +1,8 @@
 """The benchopt-free half of the policy solvers ``Pi05Train``, ``Pi05Dataloader``, ``Pi05Inference``.
 
 ``class Solver(TrainSolverMixin, BaseSolver)`` declares its parameter grid and ``task`` and
-gets, like the imaging solvers (:mod:`scopebench.imaging.inference.solver`): ``skip`` (a
+gets, like the imaging solvers (:mod:`scopebench.imaging.inference.solver`): ``check_cell``
+(can a cell run: the one check ``skip`` and ``scopebench check-config`` call), ``skip`` (a
 backend the settings cannot run is declined with a reason), ``set_objective`` (every
 parameter validated before any work; builds the run object), ``pre_run_hook`` (starts the
 ranks and builds the run, untimed: :meth:`~scopebench.profiler.ProfiledSolverMixin.start_run`),
@@ -17,7 +18,19 @@ from typing import Any
 
 from scopebench.profiler import ProfiledSolverMixin
 
-__all__ = ["InferenceSolverMixin", "TrainSolverMixin"]
+__all__ = ["DATALOADER_SETTINGS", "InferenceSolverMixin", "TrainSolverMixin"]
+
+#: The :class:`~scopebench.policy.settings.TrainSettings` fields ``Pi05Dataloader`` varies
+#: (the rest are training's: no model, no optimizer).
+DATALOADER_SETTINGS = (
+    "preset",
+    "batch_size",
+    "num_workers",
+    "prefetch_factor",
+    "nproc_per_node",
+    "group_timeout_sec",
+    "device",
+)
 
 
 class _PolicySolverMixin(ProfiledSolverMixin):
@@ -37,24 +50,60 @@ class _PolicySolverMixin(ProfiledSolverMixin):
         self.finish_run(self.policy_run, callback)
 
 
+def _policy_world_size(nproc: Any, launcher_world_size: int | None) -> int:
+    """The ranks of a policy run: the launcher's (a job's SLURM tasks), else ``nproc_per_node``
+    local processes. Under a launcher nothing is spawned, so ``nproc_per_node`` must be 1 or
+    the launcher's world size (what :class:`scopebench.distributed.DistSession` requires)."""
+    from scopebench.distributed import get_dist_info
+    from scopebench.distributed.launch import check_launcher_nproc
+    from scopebench.validate import integer
+
+    nproc = integer("nproc_per_node", nproc, low=1)
+    if launcher_world_size is None:
+        return nproc
+    launcher = get_dist_info()  # under a launcher: skip; otherwise check-config, for the cell's job
+    source = launcher.source if launcher.is_distributed else "the job's SLURM tasks"
+    check_launcher_nproc("nproc_per_node", nproc, launcher_world_size, source)
+    return launcher_world_size
+
+
 class TrainSolverMixin(_PolicySolverMixin):
     """``Pi05Train`` (``task = "train"``) and ``Pi05Dataloader`` (``task = "dataloader"``)."""
 
     task = "train"
 
-    def skip(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> tuple[bool, str | None]:
-        """Decline a backend the settings cannot run (ZeRO on one process, ZeRO-3 with
-        gradient checkpointing, ZeRO without an optimizer)."""
-        from scopebench.distributed import get_dist_info
-        from scopebench.policy.settings import backend_conflict
+    @classmethod
+    def check_cell(cls, params: dict[str, Any], spec: dict[str, Any], launcher_world_size: int | None) -> str | None:
+        """A ``Pi05Train`` backend that cannot run with its settings or on its ranks (ZeRO on
+        one process, ZeRO-3 with gradient checkpointing, ZeRO without an optimizer) is
+        declined with :func:`~scopebench.policy.settings.backend_conflict`'s reason, before
+        anything else is checked (as benchopt asks ``skip`` before ``set_objective``).
+        Otherwise the :class:`~scopebench.policy.settings.TrainSettings` (seeded by the
+        dataset), the profiler parameters and, for training, the accelerate file of
+        ``backend`` are checked."""
+        from scopebench.policy.run.train import resolve_accelerate_file
+        from scopebench.policy.settings import TrainSettings, backend_conflict, settings_from
+        from scopebench.train import BACKENDS
+        from scopebench.validate import choice
 
-        if self.task != "train":
-            return False, None
-        launcher = get_dist_info()
-        world = launcher.world_size if launcher.is_distributed else self.nproc_per_node
-        args = (self.gradient_checkpointing, self.no_optim)
-        conflict = backend_conflict(self.backend, *args, world_size=world if isinstance(world, int) else None)
-        return (True, conflict) if conflict else (False, None)
+        world = _policy_world_size(params.get("nproc_per_node", 1), launcher_world_size)
+        if cls.task == "train":
+            backend = choice("backend", params.get("backend", "ddp"), BACKENDS)
+            flags = (params.get("gradient_checkpointing", False), params.get("no_optim", False))
+            conflict = backend_conflict(backend, *flags, world_size=world)
+            if conflict:
+                return conflict
+        settings = settings_from(TrainSettings, params, seed=spec.get("seed", 0))
+        super().check_cell(params, spec, launcher_world_size)
+        if cls.task == "train":
+            try:
+                resolve_accelerate_file(settings)
+            except FileNotFoundError as err:
+                raise ValueError(f"accelerate_config: {err}") from None
+        return None
+
+    def skip(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> tuple[bool, str | None]:
+        return self.decline({"kind": dataset, "seed": seed})
 
     def set_objective(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> None:
         from scopebench.policy.run.train import PolicyTrainRun
@@ -85,6 +134,18 @@ class TrainSolverMixin(_PolicySolverMixin):
 
 class InferenceSolverMixin(_PolicySolverMixin):
     """``Pi05Inference``: one action chunk per iteration."""
+
+    @classmethod
+    def check_cell(cls, params: dict[str, Any], spec: dict[str, Any], launcher_world_size: int | None) -> str | None:
+        """The :class:`~scopebench.policy.settings.InferenceSettings` and profiler parameters
+        (an inference cell is never declined)."""
+        from scopebench.policy.settings import InferenceSettings, settings_from
+
+        settings_from(InferenceSettings, params, seed=spec.get("seed", 0))
+        return super().check_cell(params, spec, launcher_world_size)
+
+    def skip(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> tuple[bool, str | None]:
+        return self.decline({"kind": dataset, "seed": seed})
 
     def set_objective(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> None:
         from scopebench.policy.run.inference import InferenceRun

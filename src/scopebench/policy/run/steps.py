@@ -3,7 +3,7 @@
 The run objects (:mod:`~scopebench.policy.run.train`, :mod:`~scopebench.policy.run.inference`)
 call these with a profiler; each phase is a profiler region, named as
 :mod:`scopebench.policy.phases` lists them (with what each holds per backend). The model
-itself never sees the profiler (STYLE.md rule 3).
+itself never sees the profiler (docs/style.md rule 3).
 """
 
 from __future__ import annotations

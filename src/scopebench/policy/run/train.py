@@ -33,7 +33,6 @@ import torch
 from scopebench.distributed.device import resolve_device
 from scopebench.distributed.run import RankRun
 from scopebench.policy.phases import BACKWARD_STEP_PHASES
-from scopebench.policy.settings import TrainSettings, backend_conflict
 from scopebench.policy.run.steps import (
     BatchStream,
     DataloaderStep,
@@ -41,6 +40,7 @@ from scopebench.policy.run.steps import (
     config_for_dataset,
     policy_for_dataset,
 )
+from scopebench.policy.settings import TrainSettings, backend_conflict
 from scopebench.validate import choice
 
 __all__ = [
@@ -425,7 +425,7 @@ class PolicyTrainRun(RankRun):
     def derived_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Throughput, FLOP/s, MFU and per-rank values derived from one iteration's metrics.
 
-        ``step = total_time_sec - callback_time_sec`` (the step without benchopt's scoring);
+        ``step = step_time_sec`` (the slowest rank's step without benchopt's scoring);
         ``samples_per_sec = batch_size x world_size x gradient_accumulation_steps / step`` (:func:`scopebench.stats.samples_per_sec`);
         ``achieved_flops_per_sec = estimate_flops(global batch, "train") / step``;
         ``mfu = achieved / (peak of one device x world_size)``.

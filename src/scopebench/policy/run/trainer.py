@@ -101,8 +101,8 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
         ``world_size``, ``accelerate_num_processes`` (what accelerate sees), ``backend``,
         ``log`` (rank 0's log records).
     """
-    from scopebench.policy.tools import progress_bar
     from scopebench.policy.run.train import PolicyTrainRun
+    from scopebench.policy.tools import progress_bar
     from scopebench.profiler import ProfilerConfig
 
     out = sys.stdout if out is None else out
