@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 
-from scopebench.validate import choice, flag, integer, number, optional
+from scopebench.validate import MAX_ALIAS_NODES, choice, flag, integer, load_yaml, number, optional, quote, yaml_mapping
 
 
 @pytest.mark.parametrize("bad", ["abc", 1.5, True, None, "4"])
@@ -43,3 +45,114 @@ def test_flag_choice_optional():
     assert optional(integer, "m", None, low=1) is None
     with pytest.raises(ValueError, match="m must be"):
         optional(integer, "m", 0, low=1)
+
+
+# --- Huge values and hostile YAML: bounded messages, bounded alias expansion -------------
+
+REPO = Path(__file__).resolve().parents[1]
+#: Every YAML file of the repository's config folders: all are read through load_yaml.
+CONFIGS = sorted(
+    p
+    for pattern in ("configs/**/*.yml", "benchmark_*/configs/**/*.yml", "*config.yml", "benchmark_*/config.yml")
+    for p in REPO.glob(pattern)
+) + sorted((REPO / "src" / "scopebench" / "train" / "accelerate_configs").glob("*.yaml"))
+
+
+def _shared_nest(levels: int, width: int) -> list:
+    """``width`` references to the level below, ``levels`` deep: tiny in memory, ``width**levels`` leaves."""
+    value: list = ["x"] * width
+    for _ in range(levels - 1):
+        value = [value] * width
+    return value
+
+
+def _alias_bomb(levels: int = 9, width: int = 9) -> str:
+    """A "billion laughs" document: each anchor is ``width`` aliases of the one before."""
+    lines = ["a0: &a0 [" + ", ".join(["x"] * width) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_small_values_are_quoted_as_repr_shows_them():
+    looped: list = [1]
+    looped.append(looped)
+    values = ["abc", "it's", "", b"x", 1.5, None, (), (1,), [1, (2,), {3: [4]}], {1, 2}, set(), frozenset({1})]
+    for value in [*values, frozenset(), {"k": {"j": []}}, looped, [[]]]:
+        assert quote(value) == repr(value)
+    with pytest.raises(ValueError, match=r"^n must be true or false, got \[1, \[\.\.\.\]\] \(list\)$"):
+        flag("n", looped)
+
+
+def test_a_huge_string_is_quoted_short_with_its_key_type_and_length():
+    for check in (lambda v: integer("batch_size", v, low=1), lambda v: choice("batch_size", v, ("a", "b"))):
+        with pytest.raises(ValueError) as err:
+            check("x" * 1_000_000)
+        message = str(err.value)
+        assert len(message) < 1000 and message.startswith("batch_size must be ")
+        assert message.endswith("xxx...' (str, 1000000 characters)"), message[-60:]
+
+
+def test_a_shared_nested_value_is_quoted_without_building_its_repr():
+    # 10**6 leaves: the full repr is 5 MB; the message must stay a line.
+    with pytest.raises(ValueError, match=r"^n must be an integer, got \[\[\[.{150,}\.\.\. \(list, 10 items\)$") as err:
+        integer("n", _shared_nest(6, 10))
+    assert len(str(err.value)) < 300
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_config_of_the_repository_loads_as_safe_load_reads_it(path):
+    import yaml
+
+    assert load_yaml(path) == yaml.safe_load(path.read_text())
+
+
+def test_configs_are_found():
+    # The parametrized test above passes vacuously if the globs find nothing.
+    assert len(CONFIGS) > 20 and any(p.match("configs/policy/tiny.yml") for p in CONFIGS)
+
+
+def test_an_alias_bomb_is_refused_naming_the_file_before_any_object_is_built(tmp_path, monkeypatch):
+    import yaml
+
+    bomb = tmp_path / "bomb.yml"
+    bomb.write_text(_alias_bomb())
+    assert len(bomb.read_bytes()) < 600
+
+    def no_construction(self, node):
+        raise AssertionError("objects were built before the aliases were counted")
+
+    monkeypatch.setattr(yaml.SafeLoader, "construct_document", no_construction)
+    pattern = rf"^{re.escape(str(bomb))}: its YAML aliases add at least [\d,]+ nodes once expanded, over the 10,000 allowed; "
+    with pytest.raises(ValueError, match=pattern):
+        load_yaml(bomb)
+    with pytest.raises(ValueError, match=pattern):
+        yaml_mapping(bomb, "policy config")
+
+
+def test_aliases_are_allowed_up_to_the_limit():
+    def doc(n_aliases: int) -> str:  # each alias of the 100-item list adds its 101 nodes
+        return "a: &a [" + "x, " * 100 + "]\nb: [" + "*a, " * n_aliases + "]\n"
+
+    assert 99 * 101 <= MAX_ALIAS_NODES < 100 * 101
+    assert len(load_yaml("ok.yml", doc(99))["b"]) == 99
+    with pytest.raises(ValueError, match=r"^big\.yml: its YAML aliases add at least 10,100 nodes"):
+        load_yaml("big.yml", doc(100))
+    merged = load_yaml("merge.yml", "base: &base {lr: 1, steps: 2}\nrun:\n  <<: *base\n  steps: 3\n")
+    assert merged["run"] == {"lr": 1, "steps": 3}
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("&a [*a]", r"^t\.yml: a YAML alias refers to a node that holds it"),
+        ("&a {k: [*a]}", r"^t\.yml: a YAML alias refers to a node that holds it"),
+        ("[" * 1000 + "]" * 1000, r"^t\.yml: YAML nested too deep to read"),
+        ("n: " + "1" * 5000, r"^t\.yml: Exceeds the limit \(4300 digits\)"),
+        ("a: [1, 2", r'^t\.yml is not valid YAML: while parsing a flow sequence\n  in "t\.yml", line 1'),
+        ("n: *" + "y" * 100_000, r"^t\.yml is not valid YAML: found undefined alias 'yyy.*\(100\d\d\d characters\)$"),
+    ],
+)
+def test_unreadable_yaml_is_one_bounded_value_error_naming_the_file(text, match):
+    with pytest.raises(ValueError, match=match) as err:
+        load_yaml("t.yml", text)
+    assert len(str(err.value)) < 1000

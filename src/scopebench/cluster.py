@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
+from scopebench.validate import load_yaml, quote
 
 __all__ = [
     "BENCHOPT_DEFAULT_TIMEOUT_SEC",
@@ -79,12 +79,12 @@ def read_parallel_config(path: str | Path, n_jobs: int | None = None) -> dict[st
             Submitit does not accept (``slurm_python`` among them); a ``slurm_time`` under
             :data:`MIN_SLURM_MINUTES` minutes.
     """
-    config = yaml.safe_load(Path(path).read_text())
+    config = load_yaml(path)
     if not isinstance(config, dict):
-        raise ValueError(f"{path}: expected a mapping of settings, got {config!r}")
+        raise ValueError(f"{path}: expected a mapping of settings, got {quote(config)}")
     backend = config.get("backend")
     if backend not in ("loky", "dask", "submitit"):
-        raise ValueError(f"{path}: backend must be one of loky, dask, submitit, got {backend!r}")
+        raise ValueError(f"{path}: backend must be one of loky, dask, submitit, got {quote(backend)}")
     if isinstance(config.get("slurm_time"), int):
         # benchopt's reading: YAML turns an unquoted 10:30 into seconds.
         hours, rest = divmod(config["slurm_time"], 3600)

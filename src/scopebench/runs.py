@@ -274,9 +274,9 @@ def _max_runs(config: str | Path | None, extra_args: list[str] | None) -> int:
         if arg.startswith("--max-runs="):
             return int(arg.split("=", 1)[1])
     if config is not None:
-        import yaml
+        from scopebench.validate import load_yaml
 
-        loaded = yaml.safe_load(Path(config).read_text()) or {}
+        loaded = load_yaml(config) or {}
         for key in ("max-runs", "max_runs"):
             if isinstance(loaded, dict) and loaded.get(key) is not None:
                 return int(loaded[key])

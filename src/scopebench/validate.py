@@ -9,19 +9,139 @@ Each helper returns the value (converted where a conversion is unambiguous: an `
 passed where a float is expected becomes a ``float``) so a ``__post_init__`` can write
 ``self.lr = number("learning_rate", self.lr, low=0, low_open=True)``. ``bool`` is never
 accepted as a number, and strings are never parsed: a YAML ``abc`` stays an error.
+
+It is also the one home of reading YAML (:func:`load_yaml`: every config the suite reads,
+aliases bounded by :data:`MAX_ALIAS_NODES`) and of quoting a value in a message
+(:func:`quote`: at most :data:`QUOTE_LIMIT` characters), so that neither a hostile file nor a
+huge value can exhaust memory on its way to an error.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["choice", "flag", "integer", "number", "optional", "yaml_mapping"]
+__all__ = [
+    "MAX_ALIAS_NODES",
+    "QUOTE_LIMIT",
+    "choice",
+    "flag",
+    "integer",
+    "load_yaml",
+    "number",
+    "optional",
+    "quote",
+    "yaml_mapping",
+]
+
+#: Most characters of a value's ``repr`` an error message quotes. A message is read by a
+#: person; past a line, more of the value helps no one, and the whole ``repr`` of a huge (or
+#: alias-shared, hence exponentially long) value could take gigabytes to build.
+QUOTE_LIMIT = 200
+
+#: Most nodes YAML aliases may add to a document once expanded. No config of the suite needs
+#: more than a few aliases (those in the repository use none), while nine nested levels of
+#: nine aliases ("billion laughs", 540 bytes) expand to 10**9 nodes, which anything that
+#: walks the data (a ``repr``, a copy, a dump) pays for in full.
+MAX_ALIAS_NODES = 10_000
+
+_BRACKETS = {list: ("[", "]"), tuple: ("(", ")"), set: ("{", "}"), frozenset: ("frozenset({", "})"), dict: ("{", "}")}
+
+
+def _repr_parts(value: Any, limit: int, active: set[int]):
+    """The pieces of ``repr(value)``, lazily, so a caller can stop after ``limit`` characters.
+
+    Built-in containers are walked here (a nested value's full ``repr`` is never built);
+    ``active`` holds the containers being walked, which print as ``[...]`` as in ``repr``.
+    """
+    kind = type(value)
+    if kind not in _BRACKETS or not value:
+        # Slicing first: the repr of a long string is as long as the string.
+        yield repr(value[: limit + 1] if kind in (str, bytes) else value)
+        return
+    opening, closing = _BRACKETS[kind]
+    if id(value) in active:
+        yield f"{opening[-1]}...{closing[0]}"
+        return
+    active.add(id(value))
+    yield opening
+    for i, item in enumerate(value.items() if kind is dict else value):
+        if i:
+            yield ", "
+        if kind is dict:
+            yield from _repr_parts(item[0], limit, active)
+            yield ": "
+            item = item[1]
+        yield from _repr_parts(item, limit, active)
+    yield ",)" if kind is tuple and len(value) == 1 else closing
+    active.discard(id(value))
+
+
+def _clipped_repr(value: Any, limit: int = QUOTE_LIMIT) -> tuple[str, bool]:
+    """``repr(value)`` cut to ``limit`` characters and ``...``, and whether it was cut.
+
+    Only the first ``limit`` characters are ever built; a cut string keeps its closing quote.
+
+    :Examples:
+        >>> _clipped_repr(["ab", (1,), {2: None}])
+        ("['ab', (1,), {2: None}]", False)
+        >>> _clipped_repr("x" * 50, limit=5)
+        ("'xxxx...'", True)
+        >>> _clipped_repr([[1, 2]] * 3, limit=10)
+        ('[[1, 2], [...', True)
+    """
+    pieces, size = [], 0
+    for piece in _repr_parts(value, limit, set()):
+        pieces.append(piece)
+        size += len(piece)
+        if size > limit:
+            text = "".join(pieces)[:limit] + "..."
+            return (text + text[0] if type(value) is str else text), True
+    return "".join(pieces), False
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text``, or its first ``limit`` characters and its length.
+
+    :Examples:
+        >>> _clip("abcdef", 3)
+        'abc... (6 characters)'
+    """
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _describe(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
+    """``repr`` and type of ``value`` for a message, clipped with its length when long.
+
+    :Examples:
+        >>> _describe("abc")
+        "'abc' (str)"
+        >>> _describe("x" * 1000)[-45:]
+        "xxxxxxxxxx...' (str, 1000 characters)"
+    """
+    text, clipped = _clipped_repr(value)
+    kind = type(value).__name__
+    if clipped and isinstance(value, (str, bytes)):
+        kind += f", {len(value)} {'characters' if isinstance(value, str) else 'bytes'}"
+    elif clipped and type(value) in _BRACKETS:
+        kind += f", {len(value)} items"
+    return f"{text} ({kind})"
+
+
+def quote(value: Any) -> str:
+    """``repr(value)``, or when it is over :data:`QUOTE_LIMIT` characters its start, the type
+    and the length: the value as an error message shows it.
+
+    :Examples:
+        >>> quote("fp16")
+        "'fp16'"
+        >>> quote(list(range(1000)))[-30:]
+        '0, 51, 5... (list, 1000 items)'
+    """
+    text, clipped = _clipped_repr(value)
+    return _describe(value) if clipped else text
 
 
 def _bounds(low: float | None, high: float | None, low_open: bool = False, high_open: bool = False) -> str:
@@ -111,7 +231,7 @@ def choice(key: str, value: Any, allowed: Iterable[Any]) -> Any:
     """
     allowed = tuple(allowed)
     if value not in allowed:
-        raise ValueError(f"{key} must be one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
+        raise ValueError(f"{key} must be one of {', '.join(repr(a) for a in allowed)}, got {quote(value)}")
     return value
 
 
@@ -125,8 +245,90 @@ def optional(check, key: str, value: Any, **bounds: Any) -> Any:
     return None if value is None else check(key, value, **bounds)
 
 
+def _alias_nodes(root) -> int:
+    """How many nodes the aliases under the composed YAML node ``root`` add once expanded.
+
+    Walks the composed graph, in which an alias is the node it names, shared: each distinct
+    node once, so the walk costs what the file does however far the aliases expand.
+
+    Raises:
+        ValueError: a node holds an alias of itself (a recursive structure).
+    """
+    # id(node) -> its node count, aliases expanded; capped, as a bomb's count has thousands of digits.
+    expanded: dict[int, int] = {}
+    walking: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if node.id == "mapping":
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = node.value if node.id == "sequence" else []
+        if children_done:
+            walking.discard(id(node))
+            expanded[id(node)] = min(1 + sum(expanded[id(c)] for c in children), 2**62)
+        elif id(node) in walking:
+            raise ValueError("a YAML alias refers to a node that holds it (a recursive structure)")
+        elif id(node) not in expanded:
+            walking.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in children)
+    return expanded[id(root)] - len(expanded)
+
+
+def load_yaml(path: str | Path, text: str | None = None) -> Any:
+    """The data of a YAML document, read safely (``yaml.safe_load``) with aliases bounded.
+
+    The one loader of the suite's YAML: the aliases are expanded (counted) on the composed
+    nodes, before any Python object is built, and a document whose aliases would add more
+    than :data:`MAX_ALIAS_NODES` nodes is refused.
+
+    Args:
+        path: The file, read unless ``text`` is given; every message names it.
+        text: The document, when it is not read from a file (a command-line value).
+
+    Raises:
+        FileNotFoundError: no such file (the message names it).
+        ValueError: naming ``path``: not YAML, aliases past :data:`MAX_ALIAS_NODES` or
+            recursive, nested too deep to read, or a value YAML cannot build (an integer of
+            over 4300 digits).
+
+    :Examples:
+        >>> load_yaml("--lr", "[1, 2]")
+        [1, 2]
+        >>> load_yaml("bomb.yml", "a: &a [" + "x, " * 100 + "]\\nb: [" + "*a, " * 200 + "]")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: bomb.yml: its YAML aliases add at least 20,200 nodes once expanded, over the 10,000 allowed; ...
+    """
+    import yaml
+
+    text = Path(path).read_text() if text is None else text
+    loader = yaml.SafeLoader(text)
+    loader.name = str(path)  # PyYAML's marks name the file, not "<unicode string>"
+    try:
+        node = loader.get_single_node()
+        added = 0 if node is None else _alias_nodes(node)
+        data = None if node is None or added > MAX_ALIAS_NODES else loader.construct_document(node)
+    except yaml.YAMLError as err:
+        # PyYAML quotes at most a line of the file, but a tag or an alias name comes whole.
+        raise ValueError(f"{path} is not valid YAML: {_clip(str(err), 4 * QUOTE_LIMIT)}") from err
+    except RecursionError:
+        raise ValueError(f"{path}: YAML nested too deep to read (over a few hundred levels)") from None
+    except ValueError as err:  # a recursive alias, or an int Python refuses to build (over 4300 digits)
+        raise ValueError(f"{path}: {_clip(str(err), 4 * QUOTE_LIMIT)}") from err
+    finally:
+        loader.dispose()
+    if added > MAX_ALIAS_NODES:
+        raise ValueError(
+            f"{path}: its YAML aliases add at least {added:,} nodes once expanded, over the {MAX_ALIAS_NODES:,} "
+            "allowed; write the values out instead"
+        )
+    return data
+
+
 def yaml_mapping(path, what: str) -> dict:
-    """The mapping a YAML file holds (an empty file: ``{}``).
+    """The mapping a YAML file holds (an empty file: ``{}``), read by :func:`load_yaml`.
 
     Args:
         path: The file.
@@ -136,17 +338,10 @@ def yaml_mapping(path, what: str) -> dict:
         FileNotFoundError: no such file; the message names it (``<what> file not found``).
         ValueError: not YAML, or not a mapping, naming the file.
     """
-    from pathlib import Path
-
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} file not found: {path}")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path} is not valid YAML: {err}") from err
+    raw = load_yaml(path) or {}
     if not isinstance(raw, dict):
         raise ValueError(f"{path} must hold a mapping of {what} settings, got {type(raw).__name__}")
     return raw

@@ -38,7 +38,7 @@ from scopebench.policy.config import ATTENTION_IMPLEMENTATIONS, PRESETS
 from scopebench.policy.data import SyntheticRobotConfig
 from scopebench.train.accelerator import BACKENDS, PRECISIONS
 from scopebench.train.optim import SCHEDULERS
-from scopebench.validate import choice, flag, integer, number, optional, yaml_mapping
+from scopebench.validate import choice, flag, integer, load_yaml, number, optional, yaml_mapping
 
 __all__ = [
     "DatasetSettings",
@@ -391,14 +391,12 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
 def _scalar(text: str) -> Any:
     """A command-line value: an int, a float (``1e-3`` too, which YAML 1.1 reads as a
     string), else a YAML scalar (``true``, ``null``, words stay strings)."""
-    import yaml
-
     for convert in (int, float):
         try:
             return convert(text)
         except ValueError:
             pass
-    return yaml.safe_load(text) if text else None
+    return load_yaml("a command-line value", text) if text else None
 
 
 def load_run_config(path: str | Path, overrides: list[tuple[str, Any]] | None = None) -> RunConfig:

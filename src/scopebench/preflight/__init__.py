@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from scopebench.cluster import (
     BENCHOPT_DEFAULT_TIMEOUT_SEC,
     JOB_FOLDER,
@@ -35,6 +33,7 @@ from scopebench.cluster import (
 )
 from scopebench.preflight.grid import Classes, expand, load_classes, parse_pattern
 from scopebench.profiler.solver import MachineReason
+from scopebench.validate import load_yaml, quote
 
 __all__ = [
     "Cell",
@@ -131,9 +130,9 @@ def preflight(
         ValueError: the config, the parallel config or a pattern cannot be read; the
             message names the file and key. Cell problems go to ``Report.errors``.
     """
-    config = yaml.safe_load(Path(config_path).read_text()) or {}
+    config = load_yaml(config_path) or {}
     if not isinstance(config, dict):
-        raise ValueError(f"{config_path}: expected a mapping of benchopt run options, got {config!r}")
+        raise ValueError(f"{config_path}: expected a mapping of benchopt run options, got {quote(config)}")
     n_jobs = n_jobs if n_jobs is not None else _config_option(config, "n-jobs", None)
     parallel_path = parallel_path or _config_option(config, "parallel-config", None)
     parallel = read_parallel_config(parallel_path, n_jobs) if parallel_path else None
