@@ -122,7 +122,9 @@ def test_an_alias_bomb_is_refused_naming_the_file_before_any_object_is_built(tmp
         raise AssertionError("objects were built before the aliases were counted")
 
     monkeypatch.setattr(yaml.SafeLoader, "construct_document", no_construction)
-    pattern = rf"^{re.escape(str(bomb))}: its YAML aliases add at least [\d,]+ nodes once expanded, over the 10,000 allowed; "
+    pattern = (
+        rf"^{re.escape(str(bomb))}: its YAML aliases add at least [\d,]+ nodes once expanded, over the 10,000 allowed; "
+    )
     with pytest.raises(ValueError, match=pattern):
         load_yaml(bomb)
     with pytest.raises(ValueError, match=pattern):

@@ -25,9 +25,14 @@ chooses the backend (``configs/accelerate/ddp.yaml``, ``deepspeed_zero2.yaml``,
 and the training config both set precision, gradient accumulation or clipping, the
 training config wins and the values in force are printed. Any config key is overridable
 (``--batch_size=8``, ``--training.save_freq=10``). A new run refuses an ``--output_dir``
-that already holds checkpoints; ``--resume true`` continues from the checkpoint whose
-``train_config.yaml`` is given, else from ``<output_dir>/checkpoints/last``. Resuming needs
-the same backend and number of ranks (both are in the saved config).
+that already holds checkpoints (``checkpoints/last`` or any finished one); ``--resume true``
+continues from the checkpoint whose ``train_config.yaml`` is given, else from
+``<output_dir>/checkpoints/last``. Resuming needs the same backend and number of ranks (both
+are in the saved config). One run at a time owns its ``--output_dir``: a second one into it
+exits 2 naming the first (pid, host, start), before any work
+(:mod:`scopebench.train.run_folder`: the process the user started holds the lock, also while
+its ranks run). An unwritable ``--output_dir`` and an ``--nproc-per-node`` below 1 or above
+the CPU cores (on the CPU) are refused at set-up too.
 
 Output: the log on rank 0's stdout. JSON (``--json``), keys: ``tool`` ("train"),
 ``config``, ``start_step``, ``steps``, ``checkpoints`` (folders written), ``world_size``,
@@ -65,17 +70,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scopebench.distributed import RankFailure, get_dist_info, writes_reports
+    from scopebench.distributed import RankFailure, check_local_nproc, get_dist_info, writes_reports
+    from scopebench.distributed.device import resolve_device
     from scopebench.policy.run.trainer import check_output_dir, train_policy
     from scopebench.policy.tools import load_config, write_json
+    from scopebench.profiler.config import check_writable_dir
     from scopebench.train import load_accelerate_file
+    from scopebench.train.run_folder import own_run_folder
 
     try:
         file = load_accelerate_file(args.accelerate_config) if args.accelerate_config else None
         flags = {
             "accelerate_config": str(Path(file.path).resolve()) if file else None,
             "backend": file.backend if file else None,
-            "nproc_per_node": args.nproc_per_node or (file.num_processes if file else None),
+            "nproc_per_node": _given(args.nproc_per_node, file.num_processes if file else None),
             "training.output_dir": args.output_dir,
             "training.steps": args.steps,
             "training.log_freq": args.log_freq,
@@ -84,16 +92,23 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args, flags=flags)
         resume = args.resume == "true"
         resume_from = _resume_point(args.config, config.training.output_dir) if resume else None
-        check_output_dir(config.training.output_dir, resume)
+        # Before any step or process: an unwritable folder found at the first save costs the
+        # whole run, and too many ranks start (a gigabyte each) before anything fails.
+        output_dir = config.training.output_dir
+        check_writable_dir("training.output_dir", output_dir)
+        check_local_nproc("nproc_per_node", config.train.nproc_per_node, resolve_device(config.train.device).type)
         launcher = get_dist_info()
-        if not launcher.is_distributed and config.train.nproc_per_node > 1:
-            return _relaunch(args, config)
-        with _exit_on_sigterm():
-            try:
-                result = train_policy(config, resume_from=resume_from)
-            except RankFailure as err:  # rank 0 names the rank that died, stopped or hung
-                print(f"scopebench train: the run failed:\n{err}", file=sys.stderr, flush=True)
-                return 1
+        with own_run_folder(output_dir, info=launcher) as handed:
+            # under the lock: a run that ended just before it was taken left its checkpoints
+            check_output_dir(output_dir, resume)
+            if not launcher.is_distributed and config.train.nproc_per_node > 1:
+                return _relaunch(args, config, env=handed)
+            with _exit_on_sigterm():
+                try:
+                    result = train_policy(config, resume_from=resume_from)
+                except RankFailure as err:  # rank 0 names the rank that died, stopped or hung
+                    print(f"scopebench train: the run failed:\n{err}", file=sys.stderr, flush=True)
+                    return 1
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench train: {err}", file=sys.stderr)
         return 2
@@ -101,6 +116,11 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.json, {"tool": "train", "config": config.source, **result})
         print(f"wrote {args.json}")
     return 0  # a launched rank then leaves through os._exit (scopebench.cli._leave_if_launched)
+
+
+def _given(flag, fallback):
+    """``flag`` when it was given (0 included: a value to refuse, not "not given"), else ``fallback``."""
+    return fallback if flag is None else flag
 
 
 @contextlib.contextmanager
@@ -133,8 +153,14 @@ def _resume_point(config_path: str, output_dir: str):
     return resolve_checkpoint(folder if folder.parent.name == CHECKPOINTS else output_dir)
 
 
-def _relaunch(args: argparse.Namespace, config) -> int:
-    """``accelerate launch`` this command on ``nproc_per_node`` processes; their exit code."""
+def _relaunch(args: argparse.Namespace, config, env: dict[str, str]) -> int:
+    """``accelerate launch`` this command on ``nproc_per_node`` processes; their exit code.
+
+    ``env`` is added to their environment: it names this process as the output folder's
+    owner, so their rank 0 does not refuse the lock held for it
+    (:func:`scopebench.train.run_folder.own_run_folder`).
+    """
+    import os
     import subprocess
 
     from scopebench.train import shipped_accelerate_file
@@ -159,4 +185,4 @@ def _relaunch(args: argparse.Namespace, config) -> int:
             command += [flag, str(value)]
     command += list(args.overrides or [])
     print(f"scopebench train: {config.train.nproc_per_node} processes through accelerate launch ({file})", flush=True)
-    return subprocess.call(command)
+    return subprocess.call(command, env={**os.environ, **env})

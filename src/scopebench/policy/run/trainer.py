@@ -31,16 +31,32 @@ __all__ = ["TrainLog", "check_output_dir", "train_policy"]
 def check_output_dir(output_dir: str | Path, resume: bool) -> None:
     """Refuse to start a new run over an older run's checkpoints (they would be mixed).
 
-    Raises:
-        ValueError: ``output_dir`` already has ``checkpoints/last`` and ``resume`` is false.
-    """
-    from scopebench.train.checkpoint import CHECKPOINTS, LAST
+    An older run is there when ``checkpoints/last`` is, or any finished checkpoint (one
+    holding ``training_step.json``, which is written last: the test of
+    :func:`scopebench.train.checkpoint.read_step_file`), even without ``last``. Folders a
+    crashed save left unfinished are not results: a new run may write over them.
 
-    last = Path(output_dir) / CHECKPOINTS / LAST
-    if not resume and (last.exists() or last.is_symlink()):
+    Raises:
+        ValueError: ``resume`` is false and ``output_dir`` holds an older run's checkpoints,
+            naming the folder, the checkpoint and how to continue it.
+    """
+    from scopebench.train.checkpoint import CHECKPOINTS, CONFIG_FILE, LAST, STEP_FILE
+
+    if resume:
+        return
+    checkpoints = Path(output_dir) / CHECKPOINTS
+    last = checkpoints / LAST
+    if last.exists() or last.is_symlink():
         raise ValueError(
             f"output_dir {output_dir} already holds checkpoints ({last} -> {last.readlink()}): pass --resume true "
             "to continue that run, or choose another --output_dir"
+        )
+    finished = sorted(p for p in checkpoints.glob("[!.]*") if (p / STEP_FILE).is_file()) if checkpoints.is_dir() else []
+    if finished:
+        raise ValueError(
+            f"output_dir {output_dir} already holds checkpoints of an earlier run ({len(finished)} finished in "
+            f"{checkpoints}, the newest {finished[-1].name}; no {LAST} link): pass --resume true --config "
+            f"{finished[-1] / CONFIG_FILE} to continue that run, or choose another --output_dir"
         )
 
 

@@ -1,0 +1,168 @@
+"""One ``scopebench train`` run per output folder: a lock the run holds for its lifetime.
+
+Two runs writing checkpoints into one folder interleave them (each believes the folder is
+its own, both exit 0). So a run owns ``<output_dir>/.scopebench_run.lock`` while it lives:
+an exclusive :func:`fcntl.flock` on a descriptor it keeps open, the file holding its
+``{"pid", "host", "started"}`` so that a second run can say whom it waits for. The kernel
+drops the lock when its holder exits in any way (``kill -9`` too), so a dead run never
+blocks the folder; its file stays behind, unlocked, and the next run takes it over. The
+file lies beside ``checkpoints/``, never inside, so it is never mistaken for a
+checkpoint, and its holder removes it at the end.
+
+Who takes it (:func:`own_run_folder`): exactly one process per run.
+
+* The process the user started takes it, before any work. When it relaunches itself on
+  several ranks (``accelerate launch``), it keeps holding the lock while they run and
+  names itself to them in :data:`OWNER_ENV` (its record, as JSON).
+* A rank (under a launcher) other than rank 0 never takes it.
+* Rank 0 takes it unless :data:`OWNER_ENV` names the record the lock file holds: then its
+  own parent holds the lock for it. So ranks started by hand (``torchrun``, SLURM) are
+  protected by their rank 0, and a stale variable names nothing (the record also holds
+  the start time, so it matches only the run that wrote it).
+
+Limit: when only the user's process is killed, the ranks it launched may outlive it
+unprotected (the launcher normally stops them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LOCK_FILE", "OWNER_ENV", "RunFolderLock", "own_run_folder", "read_owner"]
+
+LOCK_FILE = ".scopebench_run.lock"
+#: The owner's record (JSON), handed by the owner to the ranks it launches.
+OWNER_ENV = "SCOPEBENCH_TRAIN_RUN_OWNER"
+#: ``flock`` errors saying another descriptor holds the lock (the rest: no locking here).
+_HELD = (errno.EAGAIN, errno.EACCES)
+
+
+def read_owner(output_dir: str | Path) -> dict[str, Any] | None:
+    """The record in ``output_dir``'s lock file; None when there is none or it is unreadable
+    (its holder has just created it and not yet written it)."""
+    try:
+        owner = json.loads((Path(output_dir) / LOCK_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return owner if isinstance(owner, dict) else None
+
+
+class RunFolderLock:
+    """The lock on one output folder, held from :meth:`acquire` to :meth:`release`.
+
+    Attributes:
+        path: The lock file.
+        owner: The record written into it (``pid``, ``host``, ``started``).
+    """
+
+    def __init__(self, path: Path, fd: int | None, owner: dict[str, Any]) -> None:
+        self.path, self._fd, self.owner = path, fd, owner
+
+    @classmethod
+    def acquire(cls, output_dir: str | Path) -> RunFolderLock:
+        """Take ``output_dir``'s lock (the folder is created if needed), without waiting.
+
+        Raises:
+            ValueError: another live run holds it, named by pid, host and start time.
+        """
+        folder = Path(output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / LOCK_FILE
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                os.close(fd)
+                if err.errno in _HELD:
+                    raise ValueError(_busy(folder)) from None
+                # A file system without flock (some Lustre mounts): train, unprotected, rather
+                # than refuse every run there.
+                print(
+                    f"scopebench train: warning: cannot lock {path} ({err.strerror}): a second run into "
+                    f"output_dir {folder} would not be detected",
+                    file=sys.stderr,
+                )
+                return cls(path, None, owner)
+            # The previous holder removes the file before it unlocks: a lock on a removed
+            # file protects nothing (a third run creates a new one), so open it again.
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(owner) + "\n").encode())
+        return cls(path, fd, owner)
+
+    def release(self) -> None:
+        """Remove the lock file, then unlock it (in this order: see :meth:`acquire`)."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _handed_owner() -> dict[str, Any] | None:
+    """The record in :data:`OWNER_ENV`; None when it is unset or not a record."""
+    try:
+        owner = json.loads(os.environ.get(OWNER_ENV, ""))
+    except ValueError:
+        return None
+    return owner if isinstance(owner, dict) else None
+
+
+def _busy(folder: Path) -> str:
+    owner = read_owner(folder)
+    if owner is None:
+        who = "whose pid is not written yet: it is starting"
+    else:
+        who = f"pid {owner.get('pid')} on host {owner.get('host')}, started {owner.get('started')}"
+    return (
+        f"output_dir {folder} is in use by another scopebench train run ({who}): wait for it or choose "
+        "another --output_dir"
+    )
+
+
+@contextlib.contextmanager
+def own_run_folder(output_dir: str | Path, *, info: Any = None) -> Iterator[dict[str, str]]:
+    """Hold ``output_dir`` for this run when this process is the one that should (see the
+    module's docstring); yields the environment variables to give the ranks it launches
+    (empty when it holds nothing).
+
+    Args:
+        output_dir: The run's output folder (``training.output_dir``).
+        info: This process's :class:`~scopebench.distributed.DistInfo` (default: read now).
+
+    Raises:
+        ValueError: another live run holds the folder, named.
+    """
+    from scopebench.distributed import get_dist_info
+
+    info = get_dist_info() if info is None else info
+    if info.is_distributed and info.rank != 0:
+        yield {}
+        return
+    if info.is_distributed and _handed_owner() is not None and read_owner(output_dir) == _handed_owner():
+        yield {}  # the process that launched this rank holds the lock
+        return
+    lock = RunFolderLock.acquire(output_dir)
+    try:
+        yield {OWNER_ENV: json.dumps(lock.owner)}
+    finally:
+        lock.release()
