@@ -18,6 +18,10 @@ How to run::
 Output: one line ``wrote <path> (<n> tensors, <m> parameters)``; JSON (``--json PATH``):
 ``tool`` ("convert-checkpoint"), ``checkpoint``, ``model_file``, ``tensors``, ``parameters``,
 ``backend``, ``step``.
+
+The shards are loaded as data only (``torch.load(weights_only=True)``, see
+:func:`scopebench.train.checkpoint.data_only_loading`): a file holding pickled Python code is
+refused with ``scopebench convert-checkpoint: <file> holds Python code ...`` and exit code 2.
 """
 
 from __future__ import annotations
@@ -36,12 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from safetensors import safe_open
 
-    from scopebench.train.checkpoint import consolidate, read_step_file, resolve_checkpoint
+    from scopebench.train.checkpoint import consolidate, data_only_loading, read_step_file, resolve_checkpoint
 
     try:
-        checkpoint = resolve_checkpoint(args.checkpoint)
-        meta = read_step_file(checkpoint)
-        path = consolidate(checkpoint)
+        with data_only_loading():  # a shard holding pickled code is refused (ValueError), never run
+            checkpoint = resolve_checkpoint(args.checkpoint)
+            meta = read_step_file(checkpoint)
+            path = consolidate(checkpoint)
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench convert-checkpoint: {err}", file=sys.stderr)
         return 2
