@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -28,3 +31,24 @@ def robot_data(tmp_path_factory):
 
     settings = DatasetSettings(cache_dir=str(tmp_path_factory.mktemp("datasets")))
     return settings, settings.materialize()
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """The Python processes the test started in this process (none may start: each raises).
+
+    The local spawn's workers and ``accelerate launch`` each start ``sys.executable``; other
+    commands (``ldconfig`` through ``ctypes.util.find_library``) run as usual.
+    """
+    seen: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def popen(args, *rest, **kwargs):
+        argv = [args] if isinstance(args, (str, bytes)) else list(args)
+        if argv[:1] == [sys.executable]:
+            seen.append(argv)
+            raise AssertionError(f"a process was started: {argv}")
+        return real_popen(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    return seen

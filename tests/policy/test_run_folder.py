@@ -35,23 +35,6 @@ def data_args(robot_data):
     return ["--config", TINY, f"--dataset.cache_dir={robot_data[0].cache_dir}"]
 
 
-@pytest.fixture
-def started(monkeypatch):
-    """The Python processes the test started in this process (none may start: each raises)."""
-    seen: list[list[str]] = []
-    real_popen = subprocess.Popen
-
-    def popen(args, *rest, **kwargs):
-        argv = [args] if isinstance(args, (str, bytes)) else list(args)
-        if argv[:1] == [sys.executable]:
-            seen.append(argv)
-            raise AssertionError(f"a process was started: {argv}")
-        return real_popen(args, *rest, **kwargs)  # ldconfig and the like (ctypes.util.find_library)
-
-    monkeypatch.setattr(subprocess, "Popen", popen)
-    return seen
-
-
 def train(args, capsys):
     code = main(["train", *args])
     out = capsys.readouterr()

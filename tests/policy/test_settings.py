@@ -72,26 +72,12 @@ def test_missing_file_unknown_keys_and_bad_override_values(tmp_path):
         load_run_config(bad)
 
 
-def test_nproc_above_the_cores_is_refused_before_any_work(robot_data, monkeypatch):
-    import subprocess
-    import sys
-
+def test_nproc_above_the_cores_is_refused_before_any_work(robot_data, monkeypatch, started):
     from scopebench.policy.run.train import PolicyTrainRun
 
     for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SCOPEBENCH_RANK"):
         monkeypatch.delenv(key, raising=False)
     settings = TrainSettings(nproc_per_node=(os.cpu_count() or 1) + 1)
-    started = []  # Python processes (the local spawn's workers start one each) and builds
-    real_popen = subprocess.Popen
-
-    def popen(args, *rest, **kwargs):
-        argv = [args] if isinstance(args, (str, bytes)) else list(args)
-        if argv[:1] == [sys.executable]:
-            started.append(argv)
-            raise AssertionError(f"a process was started: {argv}")
-        return real_popen(args, *rest, **kwargs)  # ldconfig and the like (ctypes.util.find_library)
-
-    monkeypatch.setattr(subprocess, "Popen", popen)
     monkeypatch.setattr(PolicyTrainRun, "build", lambda self: started.append("build"))
     with pytest.raises(ValueError, match=rf"^nproc_per_node={settings.nproc_per_node} exceeds the \d+ CPU cores"):
         PolicyTrainRun(settings, dataset_root=robot_data[1], chunk_size=8)
