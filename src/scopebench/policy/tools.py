@@ -150,10 +150,15 @@ def format_ms_stats(stats: dict[str, float]) -> str:
 
 
 def environment_info(device: Any = "cpu") -> dict[str, Any]:
-    """Host, device, driver and library versions of this process."""
+    """Host, device, driver and library versions of this process.
+
+    ``host_record`` is :func:`scopebench.host.host_record` (machine state: governors,
+    cgroup quota, load, GPU clocks and neighbours); ``host`` stays the hostname.
+    """
     import torch
 
     from scopebench.environment import device_name, package_version
+    from scopebench.host import host_record
 
     driver = None
     if torch.cuda.is_available():
@@ -179,6 +184,7 @@ def environment_info(device: Any = "cpu") -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "host_record": host_record(device),
     }
 
 
