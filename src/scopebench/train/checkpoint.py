@@ -10,16 +10,22 @@ Layout of a run's output folder (the upstream training layout)::
         random_states_<r>.pkl    every rank's Python / numpy / torch RNG states
         train_config.yaml        the run config, to resume from (``--config`` of ``scopebench train``)
         policy_config.json       the model's config (``make_policy`` rebuilds it)
+        manifest.json            every other file's size and sha256, and the settings a resume must keep
         training_step.json       step, data position (epoch, batch in epoch), backend, world size
     <output_dir>/checkpoints/last -> 000020
 
 Everything but ``training_step.json`` is ``accelerator.save_state`` (accelerate saves the
 model, optimizer, scheduler and RNG states; under DeepSpeed the engine writes its shards).
-A checkpoint is written into a temporary folder beside its final name by every rank, then
+A checkpoint is written into a temporary folder beside its final name by every rank; after a
+barrier rank 0 writes :data:`MANIFEST` (:func:`write_manifest`: relative path, size and
+sha256 of every file the ranks wrote, and the settings an exact resume needs unchanged), then
 ``training_step.json`` is written last and the folder renamed (:func:`scopebench.atomic.replace_dir`),
 so a crash never leaves a folder that looks finished; ``last`` is a relative symbolic link
 replaced atomically. Resuming restores all of it, so the steps after a resume are the steps
 an uninterrupted run would have taken (the tests compare weights to 1e-6).
+:func:`verify_checkpoint` checks a checkpoint against its manifest and the resumed run's
+settings before anything is built, so a damaged or mismatched one is refused by name
+instead of resuming inexactly.
 
 Checkpoints are data, not code: every file read back (``load_checkpoint``, ``consolidate``)
 goes through ``torch.load(weights_only=True)`` under :func:`data_only_loading`, even where
@@ -31,6 +37,8 @@ refused with a ``ValueError`` naming it, before anything in it runs.
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import os
 import pickle
@@ -41,11 +49,13 @@ from pathlib import Path
 from typing import Any
 
 from scopebench.atomic import atomic_write, replace_dir, temporary_dir
+from scopebench.validate import integer, quote
 
 __all__ = [
     "CHECKPOINTS",
     "CONFIG_FILE",
     "LAST",
+    "MANIFEST",
     "MODEL_FILE",
     "STEP_FILE",
     "checkpoint_dir",
@@ -56,6 +66,8 @@ __all__ = [
     "read_step_file",
     "resolve_checkpoint",
     "save_checkpoint",
+    "verify_checkpoint",
+    "write_manifest",
 ]
 
 CHECKPOINTS = "checkpoints"
@@ -63,6 +75,9 @@ LAST = "last"
 STEP_FILE = "training_step.json"
 CONFIG_FILE = "train_config.yaml"
 MODEL_FILE = "model.safetensors"
+MANIFEST = "manifest.json"
+#: Format of :data:`MANIFEST` (raise it when its keys change meaning).
+MANIFEST_FORMAT = 1
 #: Files a finished checkpoint holds besides :data:`STEP_FILE`, by backend (``{rank}`` per rank).
 _REQUIRED = {
     "ddp": (MODEL_FILE, "random_states_{rank}.pkl"),
@@ -82,7 +97,13 @@ def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
 
 
 def save_checkpoint(
-    accelerator: Any, output_dir: str | Path, step: int, *, meta: dict[str, Any], files: dict[str, str] | None = None
+    accelerator: Any,
+    output_dir: str | Path,
+    step: int,
+    *,
+    meta: dict[str, Any],
+    files: dict[str, str] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> Path:
     """Write the checkpoint of ``step``; every rank calls this (DeepSpeed saves its shards
     on every rank). Returns the checkpoint folder.
@@ -93,6 +114,8 @@ def save_checkpoint(
         step: Optimizer steps done.
         meta: JSON facts for :data:`STEP_FILE` (step, data position, backend, world size...).
         files: Extra text files (name -> content) written by rank 0.
+        settings: The settings an exact resume needs unchanged (key -> JSON value), recorded
+            in :data:`MANIFEST` for :func:`verify_checkpoint`.
     """
     from scopebench.distributed import gather_objects
 
@@ -100,10 +123,11 @@ def save_checkpoint(
     tmp = temporary_dir(final) if accelerator.is_main_process else None
     tmp = Path(gather_objects(None if tmp is None else str(tmp))[0])
     accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
+    accelerator.wait_for_everyone()  # every rank's files are complete: the manifest covers them all
     if accelerator.is_main_process:
         for name, text in (files or {}).items():
             (tmp / name).write_text(text)
+        write_manifest(tmp, settings or {})
         with atomic_write(tmp / STEP_FILE) as fh:  # last: it marks the folder finished
             json.dump({**meta, "step": step}, fh, indent=2)
             fh.write("\n")
@@ -132,6 +156,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
     Raises:
         FileNotFoundError: naming the missing folder, link or file (a checkpoint without
             :data:`STEP_FILE` was never finished).
+        ValueError: a link that dangles or loops, a ``last`` leading out of its
+            ``checkpoints/`` folder, or a :data:`STEP_FILE` that is no JSON object, named.
     """
     path = Path(path)
     if path.is_file():
@@ -140,6 +166,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
         if (parent / LAST).exists() or (parent / LAST).is_symlink():
             path = parent / LAST
             break
+    if path.is_symlink():
+        _check_link(path)
     if not path.exists():
         what = "link" if path.name == LAST else "folder"
         raise FileNotFoundError(f"no checkpoint to resume from: {what} {path} does not exist")
@@ -154,11 +182,34 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return path
 
 
+def _check_link(link: Path) -> None:
+    """Refuse a link that loops or whose target is missing, and a ``last`` that leads out of
+    its ``checkpoints/`` folder, naming the link and its target."""
+    try:
+        os.stat(link)  # follows every link on the way: ELOOP for a loop, ENOENT for a dangling one
+    except OSError as err:
+        target = os.readlink(link)
+        why = (
+            "loops (it leads back to itself)" if err.errno == errno.ELOOP else "is dangling (its target does not exist)"
+        )
+        raise ValueError(
+            f"{link} -> {target}: the link {why}; point it at a finished checkpoint folder of this run, "
+            "or pass --config <checkpoint>/train_config.yaml"
+        ) from None
+    # save_checkpoint points last at a sibling folder: elsewhere, it would resume another run
+    if link.name == LAST and Path(os.path.realpath(link)).parent != link.parent.resolve():
+        raise ValueError(
+            f"{link} -> {os.readlink(link)}: the link points outside {link.parent} (another run's checkpoint?); "
+            "point it at a checkpoint folder beside it, or pass --config <checkpoint>/train_config.yaml"
+        )
+
+
 def read_step_file(checkpoint: str | Path) -> dict[str, Any]:
     """:data:`STEP_FILE` of a checkpoint folder.
 
     Raises:
         FileNotFoundError: the folder has none (it was never finished), named.
+        ValueError: it is not valid JSON or not a JSON object, named.
     """
     step_file = Path(checkpoint) / STEP_FILE
     if not step_file.is_file():
@@ -166,7 +217,150 @@ def read_step_file(checkpoint: str | Path) -> dict[str, Any]:
             f"{checkpoint} is not a finished checkpoint: {step_file} is missing "
             "(it is written last, when every other file is complete)"
         )
-    return json.loads(step_file.read_text())
+    meta = _json_file(step_file)
+    if not isinstance(meta, dict):
+        raise ValueError(f"{step_file} must hold a JSON object with step, epoch and position, got {_kind(meta)}")
+    return meta
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: str | Path, settings: dict[str, Any]) -> Path:
+    """Write :data:`MANIFEST` of ``folder``: every file under it (relative path, size in bytes,
+    sha256) and ``settings``; the format is in ``docs/distributed.md`` ("What resume checks").
+
+    Called by rank 0 once every rank's files are written, before :data:`STEP_FILE` (which
+    the manifest cannot list: it is written after it).
+    """
+    folder = Path(folder)
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
+        name = path.relative_to(folder).as_posix()
+        if name not in (MANIFEST, STEP_FILE):
+            files[name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    with atomic_write(folder / MANIFEST) as fh:
+        json.dump({"format": MANIFEST_FORMAT, "files": files, "settings": settings}, fh, indent=2)
+        fh.write("\n")
+    return folder / MANIFEST
+
+
+def verify_checkpoint(checkpoint: str | Path, *, settings: dict[str, Any]) -> dict[str, Any]:
+    """Check a finished checkpoint before a resume builds anything; returns its manifest.
+
+    Checks :data:`STEP_FILE` (a JSON object; integer ``step`` >= 1 equal to the folder's
+    number; integer ``epoch`` and ``position`` >= 0), then every :data:`MANIFEST` entry
+    (present, with the recorded size and sha256), then ``settings`` against the recorded
+    ones (a key recorded on one side only is a mismatch too).
+
+    Args:
+        checkpoint: A finished checkpoint folder (:func:`resolve_checkpoint`'s answer).
+        settings: The resumed run's settings that must match (key -> JSON value).
+
+    Raises:
+        ValueError: in one line, naming the file and the key or the first damaged file, or
+            every mismatched setting (joined by ``; ``); a checkpoint without a manifest
+            (written before manifests existed) cannot be verified and is refused too.
+    """
+    checkpoint = Path(checkpoint)
+    step_file = checkpoint / STEP_FILE
+    meta = read_step_file(checkpoint)
+    for key in ("step", "epoch", "position"):
+        if key not in meta:
+            raise ValueError(
+                f"{step_file} has no {key!r} key: the checkpoint is damaged (it needs step, epoch, position)"
+            )
+    integer(f"{step_file}: step", meta["step"], low=1)
+    integer(f"{step_file}: epoch", meta["epoch"], low=0)
+    integer(f"{step_file}: position", meta["position"], low=0)
+    if checkpoint.name.isdigit() and meta["step"] != int(checkpoint.name):
+        raise ValueError(
+            f"{step_file}: step {meta['step']} but the folder is {checkpoint.name}: the step must equal the "
+            "folder's number (the file was edited or copied from another checkpoint)"
+        )
+    manifest_file = checkpoint / MANIFEST
+    if not manifest_file.is_file():
+        raise ValueError(
+            f"{checkpoint} has no {MANIFEST}: it predates manifests and cannot be verified for an exact resume; "
+            "start a new run, or resume it with an older scopebench"
+        )
+    manifest = _json_file(manifest_file)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ValueError(f"{manifest_file} must hold a JSON object with 'files' and 'settings', got {_kind(manifest)}")
+    for name, entry in manifest["files"].items():
+        _check_entry(checkpoint, name, entry)
+    recorded = manifest.get("settings") or {}
+    mismatches = [
+        f"{key} {_shown(recorded, key)} in the checkpoint, {_shown(settings, key)} given"
+        for key in sorted(set(recorded) | set(settings))
+        if recorded.get(key, _ABSENT) != settings.get(key, _ABSENT)
+    ]
+    if mismatches:
+        raise ValueError(f"{'; '.join(mismatches)}: an exact resume needs the same (checkpoint {checkpoint})")
+    return manifest
+
+
+_ABSENT = object()
+
+
+def _shown(settings: dict[str, Any], key: str) -> str:
+    return "(absent)" if key not in settings else json.dumps(settings[key])
+
+
+def _kind(value: Any) -> str:
+    return f"{quote(value)} ({type(value).__name__})"
+
+
+def _json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): the checkpoint is damaged") from None
+
+
+def _check_entry(checkpoint: Path, name: Any, entry: Any) -> None:
+    """One manifest entry: the file is there with the recorded size and sha256."""
+    path = checkpoint / str(name)
+    if not isinstance(entry, dict) or not {"bytes", "sha256"} <= set(entry):
+        raise ValueError(f"{checkpoint / MANIFEST}: entry {name!r} must hold 'bytes' and 'sha256', got {entry!r}")
+    if not path.is_file():
+        raise ValueError(f"{path}: missing, the manifest lists it: the checkpoint is damaged")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        _refuse_code(path)
+        raise ValueError(f"{path}: {size} bytes, the manifest records {entry['bytes']}: the checkpoint is damaged")
+    digest = _sha256(path)
+    if digest != entry["sha256"]:
+        _refuse_code(path)
+        raise ValueError(
+            f"{path}: sha256 {digest[:12]}..., the manifest records {str(entry['sha256'])[:12]}...: "
+            "the checkpoint is damaged"
+        )
+
+
+def _refuse_code(path: Path) -> None:
+    """A changed file that holds pickled code is refused as such, with
+    :func:`data_only_loading`'s message (it was planted, not merely damaged: the more
+    important fact); nothing in it runs. Loaded as accelerate loads it (its numpy allow-list)."""
+    if path.suffix not in (".bin", ".pkl", ".pt"):
+        return
+    from accelerate.utils.other import load
+
+    try:
+        with data_only_loading():
+            load(str(path), map_location="cpu")
+    except ValueError as err:
+        # a refusal naming a global (posix.system) is code; one naming the unpickler's reason
+        # ("pickle data was truncated") is damage, which the caller's message says
+        if re.search(r"\([A-Za-z_]\w*\.[\w.]+\): scopebench loads", str(err)):
+            raise
+    except Exception:  # damaged, not code: the caller's message says so
+        return
 
 
 def load_checkpoint(accelerator: Any, checkpoint: str | Path, *, world_size: int, backend: str) -> dict[str, Any]:

@@ -13,6 +13,11 @@ decides when to stop. The last step is always saved. A resumed run restores weig
 optimizer, LR schedule, every rank's RNG states, the step count and the data position (the
 epoch and the batch within it: the sampler skips what was already seen, without loading
 it), so it takes the steps the uninterrupted run would have taken.
+
+A resume is exact or refused: :func:`check_resume` verifies the checkpoint (its manifest's
+sizes and sha256, its step file, the settings of :func:`resume_settings` and the model
+config) before anything is built; only the settings of :data:`RESUME_MAY_CHANGE` may differ,
+and a changed ``training.steps`` / ``log_freq`` / ``save_freq`` is printed.
 """
 
 from __future__ import annotations
@@ -25,7 +30,26 @@ from typing import Any, TextIO
 from scopebench.policy.phases import TRAIN_PHASES, describe_phases
 from scopebench.policy.settings import RunConfig
 
-__all__ = ["TrainLog", "check_output_dir", "train_policy"]
+__all__ = ["RESUME_MAY_CHANGE", "TrainLog", "check_output_dir", "check_resume", "resume_settings", "train_policy"]
+
+#: Settings a resume may change: where and how often it logs and saves, how long it trains,
+#: and what only affects speed, memory checks or where the data is cached, never the steps
+#: taken. Every other training and dataset setting must match the checkpoint's.
+RESUME_MAY_CHANGE = (
+    "training.steps",
+    "training.log_freq",
+    "training.save_freq",
+    "training.output_dir",
+    "group_timeout_sec",
+    "check_memory",
+    "peak_tflops",
+    "num_workers",
+    "prefetch_factor",
+    "device",
+    "dataset.cache_dir",
+)
+#: The allowed changes printed on resume (the others are where or how fast, not what).
+_PRINTED_CHANGES = ("training.steps", "training.log_freq", "training.save_freq")
 
 
 def check_output_dir(output_dir: str | Path, resume: bool) -> None:
@@ -58,6 +82,71 @@ def check_output_dir(output_dir: str | Path, resume: bool) -> None:
             f"{checkpoints}, the newest {finished[-1].name}; no {LAST} link): pass --resume true --config "
             f"{finished[-1] / CONFIG_FILE} to continue that run, or choose another --output_dir"
         )
+
+
+def resume_settings(config: RunConfig, world_size: int) -> dict[str, Any]:
+    """The settings an exact resume needs unchanged: the training settings (top-level keys)
+    and the dataset's (``dataset.<key>``), less :data:`RESUME_MAY_CHANGE`; ``nproc_per_node``
+    is the run's number of ranks (what a launcher started, whatever the file says)."""
+    train = {**dataclasses.asdict(config.train), "nproc_per_node": world_size}
+    dataset = {f"dataset.{key}": value for key, value in dataclasses.asdict(config.dataset).items()}
+    return {key: value for key, value in {**train, **dataset}.items() if key not in RESUME_MAY_CHANGE}
+
+
+def check_resume(config: RunConfig, checkpoint: str | Path, world_size: int) -> None:
+    """Refuse a checkpoint that would not resume ``config`` exactly; nothing is built.
+
+    :func:`scopebench.train.checkpoint.verify_checkpoint` (step file, manifest, the settings
+    of :func:`resume_settings`), then the model config of ``policy_config.json`` against the
+    one the preset gives on this dataset now.
+
+    Raises:
+        ValueError: in one line, naming the file, the key or the settings that differ.
+    """
+    import json
+
+    from scopebench.policy.checkpoint import POLICY_CONFIG_FILE
+    from scopebench.policy.dataset import RobotDataset
+    from scopebench.policy.run.steps import config_for_dataset
+    from scopebench.policy.run.train import model_overrides
+    from scopebench.train.checkpoint import verify_checkpoint
+
+    checkpoint = Path(checkpoint)
+    verify_checkpoint(checkpoint, settings=resume_settings(config, world_size))
+    path = checkpoint / POLICY_CONFIG_FILE
+    saved = json.loads(path.read_text())  # listed in the manifest: present and as written
+    dataset = RobotDataset(config.dataset.materialize(), chunk_size=config.dataset.chunk_size)
+    model = config_for_dataset(config.train.preset, dataset, **model_overrides(config.train))
+    now = {"preset": config.train.preset, "config": json.loads(json.dumps(dataclasses.asdict(model)))}
+    if saved != now:
+        was, want = saved.get("config", {}), now["config"]
+        differ = [
+            f"{key} {was.get(key)!r} in the checkpoint, {want.get(key)!r} now"
+            for key in sorted(set(was) | set(want))
+            if was.get(key) != want.get(key)
+        ] or [f"preset {saved.get('preset')!r} in the checkpoint"]
+        raise ValueError(
+            f"{path}: the model config differs from preset {config.train.preset}'s on this dataset "
+            f"({', '.join(differ)}): an exact resume needs the same model"
+        )
+
+
+def _allowed_changes(config: RunConfig, resume_from: str | Path) -> list[str]:
+    """``resume: training.steps 10 -> 20 (allowed to change)`` for each printed allowed change
+    against the checkpoint's ``train_config.yaml``."""
+    import yaml
+
+    from scopebench.train.checkpoint import CONFIG_FILE
+
+    file = Path(resume_from) / CONFIG_FILE
+    saved = (yaml.safe_load(file.read_text()) or {}).get("training", {}) if file.is_file() else {}
+    lines = []
+    for key in _PRINTED_CHANGES:
+        name = key.split(".", 1)[1]
+        before, now = saved.get(name), getattr(config.training, name)
+        if before is not None and before != now:
+            lines.append(f"resume: {key} {before} -> {now} (allowed to change)")
+    return lines
 
 
 class TrainLog:
@@ -138,11 +227,14 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
         main = run.rank == 0
         start = run.work.steps
         to_save = dataclasses.replace(config, train=dataclasses.replace(config.train, nproc_per_node=run.world_size))
+        must_match = resume_settings(config, run.world_size)
         if main:
             _print_header(run, config, start, resume_from, out)
 
         def save() -> None:
-            path = run.save_checkpoint(loop.output_dir, files={"train_config.yaml": to_save.to_yaml()})
+            path = run.save_checkpoint(
+                loop.output_dir, files={"train_config.yaml": to_save.to_yaml()}, settings=must_match
+            )
             saved.append(str(path))
             if main:
                 print(f"saved {path}", file=out, flush=True)
@@ -192,4 +284,5 @@ def _print_header(run: Any, config: RunConfig, start: int, resume_from: Any, out
             f"resumed from {resume_from} at step {start} (epoch {state['epoch']}, batch {state['position']} "
             "of it: the data order continues where it stopped)"
         )
+        lines += _allowed_changes(config, run.resume_from)
     print("\n".join(lines), file=out, flush=True)
