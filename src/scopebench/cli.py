@@ -58,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.overrides = extra
+    if args.command == "train":
+        # a rank of a multi-rank train, started before its heavy imports: it must not
+        # outlive its launcher (scopebench.distributed.orphans); a no-op in any other process
+        from scopebench.distributed.orphans import watch_launcher
+
+        watch_launcher()
     status = args._run(args)
     _leave_if_launched(status)
     return status
