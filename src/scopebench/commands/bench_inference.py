@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from scopebench.policy.tools import env_bool, env_int, load_config
+    from scopebench.policy.tools import check_json_path, env_bool, env_int, load_config
+    from scopebench.profiler.config import check_writable_dir
 
     try:
         env_warmup = env_int("BENCH_N_WARMUP", -1, low=0)
@@ -71,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--n-timed must be >= 1, got {timed}")
         config = load_config(args, env=env, flags=flags)
         out_dir = args.output_dir or os.environ.get("BENCH_OUTPUT_DIR") or "benchmark_results"
+        check_writable_dir("--output-dir" if args.output_dir else "BENCH_OUTPUT_DIR", out_dir)
+        check_json_path("--json", args.json)
         return _bench(config, timed, out_dir, args.json)
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench bench-inference: {err}", file=sys.stderr)
@@ -93,10 +96,8 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         write_json,
     )
     from scopebench.profiler import ProfilerConfig
-    from scopebench.profiler.config import check_writable_dir
     from scopebench.stats import summarize
 
-    check_writable_dir("BENCH_OUTPUT_DIR", out_dir)
     s = config.inference
     root = config.dataset.materialize()
     per_call: list[dict] = []

@@ -51,12 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scopebench.policy.tools import load_config
+    from scopebench.policy.tools import check_json_path, load_config
 
     try:
         if args.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
         config = load_config(args)
+        check_json_path("--json", args.json)
         return _decompose(config, args.num_steps, args.repeats, args.json)
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench decompose-latency: {err}", file=sys.stderr)

@@ -36,11 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scopebench.policy.tools import env_bool, load_config
+    from scopebench.policy.tools import check_json_path, env_bool, load_config
 
     try:
         zero = args.include_zero_grad == "true" if args.include_zero_grad else env_bool("INCLUDE_ZERO_GRAD", False)
         config = load_config(args, flags={"nproc_per_node": 1})
+        check_json_path("--json", args.json)
         return _audit(config, zero, args.json)
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench find-unused-params: {err}", file=sys.stderr)

@@ -44,13 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scopebench.policy.tools import env_int, load_config
+    from scopebench.policy.tools import check_json_path, env_int, load_config
 
     try:
         batches = args.batches if args.batches is not None else env_int("PROFILE_BATCHES", 300)
         if batches < 1 or args.warmup < 0:
             raise ValueError(f"--batches must be >= 1 and --warmup >= 0, got {batches} and {args.warmup}")
         config = load_config(args, flags={"nproc_per_node": args.nproc_per_node})
+        check_json_path("--json", args.json)
         return _profile(config, args.warmup, batches, args.json)
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench profile-dataloader: {err}", file=sys.stderr)

@@ -36,6 +36,9 @@ phase holds under that backend), ``batch_size``, ``gradient_accumulation_steps``
 ``per_rank`` (list of ``rank``, ``step_time_sec`` stats and ``samples``: every raw
 ``<phase>_time_sec`` and ``step_time_sec`` of that rank), ``samples`` (phase -> the
 per-step values of the table), ``environment``.
+
+Exit status: 2 with one line for a refused input (checked before any work, the ``--json``
+path included), 1 with ``the run failed:`` and the rank that died, stopped or hung.
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ def _flag(text: str | None) -> bool | None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from scopebench.policy.tools import env_bool, env_int, load_config
+    from scopebench.distributed import RankFailure
+    from scopebench.policy.tools import check_json_path, env_bool, env_int, load_config
 
     try:
         steps = args.steps if args.steps is not None else env_int("PROFILE_STEPS", 200)
@@ -98,7 +102,11 @@ def run(args: argparse.Namespace) -> int:
             flags.update(accelerate_config=str(Path(file.path).resolve()), backend=file.backend)
         config = load_config(args, env=env, flags=flags)
         json_path = args.json or os.environ.get("PROFILE_STEP_JSON") or None
+        check_json_path("--json" if args.json else "PROFILE_STEP_JSON", json_path)
         return _profile(config, warmup=args.warmup, steps=steps, json_path=json_path)
+    except RankFailure as err:  # rank 0 names the rank that died, stopped or hung (as scopebench train)
+        print(f"scopebench profile-step: the run failed:\n{err}", file=sys.stderr, flush=True)
+        return 1
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench profile-step: {err}", file=sys.stderr)
         return 2

@@ -15,7 +15,9 @@ Output folder (default ``report/`` beside the first results file): ``report.html
 (``sources, html, pngs, warnings, findings, phase_rows`` as in ``summary --json``). The
 command prints the text, then the paths of the HTML file and of each PNG. Exit status 2
 with one line naming the file when a file is missing, unreadable, empty or not a
-benchopt result, or a folder holds none.
+benchopt result, or a folder holds none, and naming ``-o/--output`` when that folder
+cannot be written (checked before anything is read). NaN and inf time values are left
+out of the statistics with one warning line per column on stderr.
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from scopebench.profiler.config import check_writable_dir
     from scopebench.report.build import build_report
 
     try:
+        if args.output is not None:  # before the results are read and the plots drawn
+            check_writable_dir("-o/--output", args.output)
         report = build_report(args.results, args.output)
     except ValueError as err:
         print(f"scopebench report: {err}", file=sys.stderr)

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from scopebench.distributed import RankFailure, check_local_nproc, get_dist_info, writes_reports
     from scopebench.distributed.device import resolve_device
     from scopebench.policy.run.trainer import check_output_dir, train_policy
-    from scopebench.policy.tools import load_config, write_json
+    from scopebench.policy.tools import check_json_path, load_config, write_json
     from scopebench.profiler.config import check_writable_dir
     from scopebench.train import load_accelerate_file
     from scopebench.train.run_folder import own_run_folder
@@ -90,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
             "training.save_freq": args.save_freq,
         }
         config = load_config(args, flags=flags)
+        check_json_path("--json", args.json)  # before any step: the JSON is written after the whole run
         resume = args.resume == "true"
-        resume_from = _resume_point(args.config, config.training.output_dir) if resume else None
+        resume_from = _resume_point(args.config, config.training.output_dir, config) if resume else None
         # Before any step or process: an unwritable folder found at the first save costs the
         # whole run, and too many ranks start (a gigabyte each) before anything fails.
         output_dir = config.training.output_dir
@@ -144,13 +145,28 @@ def _exit_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _resume_point(config_path: str, output_dir: str):
+def _resume_point(config_path: str, output_dir: str, config=None):
     """The checkpoint to resume: the one holding ``config_path``, else the output folder's
-    ``last`` (validated: a missing file is named)."""
+    ``last`` (validated: a missing file, a dangling or looping link is named); with ``config``,
+    also verified against it (:func:`scopebench.policy.run.trainer.check_resume`), before
+    any rank or model is built."""
+    import os
+
+    from scopebench.distributed import get_dist_info
+    from scopebench.policy.run.trainer import check_resume
     from scopebench.train.checkpoint import CHECKPOINTS, resolve_checkpoint
+    from scopebench.train.run_folder import OWNER_ENV
 
     folder = Path(config_path).resolve().parent
-    return resolve_checkpoint(folder if folder.parent.name == CHECKPOINTS else output_dir)
+    checkpoint = resolve_checkpoint(folder if folder.parent.name == CHECKPOINTS else output_dir)
+    # the ranks this command relaunched (they carry its owner record) skip the check: their
+    # parent verified this checkpoint, and hashing it again on every rank reads it N more times
+    if config is not None and not os.environ.get(OWNER_ENV):
+        launcher = get_dist_info()  # the ranks a launcher started, else the ones this command will start
+        check_resume(
+            config, checkpoint, launcher.world_size if launcher.is_distributed else config.train.nproc_per_node
+        )
+    return checkpoint
 
 
 def _relaunch(args: argparse.Namespace, config, env: dict[str, str]) -> int:
@@ -159,18 +175,39 @@ def _relaunch(args: argparse.Namespace, config, env: dict[str, str]) -> int:
     ``env`` is added to their environment: it names this process as the output folder's
     owner, so their rank 0 does not refuse the lock held for it
     (:func:`scopebench.train.run_folder.own_run_folder`).
+
+    The ranks do not outlive this process (:mod:`scopebench.distributed.orphans`): SIGTERM
+    and SIGINT are forwarded to the launch child, whose agent stops the ranks; on Linux the
+    child gets SIGTERM when this process dies (SIGKILL, the OOM killer); and every rank
+    ends within 5 s of this process's death or its agent's. Torch elastic's log folder is a
+    private temporary folder, removed at the end (it used to leave a ``/tmp/torchelastic_*``
+    per run).
+
+    Returns:
+        The launch child's exit code; 128 + N when a signal N ended it.
     """
     import os
+    import shutil
     import subprocess
+    import tempfile
 
+    from scopebench.distributed.orphans import (
+        LAUNCH_DIR_ENV,
+        LAUNCHER_PID_ENV,
+        forwarding_signals,
+        launch_child_preexec,
+    )
     from scopebench.train import shipped_accelerate_file
 
     file = config.train.accelerate_config or str(shipped_accelerate_file(config.train.backend))
+    private = tempfile.mkdtemp(prefix="scopebench-train-")
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", file,
         "--num_processes", str(config.train.nproc_per_node), "--num_machines", "1",
         # the rendezvous on this host only, on a port accelerate finds free
         "--main_process_ip", "127.0.0.1", "--main_process_port", "0",
+        # torch elastic's log folder, else a new /tmp/torchelastic_* every run
+        "--log_dir", private,
         "-m", "scopebench.cli", "train", "--config", args.config, "--resume", args.resume,
     ]  # fmt: skip
     for flag, value in (
@@ -185,4 +222,12 @@ def _relaunch(args: argparse.Namespace, config, env: dict[str, str]) -> int:
             command += [flag, str(value)]
     command += list(args.overrides or [])
     print(f"scopebench train: {config.train.nproc_per_node} processes through accelerate launch ({file})", flush=True)
-    return subprocess.call(command, env={**os.environ, **env})
+    env = {**os.environ, **env, LAUNCHER_PID_ENV: str(os.getpid()), LAUNCH_DIR_ENV: private}
+    try:
+        # started and waited for on this thread: the child's death signal is tied to it
+        child = subprocess.Popen(command, env=env, preexec_fn=launch_child_preexec())
+        with forwarding_signals(child):
+            code = child.wait()
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    return 128 - code if code < 0 else code

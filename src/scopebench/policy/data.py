@@ -75,6 +75,22 @@ class SyntheticRobotConfig:
         integer(f"{key_prefix}image_size", self.image_size, low=8)
         integer(f"{key_prefix}num_tasks", self.num_tasks, low=1, high=len(TASKS))
         integer(f"{key_prefix}seed", self.seed, low=0)
+        self._check_memory(key_prefix)
+
+    def _check_memory(self, key_prefix: str) -> None:
+        """Refuse frames the writer cannot hold: :func:`generate_episode` renders every
+        camera's frames of one episode at once (uint8; its float temporaries come on top), so
+        a too-large ``image_size`` would end in numpy's ``Unable to allocate`` mid-write."""
+        from scopebench.train.memory import available_memory_bytes
+
+        needed = self.episode_length * self.image_size**2 * 3 * self.num_cameras
+        available = available_memory_bytes("cpu")
+        if needed > available:
+            raise ValueError(
+                f"{key_prefix}image_size={self.image_size} needs at least {needed} bytes of memory to write the "
+                f"dataset ({self.episode_length} frames x {self.image_size}^2 pixels x 3 bytes x {self.num_cameras} "
+                f"cameras per episode) but {available} bytes are available: lower {key_prefix}image_size"
+            )
 
     @property
     def cameras(self) -> list[str]:

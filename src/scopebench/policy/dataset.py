@@ -173,6 +173,54 @@ class RobotDataset(Dataset):
         return sample
 
 
+def synthetic_samples(num_episodes: int, episode_length: int) -> int:
+    """Samples of a dataset of ``num_episodes`` episodes of ``episode_length`` frames.
+
+    Every frame starts a sample whatever the chunk size (:class:`RobotDataset` repeats the
+    last action past an episode's end), so the count is the number of frames.
+    """
+    return num_episodes * episode_length
+
+
+def dataset_samples(root: str | Path) -> int | None:
+    """Samples of the dataset at ``root`` as :class:`RobotDataset` counts them (one per frame),
+    read from ``meta/info.json``'s ``total_frames`` without opening the episodes; None when
+    the file or the key is missing (the dataset's reader names what is wrong, later)."""
+    info_path = Path(root) / "meta" / "info.json"
+    if not info_path.is_file():
+        return None
+    frames = _read_json(info_path).get("total_frames")
+    return frames if isinstance(frames, int) and not isinstance(frames, bool) else None
+
+
+def check_batch_fits(batch_size: int, samples: int | None, world_size: int = 1, dataset: str = "the dataset") -> None:
+    """Refuse a batch larger than a rank's share of the dataset (``samples``: None skips).
+
+    The training dataloader drops a last incomplete batch, and accelerate hands each rank
+    every ``world_size``-th batch, so a rank gets no batch at all (a bare ``StopIteration``
+    at the first step) unless ``batch_size x world_size <= samples``.
+
+    Raises:
+        ValueError: naming ``batch_size``, the samples (per rank) and ``dataset``.
+    """
+    if samples is None or batch_size * world_size <= samples:
+        return
+    share = (
+        f"the {samples} training samples of {dataset}"
+        if world_size == 1
+        else f"the {samples // world_size} training samples per rank of {dataset} ({samples} over {world_size} ranks)"
+    )
+    raise ValueError(
+        f"batch_size {batch_size} is larger than {share}: lower batch_size or use a larger dataset "
+        "(dataset.num_episodes / dataset.episode_length)"
+    )
+
+
+def check_dataset_batch(root: str | Path, batch_size: int, world_size: int = 1) -> None:
+    """:func:`check_batch_fits` for the dataset at ``root`` (its samples read from ``meta/info.json``)."""
+    check_batch_fits(batch_size, dataset_samples(root), world_size, f"the dataset ({root})")
+
+
 def collate_robot_batch(samples: list[dict]) -> dict:
     """Stack tensors and numbers; keep strings (prompts) as a list."""
     batch = {}

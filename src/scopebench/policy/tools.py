@@ -25,6 +25,7 @@ from typing import Any
 __all__ = [
     "PRECEDENCE",
     "StepCounter",
+    "check_json_path",
     "env_bool",
     "env_int",
     "environment_info",
@@ -191,6 +192,27 @@ def environment_info(device: Any = "cpu") -> dict[str, Any]:
 def settings_dict(settings: Any) -> dict[str, Any]:
     """A settings dataclass as a JSON-able dict."""
     return dataclasses.asdict(settings)
+
+
+def check_json_path(key: str, path: str | Path | None) -> None:
+    """Refuse, before any work, a JSON path :func:`write_json` could not write (None passes).
+
+    Args:
+        key: How the user gave the path (``--json``, ``PROFILE_STEP_JSON``), for the message.
+        path: The file to write.
+
+    Raises:
+        ValueError: ``path`` is a folder, or its folder is not writable and cannot be created
+            (:func:`scopebench.profiler.config.check_writable_dir`'s reason, after ``key``).
+    """
+    from scopebench.profiler.config import check_writable_dir
+
+    if path is None or not str(path):
+        return
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ValueError(f"{key}={str(path)!r} is a directory, not a file path")
+    check_writable_dir(f"{key} {str(path)!r}: folder", target.parent)
 
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> Path:

@@ -56,6 +56,8 @@ def check_writable_dir(key: str, value: Any) -> Path:
         probe = probe.parent
     if probe != path and not probe.is_dir():
         raise ValueError(f"{key}={str(value)!r} cannot be created: {str(probe)!r} is not a directory")
+    if not probe.is_dir():  # the path itself is a file: "read-only" would send the user looking at permissions
+        raise ValueError(f"{key}={str(value)!r} is a file, not a directory")
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError(f"{key}={str(value)!r} is not a writable directory ({str(probe)!r} is read-only)")
     return path

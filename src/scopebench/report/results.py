@@ -65,6 +65,46 @@ def read_results(path: str | Path):
         raise ValueError(f"results file {str(path)!r} is not a benchopt result (missing columns {', '.join(missing)})")
     if df.empty:
         raise ValueError(f"results file {str(path)!r} holds no rows (did every solver fail or get skipped?)")
+    return _drop_non_finite(df, path)
+
+
+def _drop_non_finite(df, path: Path):
+    """``df`` with the infinite values of its ``objective_*_time_sec`` / ``_cpu_sec`` columns
+    made missing, so that statistics leave them out (an inf mean, a NaN share otherwise).
+
+    One warning line on stderr per column names it and counts what was left out: the
+    infinite values, and the NaN of a recorded row (``objective_total_time_sec`` present) in
+    a column its configuration fills on other recorded rows. Other NaN are not values: rows
+    outside the profiler window, regions another configuration or backend has.
+    """
+    import sys
+
+    import numpy as np
+    import pandas as pd
+
+    columns = [
+        c
+        for c in df.columns
+        if c.startswith("objective_") and c.endswith(_REGION_SUFFIXES) and pd.api.types.is_numeric_dtype(df[c])
+    ]
+    if not columns:
+        return df
+    total = "objective_total_time_sec"
+    recorded = df[total].notna() if total in df.columns else pd.Series(False, index=df.index)
+    config = [df[c].astype(str) for c in REQUIRED_COLUMNS[:3]]  # objective, dataset, solver
+    df = df.copy()
+    for column in columns:
+        infinite = np.isinf(df[column].to_numpy(dtype=float))
+        present = df[column].notna() & ~infinite & recorded
+        filled = present.groupby(config).transform("any")
+        dropped = int(infinite.sum()) + int((df[column].isna() & recorded & filled).sum())
+        if dropped:
+            df.loc[infinite, column] = np.nan
+            print(
+                f"warning: results file {str(path)!r}: {dropped} non-finite value(s) (NaN or inf) in {column} "
+                "left out of the statistics",
+                file=sys.stderr,
+            )
     return df
 
 

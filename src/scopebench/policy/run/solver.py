@@ -79,12 +79,14 @@ class TrainSolverMixin(_PolicySolverMixin):
         declined with :func:`~scopebench.policy.settings.backend_conflict`'s reason, before
         anything else is checked (as benchopt asks ``skip`` before ``set_objective``).
         Otherwise the :class:`~scopebench.policy.settings.TrainSettings` (seeded by the
-        dataset), the profiler parameters and, for training, the accelerate file of
-        ``backend`` are checked."""
+        dataset), the profiler parameters, the batch against each rank's share of the
+        dataset's samples (:func:`~scopebench.policy.dataset.check_batch_fits`) and, for
+        training, the accelerate file of ``backend`` are checked."""
+        from scopebench.policy.dataset import check_batch_fits, synthetic_samples
         from scopebench.policy.run.train import resolve_accelerate_file
-        from scopebench.policy.settings import TrainSettings, backend_conflict, settings_from
+        from scopebench.policy.settings import DatasetSettings, TrainSettings, backend_conflict, settings_from
         from scopebench.train import BACKENDS
-        from scopebench.validate import choice
+        from scopebench.validate import choice, integer
 
         world = _policy_world_size(params.get("nproc_per_node", 1), launcher_world_size)
         if cls.task == "train":
@@ -95,6 +97,13 @@ class TrainSolverMixin(_PolicySolverMixin):
                 return conflict
         settings = settings_from(TrainSettings, params, seed=spec.get("seed", 0))
         super().check_cell(params, spec, launcher_world_size)
+        # The dataset is not written here: its samples are its frames (synthetic_samples).
+        defaults = DatasetSettings.__dataclass_fields__
+        episodes, length = (
+            integer(k, spec.get(k, defaults[k].default), low=1) for k in ("num_episodes", "episode_length")
+        )
+        dataset = f"the dataset ({episodes} episodes x {length} frames)"
+        check_batch_fits(settings.batch_size, synthetic_samples(episodes, length), world, dataset)
         if cls.task == "train":
             try:
                 resolve_accelerate_file(settings)

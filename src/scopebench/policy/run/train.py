@@ -223,6 +223,9 @@ class PolicyTrainRun(RankRun):
                 raise ValueError(conflict)
             local = self.nproc if self.device.type == "cpu" and not self.info.is_distributed else 1
             training_memory_check(settings, processes=local, world_size=self.world_size)
+        from scopebench.policy.dataset import check_dataset_batch  # drop_last: a share under one batch has none
+
+        check_dataset_batch(dataset_root, settings.batch_size, self.world_size)
         self.accelerator = None
         self.model = None
         #: The step of each iteration: :class:`TrainStep` or :class:`DataloaderStep` (after start).
@@ -341,13 +344,24 @@ class PolicyTrainRun(RankRun):
         """Where the run stands: optimizer steps done and the data position (same on every rank)."""
         return {"step": self.work.steps, **self.work.batches.state()}
 
-    def save_checkpoint(self, output_dir: str | Path, files: dict[str, str] | None = None) -> Path:
+    def save_checkpoint(
+        self, output_dir: str | Path, files: dict[str, str] | None = None, settings: dict[str, Any] | None = None
+    ) -> Path:
         """Every rank: write ``<output_dir>/checkpoints/<step>/`` (a collective; see
-        :func:`scopebench.train.checkpoint.save_checkpoint`), plus ``policy_config.json``."""
+        :func:`scopebench.train.checkpoint.save_checkpoint`), plus ``policy_config.json``.
+
+        Args:
+            output_dir: The run's output folder.
+            files: Extra text files (name -> content) written by rank 0.
+            settings: The settings a resume must keep, for the manifest
+                (:func:`scopebench.policy.run.trainer.resume_settings`); None: this run's
+                training settings alone (no dataset section is known here).
+        """
         import dataclasses
         import json
 
         from scopebench.policy.checkpoint import POLICY_CONFIG_FILE
+        from scopebench.policy.run.trainer import RESUME_MAY_CHANGE
         from scopebench.train.checkpoint import save_checkpoint
 
         config = self.accelerator.unwrap_model(self.work.model).config
@@ -357,9 +371,12 @@ class PolicyTrainRun(RankRun):
             "world_size": self.world_size,
             "global_batch_size": self.global_batch_size,
         }
+        if settings is None:
+            own = {**dataclasses.asdict(self.settings), "nproc_per_node": self.world_size}
+            settings = {key: value for key, value in own.items() if key not in RESUME_MAY_CHANGE}
         policy = {"preset": self.settings.preset, "config": dataclasses.asdict(config)}
         extra = {POLICY_CONFIG_FILE: json.dumps(policy, indent=2) + "\n", **(files or {})}
-        return save_checkpoint(self.accelerator, output_dir, self.work.steps, meta=meta, files=extra)
+        return save_checkpoint(self.accelerator, output_dir, self.work.steps, meta=meta, files=extra, settings=settings)
 
     def _resume(self, checkpoint: str) -> None:
         from scopebench.train.checkpoint import load_checkpoint
