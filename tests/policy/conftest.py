@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,16 @@ def tiny() -> Pi05Policy:
 def single_thread(one_thread):
     """Every policy test on one thread (see ``tests/conftest.py``)."""
     yield
+
+
+#: The tiny run config the tool tests run.
+TINY = str(Path(__file__).resolve().parents[2] / "configs" / "policy" / "tiny.yml")
+
+
+@pytest.fixture
+def data_args(robot_data):
+    """``--config tiny.yml`` on the session's dataset cache, as the tools take it."""
+    return ["--config", TINY, f"--dataset.cache_dir={robot_data[0].cache_dir}"]
 
 
 @pytest.fixture(scope="session")

@@ -55,3 +55,12 @@ def randomize_modulations(model: Pi05Policy, seed: int = 0) -> None:
         for name, param in model.named_parameters():
             if "modulation" in name or "norm" in name:
                 param.copy_(torch.randn(param.shape, generator=g) * 0.3)
+
+
+def train_tool(args: list[str], capsys) -> tuple[int, str, str]:
+    """``scopebench train <args>`` in this process: exit code, stdout, stderr."""
+    from scopebench.cli import main
+
+    code = main(["train", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err

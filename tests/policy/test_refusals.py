@@ -29,11 +29,6 @@ def bench_output_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("BENCH_OUTPUT_DIR", str(tmp_path / "benchmark_results"))
 
 
-@pytest.fixture
-def data_args(robot_data):
-    return ["--config", TINY, f"--dataset.cache_dir={robot_data[0].cache_dir}"]
-
-
 def tool(args, capsys):
     code = main(list(args))
     out = capsys.readouterr()

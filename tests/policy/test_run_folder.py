@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scopebench.cli import main
+from .helpers import train_tool as train
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "policy" / "tiny.yml")
@@ -28,17 +28,6 @@ HOLD = (
     "print('holding', flush=True)\n"
     "sys.stdin.read()\n"
 )
-
-
-@pytest.fixture
-def data_args(robot_data):
-    return ["--config", TINY, f"--dataset.cache_dir={robot_data[0].cache_dir}"]
-
-
-def train(args, capsys):
-    code = main(["train", *args])
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def step_lines(out: str) -> list[str]:

@@ -253,11 +253,6 @@ DECOMPOSE_SCHEMA = {
 }
 
 
-@pytest.fixture
-def data_args(robot_data):
-    return ["--config", TINY, f"--dataset.cache_dir={robot_data[0].cache_dir}"]
-
-
 def run_tool(args, capsys):
     code = main(args)
     out = capsys.readouterr()

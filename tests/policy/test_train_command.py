@@ -16,7 +16,7 @@ import jsonschema
 import psutil
 import pytest
 
-from scopebench.cli import main
+from .helpers import train_tool as train
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "policy" / "tiny.yml")
@@ -42,17 +42,6 @@ TRAIN_SCHEMA = {
         },
     },
 }
-
-
-@pytest.fixture
-def data_args(robot_data):
-    return ["--config", TINY, f"--dataset.cache_dir={robot_data[0].cache_dir}"]
-
-
-def train(args, capsys):
-    code = main(["train", *args])
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_gradient_checkpointing_with_zero3_is_refused_before_anything_starts(data_args, tmp_path, capsys, started):
