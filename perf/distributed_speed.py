@@ -1,4 +1,4 @@
-"""DDP vs DeepSpeed ZeRO-2 vs ZeRO-3 on this machine (2 gloo ranks), and the suite's own cost.
+"""DDP vs DeepSpeed ZeRO-2 vs ZeRO-3 vs FSDP2 on this machine (2 gloo ranks), and the suite's own cost.
 
 What it measures:
 
@@ -9,32 +9,36 @@ What it measures:
    ``profile-step`` and ``scopebench train``) on 2 local ranks. Each run is a fresh process
    (its peak RSS is its own). Per run: the median step (``step_time_sec``: ``total - callback``, the slowest
    rank's), each phase's median, global samples/s, each rank's peak RSS. Reported: per
-   backend the median over rounds; the ZeRO-3 / ZeRO-2 and ZeRO-2 / DDP step ratios (ratio
-   of the two medians in each round, then the median with min-max over rounds); per phase
-   the difference of medians that explains them (ZeRO-3 all-gathers each layer's parameters
-   in ``forward`` and ``bwd``; ZeRO-2 all-gathers the updated parameters in ``optim_step``:
-   :data:`scopebench.policy.phases.PHASE_CONTENTS`).
-2. **Suite cost** (``--overhead-preset``, default ``small``): per round, ``benchopt run`` of
-   ``Pi05Train`` (ddp, 2 ranks, custom profiler: ``step_time_sec`` per iteration) and a
-   bare loop of the same step on 2 torchrun ranks (the same model, DDP, data and AdamW;
-   no profiler, no benchopt, no per-iteration decision broadcast), alternating which goes
-   first. Ratio of median step times, with the min-max over rounds. Goal: <= 1.03.
+   backend the median over rounds and its ratio to the round's fastest backend (median,
+   min-max over rounds); the ZeRO-3 / ZeRO-2, ZeRO-2 / DDP, FSDP2 / ZeRO-2 and FSDP2 / DDP
+   step ratios (ratio of the two medians in each round, then the median with min-max over
+   rounds); per phase the difference of medians that explains them (ZeRO-3 and FSDP2
+   all-gather each layer's parameters in ``forward`` and ``bwd``; ZeRO-2 all-gathers the
+   updated parameters in ``optim_step``: :data:`scopebench.policy.phases.PHASE_CONTENTS`).
+2. **Suite cost** (``--overhead-preset``, default ``small``; ``--overhead-backends``, default
+   ``ddp,fsdp2``): per round and backend, ``benchopt run`` of ``Pi05Train`` (2 ranks, custom
+   profiler: ``step_time_sec`` per iteration) and a bare loop of the same step on 2 torchrun
+   ranks (the same model, wrapping, data and AdamW; no profiler, no benchopt, no
+   per-iteration decision broadcast), alternating which goes first. Ratio of median step
+   times, with the min-max over rounds. Goal: <= 1.03.
 
 How to run (2 cores; each run starts its ranks, DeepSpeed's first use builds a small op)::
 
     python perf/distributed_speed.py                              # both parts
     python perf/distributed_speed.py --presets tiny --rounds 2 --skip overhead
-    python perf/distributed_speed.py --skip backends --overhead-preset tiny
+    python perf/distributed_speed.py --skip backends --overhead-preset tiny --overhead-backends fsdp2
 
 Output: readable lines, then one JSON object on the last line::
 
     {"load_average_start", "load_average_end", "rounds",
      "backends": {preset: {"batch_size", "per_backend": {backend: {"step_sec", "samples_per_sec",
-                  "phases_sec": {phase: s}, "peak_rss_mb_per_rank": [..]}},
-                  "ratios": {"zero3/zero2" | "zero2/ddp": {"median", "min", "max", "per_round"}},
-                  "phase_deltas_sec": {"zero3-zero2" | "zero2-ddp": {phase: s}}}},
-     "overhead": {"preset", "benchopt_step_sec", "bare_step_sec", "ratio", "min", "max", "per_round",
-                  "goal": 1.03, "met": bool}}
+                  "phases_sec": {phase: s}, "peak_rss_mb_per_rank": [..],
+                  "vs_fastest": {"median", "min", "max", "per_round"}}},
+                  "ratios": {"zero3/zero2" | "zero2/ddp" | "fsdp2/zero2" | "fsdp2/ddp":
+                             {"median", "min", "max", "per_round"}},
+                  "phase_deltas_sec": {"zero3-zero2" | ...: {phase: s}}}},
+     "overhead": {backend: {"preset", "benchopt_step_sec", "bare_step_sec", "ratio", "min", "max",
+                  "per_round", "goal": 1.03, "met": bool}}}
 """
 
 from __future__ import annotations
@@ -49,8 +53,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BACKENDS = ("ddp", "zero2", "zero3")
-PAIRS = (("zero3", "zero2"), ("zero2", "ddp"))
+BACKENDS = ("ddp", "zero2", "zero3", "fsdp2")
+PAIRS = (("zero3", "zero2"), ("zero2", "ddp"), ("fsdp2", "zero2"), ("fsdp2", "ddp"))
 OVERHEAD_GOAL = 1.03
 #: Dataset shapes that match each preset's images and chunk, and a per-rank batch.
 PRESETS = {
@@ -108,13 +112,15 @@ def one_run(preset: str, backend: str, warmup: int, steps: int, cache: str) -> d
     }
 
 
-def bare_worker(preset: str, warmup: int, steps: int, cache: str, out: str) -> None:
-    """A torchrun rank: the same DDP step as ``Pi05Train``, looped without profiler or benchopt."""
+def bare_worker(preset: str, backend: str, warmup: int, steps: int, cache: str, out: str) -> None:
+    """A torchrun rank: the same step as ``Pi05Train`` (DDP or FSDP2), looped without profiler or benchopt."""
     from scopebench.policy.run.train import PolicyTrainRun
     from scopebench.profiler import create_profiler
 
     data = _dataset(preset, cache)
-    run = PolicyTrainRun(_settings(preset, "ddp", nproc=1), dataset_root=data.materialize(), chunk_size=data.chunk_size)
+    run = PolicyTrainRun(
+        _settings(preset, backend, nproc=1), dataset_root=data.materialize(), chunk_size=data.chunk_size
+    )
     null = create_profiler(None)
     times = []
     with run:
@@ -141,7 +147,7 @@ def bench_backends(preset: str, rounds: int, warmup: int, steps: int, cache: str
 
     runs: dict[str, list[dict]] = {b: [] for b in BACKENDS}
     for r in range(rounds):
-        order = BACKENDS[r % 3 :] + BACKENDS[: r % 3]
+        order = BACKENDS[r % len(BACKENDS) :] + BACKENDS[: r % len(BACKENDS)]
         for backend in order:
             text = _python(__file__, "--one-run", preset, backend, str(warmup), str(steps), cache)
             runs[backend].append(json.loads(text.strip().splitlines()[-1]))
@@ -155,6 +161,14 @@ def bench_backends(preset: str, rounds: int, warmup: int, steps: int, cache: str
         }
         for b, rs in runs.items()
     }
+    for b, rs in runs.items():  # each round's fastest backend is that round's reference
+        per_round = [x["step_sec"] / min(runs[o][i]["step_sec"] for o in BACKENDS) for i, x in enumerate(rs)]
+        per_backend[b]["vs_fastest"] = {
+            "median": median(per_round),
+            "min": min(per_round),
+            "max": max(per_round),
+            "per_round": per_round,
+        }
     ratios, deltas = {}, {}
     for slow, fast in PAIRS:
         per_round = [a["step_sec"] / b["step_sec"] for a, b in zip(runs[slow], runs[fast])]
@@ -170,7 +184,7 @@ def bench_backends(preset: str, rounds: int, warmup: int, steps: int, cache: str
     }
 
 
-def bench_overhead(preset: str, rounds: int, warmup: int, steps: int, cache: str) -> dict:
+def bench_overhead(preset: str, backend: str, rounds: int, warmup: int, steps: int, cache: str) -> dict:
     import pandas as pd
     import yaml
 
@@ -178,7 +192,7 @@ def bench_overhead(preset: str, rounds: int, warmup: int, steps: int, cache: str
     from scopebench.stats import median
 
     solver = {**{k: v for k, v in PRESETS[preset].items() if k == "batch_size"}, "preset": preset}
-    solver.update(nproc_per_node=2, find_unused_params=False, fused_adamw=True, learning_rate=1e-4)
+    solver.update(nproc_per_node=2, find_unused_params=False, fused_adamw=True, learning_rate=1e-4, backend=backend)
     solver["profiler_warmup"] = warmup
     shape = {k: PRESETS[preset][k] for k in ("image_size", "chunk_size")}
     dataset = "synthetic_robot[" + ",".join(f"{k}={v}" for k, v in shape.items()) + "]"
@@ -207,10 +221,10 @@ def bench_overhead(preset: str, rounds: int, warmup: int, steps: int, cache: str
                     out = Path(tmp, f"bare{r}.json")
                     _python(
                         "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
-                        "--bare-worker", preset, str(warmup), str(steps), cache, str(out),
+                        "--bare-worker", preset, backend, str(warmup), str(steps), cache, str(out),
                     )  # fmt: skip
                     bare_runs.append(median(json.loads(out.read_text())))
-                print(f"  overhead round {r} {side}: done", flush=True)
+                print(f"  overhead {backend} round {r} {side}: done", flush=True)
     per_round = [a / b for a, b in zip(benchopt_runs, bare_runs)]
     ratio = median(per_round)
     return {
@@ -233,8 +247,8 @@ def main() -> None:
         return
     if "--bare-worker" in sys.argv:
         i = sys.argv.index("--bare-worker")
-        preset, warmup, steps, cache, out = sys.argv[i + 1 : i + 6]
-        bare_worker(preset, int(warmup), int(steps), cache, out)
+        preset, backend, warmup, steps, cache, out = sys.argv[i + 1 : i + 7]
+        bare_worker(preset, backend, int(warmup), int(steps), cache, out)
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", default="tiny,small")
@@ -242,6 +256,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--overhead-preset", default="small")
+    parser.add_argument(
+        "--overhead-backends", default="ddp,fsdp2", help="comma-separated backends of the suite-cost part"
+    )
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: backends, overhead")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -255,7 +272,8 @@ def main() -> None:
                 rss = ", ".join(f"{x:.0f}" for x in b["peak_rss_mb_per_rank"])
                 print(
                     f"{preset} {backend}: {b['step_sec'] * 1e3:.1f} ms/step, {b['samples_per_sec']:.1f} samples/s, "
-                    f"peak RSS per rank {rss} MB"
+                    f"peak RSS per rank {rss} MB; vs fastest {b['vs_fastest']['median']:.3f} "
+                    f"[{b['vs_fastest']['min']:.3f}-{b['vs_fastest']['max']:.3f}]"
                 )
             for pair, ratio in res["ratios"].items():
                 delta = res["phase_deltas_sec"][pair.replace("/", "-")]
@@ -263,12 +281,16 @@ def main() -> None:
                 text = ", ".join(f"{p} {d * 1e3:+.1f} ms" for p, d in top)
                 print(f"{preset} {pair}: {ratio['median']:.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}]; {text}")
     if "overhead" not in skip:
-        o = result["overhead"] = bench_overhead(args.overhead_preset, args.rounds, args.warmup, args.steps, cache)
-        print(
-            f"Pi05Train under benchopt / bare DDP loop ({o['preset']}): {o['ratio']:.4f} "
-            f"[{o['min']:.4f}-{o['max']:.4f}] ({o['benchopt_step_sec'] * 1e3:.1f} vs {o['bare_step_sec'] * 1e3:.1f} ms; "
-            f"goal <= {OVERHEAD_GOAL}: {'met' if o['met'] else 'NOT met'})"
-        )
+        result["overhead"] = {}
+        for backend in args.overhead_backends.split(","):
+            o = result["overhead"][backend] = bench_overhead(
+                args.overhead_preset, backend, args.rounds, args.warmup, args.steps, cache
+            )
+            print(
+                f"Pi05Train under benchopt / bare {backend} loop ({o['preset']}): {o['ratio']:.4f} "
+                f"[{o['min']:.4f}-{o['max']:.4f}] ({o['benchopt_step_sec'] * 1e3:.1f} vs "
+                f"{o['bare_step_sec'] * 1e3:.1f} ms; goal <= {OVERHEAD_GOAL}: {'met' if o['met'] else 'NOT met'})"
+            )
     result["load_average_end"] = list(os.getloadavg())
     print(json.dumps(result))
 

@@ -9,7 +9,9 @@ the GPU; (6) the policy's training run object (accelerate, fused AdamW, bf16 aut
 steps on the GPU and reports per-region GPU memory, a table peak and MFU; (7) the policy's
 inference run object compiles prefill and denoise with ``reduce-overhead`` (CUDA graphs)
 and the first call is at least 5x a steady one; (8) with two GPUs, ``scopebench train``
-on two ranks under DeepSpeed ZeRO-2 in bf16, and ``convert-checkpoint``. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
+on two ranks under DeepSpeed ZeRO-2 in bf16, and ``convert-checkpoint``; (9) one FSDP2 step
+in bf16 on one GPU (fp32 ``DTensor`` shards, bf16 compute); (10) with two GPUs, ``scopebench
+train`` under FSDP2 in bf16 on NCCL and ``convert-checkpoint`` of its DCP shards. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
 status is 1 if any check failed, 77 if CUDA is absent.
 
 Run: ``bash scripts/gpu_check.sh`` (under five minutes on one GPU).
@@ -185,6 +187,54 @@ def policy_zero2_train():
     return {"ok": ok, "log_tail": (proc.stdout + proc.stderr)[-800:], "convert": convert.stdout.strip()[-200:]}
 
 
+def policy_fsdp2_one_gpu():
+    """One rank of ``Pi05Train``'s run under FSDP2 with bf16 on CUDA: the parameters are fp32
+    ``DTensor`` shards, the forward runs in bf16 (MixedPrecisionPolicy), two steps train."""
+    from torch.distributed.tensor import DTensor
+
+    from scopebench.policy.run.train import PolicyTrainRun
+    from scopebench.policy.settings import TrainSettings
+
+    data, root = _policy_data()
+    settings = TrainSettings(device="cuda", precision="bf16", backend="fsdp2", find_unused_params=False)
+    calls = [0]
+
+    def callback():
+        calls[0] += 1
+        return calls[0] <= 2
+
+    run = PolicyTrainRun(settings, dataset_root=root, chunk_size=data.chunk_size)
+    with run:
+        run.loop(callback)
+        params = list(run.work.model.parameters())
+        m = run.metrics()
+        sharded = all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in params)
+    ok = sharded and m["train_loss"] == m["train_loss"] and m["max_gpu_mb"] > 0
+    return {"ok": ok, "train_loss": m["train_loss"], "max_gpu_mb": m["max_gpu_mb"], "units": len(run.fsdp_units)}
+
+
+def policy_fsdp2_train():
+    """Two ranks of ``scopebench train`` under FSDP2 with bf16 on NCCL, then the DCP shards
+    consolidated: needs two GPUs (reported as skipped with fewer)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    if torch.cuda.device_count() < 2:
+        return {"ok": True, "skipped": f"needs 2 GPUs, {torch.cuda.device_count()} visible"}
+    repo = Path(__file__).resolve().parents[1]
+    out = Path(tempfile.mkdtemp(prefix="gpu_check_fsdp2_"))
+    command = [sys.executable, "-m", "scopebench.cli", "train", "--config", str(repo / "configs/policy/tiny.yml")]
+    command += ["--accelerate-config", str(repo / "configs/accelerate/fsdp2.yaml"), "--precision=bf16"]
+    command += ["--output_dir", str(out), "--steps", "3", f"--dataset.cache_dir={out / 'data'}"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    convert = subprocess.run(
+        [sys.executable, "-m", "scopebench.cli", "convert-checkpoint", str(out)], capture_output=True, text=True
+    )
+    ok = proc.returncode == 0 and "backend=fsdp2" in proc.stdout and convert.returncode == 0
+    return {"ok": ok, "log_tail": (proc.stdout + proc.stderr)[-800:], "convert": convert.stdout.strip()[-200:]}
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"check": "cuda", "ok": False, "error": "CUDA is not available"}))
@@ -202,6 +252,8 @@ def main() -> int:
         policy_train_run,
         policy_inference_compile,
         policy_zero2_train,
+        policy_fsdp2_one_gpu,
+        policy_fsdp2_train,
     ]
     results = [_report(fn.__name__, fn) for fn in checks]
     return 0 if all(results) else 1

@@ -6,7 +6,8 @@ Phases ``dataload_wait``, ``forward``, ``bwd``, ``unscale_clip``, ``optim_step``
 FLOP/s and MFU, ``setup_time_sec`` and ``world_size``. Ranks come from
 torchrun / SLURM or are spawned locally (``nproc_per_node``); ``backend`` is ``ddp``,
 ``zero2`` or ``zero3`` (DeepSpeed ZeRO through accelerate, ZeRO knobs from
-``configs/accelerate/``; declined on one process). Every parameter but the
+``configs/accelerate/``; declined on one process) or ``fsdp2`` (torch's ``fully_shard``,
+knobs from ``configs/accelerate/fsdp2.yaml``). Every parameter but the
 ``slurm_*`` ones (the cell's SLURM job) is a field of
 ``scopebench.policy.settings.TrainSettings`` (documented there).
 """

@@ -1,7 +1,8 @@
 """Run by ``tests/policy/test_backends.py`` under ``torchrun --nproc-per-node 2``: every backend
 trains the tiny policy 10 steps saving at step 5, then a second run resumes from step 5 to 10;
-a ZeRO-3 run also records the live model's validation loss, and a ZeRO-2 run with gradient
-accumulation DeepSpeed's step counters. Each rank writes what it saw
+ZeRO-3 and FSDP2 runs also record the live model's validation loss, runs with gradient
+accumulation their step counters, and FSDP2 runs its shard sizes, its gradient norm against
+DDP's and its loss with gradient checkpointing. Each rank writes what it saw
 to ``<out>/facts_rank<r>.json``.
 
 One process group (created here, reused by every run) keeps start-up to one launch.
@@ -24,7 +25,7 @@ from scopebench.policy.settings import load_run_config
 from scopebench.policy.tools import StepCounter
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "policy" / "tiny.yml"
-BACKENDS = ("ddp", "zero2", "zero3")
+BACKENDS = ("ddp", "zero2", "zero3", "fsdp2")
 
 
 def main(out: str, cache: str) -> None:
@@ -49,16 +50,39 @@ def main(out: str, cache: str) -> None:
         )
         resumed = train_policy(resumed_config, resume_from=f"{out}/{backend}/full/checkpoints/000005")
         facts[backend] = {"full": full, "resumed": resumed}
-    config = load_run_config(TINY, [("backend", "zero3"), ("dataset.cache_dir", cache)])
-    run = PolicyTrainRun(
-        config.train, dataset_root=config.dataset.materialize(), chunk_size=config.dataset.chunk_size, eval_batch_size=4
-    )
-    with run:
-        run.loop(StepCounter(3))
-        live = run.val_loss  # computed by every rank after the third step
-        checkpoint = run.save_checkpoint(f"{out}/zero3_live")
-    facts["zero3_live"] = {"val_loss": live, "checkpoint": str(checkpoint), "seed": config.train.seed}
-    for backend in ("ddp", "zero2"):  # two micro-batches per step, the same update either way
+    for backend in ("zero3", "fsdp2"):
+        config = load_run_config(TINY, [("backend", backend), ("dataset.cache_dir", cache)])
+        run = PolicyTrainRun(
+            config.train,
+            dataset_root=config.dataset.materialize(),
+            chunk_size=config.dataset.chunk_size,
+            eval_batch_size=4,
+        )
+        with run:
+            run.loop(StepCounter(3))
+            live = run.val_loss  # computed by every rank after the third step
+            checkpoint = run.save_checkpoint(f"{out}/{backend}_live")
+        facts[f"{backend}_live"] = {"val_loss": live, "checkpoint": str(checkpoint), "seed": config.train.seed}
+    facts["clip"] = {}
+    for backend, checkpointing in (("ddp", False), ("fsdp2", False), ("fsdp2", True)):
+        overrides = [("backend", backend), ("gradient_checkpointing", checkpointing), ("find_unused_params", False)]
+        config = load_run_config(TINY, [*overrides, ("grad_clip", 0.5), ("dataset.cache_dir", cache)])
+        run = PolicyTrainRun(
+            config.train, dataset_root=config.dataset.materialize(), chunk_size=config.dataset.chunk_size
+        )
+        with run:
+            run.loop(StepCounter(2))
+            seen = {"grad_norm": float(run.work.grad_norm), "train_loss": run.metrics()["train_loss"]}
+            if backend == "fsdp2":
+                from scopebench.train.fsdp import local_fraction
+
+                model = run.work.model
+                seen["units"] = run.fsdp_units
+                seen["fractions"] = {name: local_fraction(model.get_submodule(name)) for name in run.fsdp_units}
+                seen["local_elements"] = sum(p.to_local().numel() for p in model.parameters())
+                seen["elements"] = sum(p.numel() for p in model.parameters())
+        facts["clip"][f"{backend}{'_checkpointing' if checkpointing else ''}"] = seen
+    for backend in ("ddp", "zero2", "fsdp2"):  # two micro-batches per step, the same update either way
         overrides = [("backend", backend), ("gradient_accumulation_steps", 2), ("find_unused_params", False)]
         config = load_run_config(TINY, [*overrides, ("dataset.cache_dir", cache)])
         root = config.dataset.materialize()

@@ -1,4 +1,4 @@
-"""DDP, DeepSpeed ZeRO-2 and ZeRO-3 on two gloo ranks: benchopt runs, exact resume, consolidation.
+"""DDP, DeepSpeed ZeRO-2 / ZeRO-3 and FSDP2 on two gloo ranks: benchopt runs, exact resume, consolidation.
 
 The slow tests launch real ranks (torchrun, benchopt's local spawn); DeepSpeed runs on the
 CPU over gloo (its first use builds a small op, cached in ``~/.cache/torch_extensions``).
@@ -19,7 +19,7 @@ from conftest import REPO
 
 from scopebench.runs import run_benchopt
 
-BACKENDS = ("ddp", "zero2", "zero3")
+BACKENDS = ("ddp", "zero2", "zero3", "fsdp2")
 DRIVER = Path(__file__).with_name("backends_driver.py")
 
 
@@ -71,7 +71,11 @@ def test_the_checkpoints_hold_the_layout_of_their_backend(trained):
     assert (ddp / "last").resolve().name == "000010" and (ddp / "000005" / "model.safetensors").is_file()
     zero = out / "zero3" / "full" / "checkpoints" / "000005"
     assert (zero / "pytorch_model").is_dir() and (zero / "latest").is_file()
-    for folder in (ddp / "000005", zero):
+    fsdp = out / "fsdp2" / "full" / "checkpoints" / "000005"
+    for shards in ("fsdp_model", "fsdp_optimizer"):  # one DCP file per rank
+        assert sorted(p.name for p in (fsdp / shards).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert not (fsdp / "model.safetensors").exists() and not (fsdp / "optimizer.bin").exists()
+    for folder in (ddp / "000005", zero, fsdp):
         step = json.loads((folder / "training_step.json").read_text())
         assert step["step"] == 5 and step["world_size"] == 2 and step["position"] == 5
         assert yaml.safe_load((folder / "train_config.yaml").read_text())["training"]["steps"] == 10
@@ -79,15 +83,16 @@ def test_the_checkpoints_hold_the_layout_of_their_backend(trained):
 
 
 @pytest.mark.slow
-def test_a_zero3_checkpoint_converts_to_weights_that_give_the_live_loss(trained):
+@pytest.mark.parametrize("backend", ["zero3", "fsdp2"])
+def test_a_sharded_checkpoint_converts_to_weights_that_give_the_live_loss(trained, backend):
     from scopebench.policy.checkpoint import load_policy
     from scopebench.policy.dataset import RobotDataset, fixed_eval_batch
     from scopebench.policy.run.steps import validation_loss
     from scopebench.policy.settings import DatasetSettings
 
     _, facts, cache = trained
-    live = facts[0]["zero3_live"]
-    assert facts[1]["zero3_live"]["val_loss"] == live["val_loss"]  # every rank ran the same forward
+    live = facts[0][f"{backend}_live"]
+    assert facts[1][f"{backend}_live"]["val_loss"] == live["val_loss"]  # every rank ran the same forward
     checkpoint = Path(live["checkpoint"])
     assert not (checkpoint / "model.safetensors").exists()
     with pytest.raises(FileNotFoundError, match="convert-checkpoint"):
@@ -102,22 +107,46 @@ def test_a_zero3_checkpoint_converts_to_weights_that_give_the_live_loss(trained)
 
 
 @pytest.mark.slow
-def test_gradient_accumulation_gives_the_same_update_under_ddp_and_zero2(trained):
+@pytest.mark.parametrize("backend", ["zero2", "fsdp2"])
+def test_gradient_accumulation_gives_the_same_update_as_ddp(trained, backend):
     """Two micro-batches per step: DeepSpeed's engine steps once per iteration, on the gradients
-    of both, as DDP's no_sync + scaled losses do."""
+    of both, as DDP's no_sync + scaled losses and FSDP2's deferred reduce-scatter do."""
     _, facts, _ = trained
     for rank_facts in facts:
-        for backend in ("ddp", "zero2"):
-            assert rank_facts[f"{backend}_accumulation"]["optimizer_steps"] == 2
-            assert rank_facts[f"{backend}_accumulation"]["position"] == 4  # two batches per step
+        for name in ("ddp", backend):
+            assert rank_facts[f"{name}_accumulation"]["optimizer_steps"] == 2
+            assert rank_facts[f"{name}_accumulation"]["position"] == 4  # two batches per step
     ddp = _weights(Path(facts[0]["ddp_accumulation"]["checkpoint"]))
-    zero2 = _weights(Path(facts[0]["zero2_accumulation"]["checkpoint"]))
-    worst = max(float((ddp[k] - zero2[k]).abs().max()) for k in ddp)
+    other = _weights(Path(facts[0][f"{backend}_accumulation"]["checkpoint"]))
+    worst = max(float((ddp[k] - other[k]).abs().max()) for k in ddp)
     assert worst <= 1e-5, worst
 
 
+@pytest.mark.slow
+def test_fsdp2_holds_half_of_every_unit_on_each_rank(trained):
+    _, facts, _ = trained
+    for rank_facts in facts:
+        seen = rank_facts["clip"]["fsdp2"]
+        assert {"layers.0", "layers.1", "vision.blocks.0", "vision.patch_embed"} <= set(seen["units"])
+        for name, fraction in seen["fractions"].items():  # dim-0 shards: half, up to one row of padding
+            assert 0.4 <= fraction <= 0.6, (name, fraction)
+        assert abs(seen["local_elements"] / seen["elements"] - 0.5) < 0.05
+
+
+@pytest.mark.slow
+def test_fsdp2_clips_by_the_global_norm_and_checkpointing_keeps_the_loss(trained):
+    _, facts, _ = trained
+    for rank_facts in facts:
+        clip = rank_facts["clip"]
+        ddp, fsdp, checkpointed = clip["ddp"], clip["fsdp2"], clip["fsdp2_checkpointing"]
+        assert ddp["grad_norm"] > 0.5  # clipping was active at grad_clip 0.5
+        assert math.isclose(fsdp["grad_norm"], ddp["grad_norm"], rel_tol=1e-5), (fsdp, ddp)
+        assert math.isclose(checkpointed["train_loss"], fsdp["train_loss"], rel_tol=1e-5), (checkpointed, fsdp)
+        assert math.isclose(fsdp["train_loss"], ddp["train_loss"], rel_tol=1e-5), (fsdp, ddp)
+
+
 @pytest.fixture(scope="module")
-def three_backends(tmp_path_factory):
+def four_backends(tmp_path_factory):
     """``Pi05Train`` under benchopt on 2 local ranks, once per backend, 3 steps each."""
     config = tmp_path_factory.mktemp("backends_benchopt") / "backends.yml"
     solver = {"nproc_per_node": 2, "backend": list(BACKENDS), "find_unused_params": False, "profiler_warmup": 0}
@@ -137,8 +166,8 @@ def three_backends(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_each_backend_trains_under_benchopt_and_the_first_step_agrees(three_backends):
-    df = three_backends
+def test_each_backend_trains_under_benchopt_and_the_first_step_agrees(four_backends):
+    df = four_backends
     after_one = {}
     for backend in BACKENDS:
         rows = df[df.solver_name.str.contains(f"backend={backend}")].sort_values("stop_val")

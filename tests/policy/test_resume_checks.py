@@ -120,6 +120,13 @@ def test_a_setting_that_must_match_is_refused_naming_it(run, resume, override, e
     _refused(resume(override), expected, ": an exact resume needs the same")
 
 
+def test_another_backend_is_refused_naming_the_conversion(run, resume):
+    line = _refused(resume("--backend=fsdp2"), 'backend "ddp" in the checkpoint, "fsdp2" given')
+    assert line.endswith(
+        f"`scopebench convert-checkpoint {(run / CHECKPOINT).resolve()}` writes its weights alone (model.safetensors)"
+    )
+
+
 def test_every_mismatched_setting_is_named_in_one_line(run, resume):
     line = _refused(resume("--learning_rate=0.5", "--batch_size=2"))
     assert "batch_size 4 in the checkpoint, 2 given; learning_rate 0.001 in the checkpoint, 0.5 given" in line

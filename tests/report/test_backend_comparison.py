@@ -1,4 +1,4 @@
-"""The backend comparison: Pi05Train configurations that differ only in ``backend`` (ddp / zero2 / zero3)."""
+"""The backend comparison: Pi05Train configurations that differ only in ``backend`` (ddp / zero2 / zero3 / fsdp2)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ SLOWER = {
     "ddp": {},
     "zero2": {"bwd": 0.0185, "optim_step": 0.003},
     "zero3": {"forward": 0.014, "bwd": 0.026, "optim_step": 0.0025},
+    # FSDP2: per-unit all-gathers in forward, re-gathers + reduce-scatter in bwd, a clip all-reduce.
+    "fsdp2": {"forward": 0.012, "bwd": 0.023, "unscale_clip": 0.0007},
 }
 UNTRACKED = 1e-4  # config_rows adds it to every step
 
@@ -129,3 +131,19 @@ def test_one_comparison_per_group(tmp_path):
     comparisons = backend_comparisons(configs)
     assert sorted(c.label for c in comparisons) == ["Pi05Train[batch_size=4]", "Pi05Train[batch_size=8]"]
     assert all(c.fastest == "ddp" and list(c.explanations) == ["zero3"] for c in comparisons)
+
+
+def test_fsdp2_joins_the_comparison_and_its_phases_are_explained(tmp_path):
+    path = write(tmp_path / "four.parquet", *(train(b) for b in ("ddp", "zero2", "zero3", "fsdp2")))
+    configs = configurations(load_results([path]))
+    (comparison,) = backend_comparisons(configs)
+    assert comparison.backends == ("ddp", "fsdp2", "zero2", "zero3") and comparison.fastest == "zero2"
+    assert comparison.pairs["fsdp2/zero2"] == pytest.approx(step_ms("fsdp2") / step_ms("zero2"))
+    assert comparison.pairs["fsdp2/ddp"] == pytest.approx(step_ms("fsdp2") / step_ms("ddp"))
+    assert comparison.named["fsdp2"] == ["forward", "bwd"]
+    (finding,) = [f for f in diagnose_all(configs) if f.config == "Pi05Train[backend=fsdp2]"]
+    assert finding.rule == "backend-comparison"
+    assert finding.message.startswith(f"fsdp2 is {step_ms('fsdp2') / step_ms('zero2'):.2f}x slower than zero2")
+    assert "forward +2.000 ms, bwd +4.500 ms" in finding.message
+    for phase in ("forward", "bwd"):
+        assert f"{phase} = {PHASE_CONTENTS['fsdp2'][phase]}" in finding.message

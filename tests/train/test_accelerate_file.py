@@ -25,8 +25,9 @@ def test_each_shipped_file_selects_its_backend_and_configs_links_to_them(backend
     file = load_accelerate_file(path)
     assert file.backend == backend and file.num_processes == 2 and file.precision == "bf16"
     assert (REPO / "configs" / "accelerate" / path.name).resolve() == path.resolve()
-    if backend == "ddp":
+    if backend in ("ddp", "fsdp2"):
         assert file.zero == {} and file.zero_stage is None
+        assert (file.fsdp is None) == (backend == "ddp")
     else:
         assert file.zero_stage == int(backend[-1]) and file.zero["offload_optimizer_device"] == "none"
         assert file.gradient_accumulation_steps == 1 and file.gradient_clipping == 1.0
@@ -38,15 +39,19 @@ def test_canary_accelerate_reads_the_shipped_files(backend):
     from accelerate.commands.config.config_args import load_config_from_file
 
     config = load_config_from_file(str(shipped_accelerate_file(backend)))
-    assert str(config.distributed_type).endswith("DEEPSPEED" if backend != "ddp" else "MULTI_GPU")
-    if backend != "ddp":
+    kind = {"ddp": "MULTI_GPU", "fsdp2": "FSDP"}.get(backend, "DEEPSPEED")
+    assert str(config.distributed_type).endswith(kind)
+    if backend.startswith("zero"):
         assert config.deepspeed_config["zero_stage"] == int(backend[-1])
+    if backend == "fsdp2":
+        assert config.fsdp_config["fsdp_version"] == 2
 
 
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("distributed_type: FSDP\n", r"distributed_type in .*bad.yaml must be one of"),
+        ("distributed_type: XLA\n", r"distributed_type in .*bad.yaml must be one of"),
+        ("distributed_type: FSDP\n", r"fsdp_config.fsdp_version in .*bad.yaml must be one of 2, got 1"),
         ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 1\n", r"zero_stage in .*must be one of 2, 3"),
         ("num_processes: 0\n", r"num_processes in .*must be an integer >= 1, got 0"),
         ("mixed_precision: fp8\n", r"mixed_precision in .* must be one of"),

@@ -1,9 +1,10 @@
-"""Consolidate a DeepSpeed ZeRO checkpoint's shards into one ``model.safetensors`` (upstream ``convert_checkpoint.sh``).
+"""Consolidate a ZeRO or FSDP2 checkpoint's shards into one ``model.safetensors`` (upstream ``convert_checkpoint.sh``).
 
 What it does: reads the ``pytorch_model/`` shards and ``latest`` of a checkpoint written by
 ``scopebench train`` under ZeRO-2 or ZeRO-3 (DeepSpeed's ``zero_to_fp32``: the fp32 master
-weights of every rank's partition, put back together on one process, no GPU needed) and
-writes ``model.safetensors`` into the checkpoint folder, atomically. A DDP checkpoint
+weights of every rank's partition, put back together on one process, no GPU needed), or the
+``fsdp_model/`` shards of an FSDP2 checkpoint (torch.distributed.checkpoint, read without a
+process group, its ``.metadata`` unpickled from DCP's own classes only), and writes ``model.safetensors`` into the checkpoint folder, atomically. A DDP checkpoint
 already holds it (nothing to do). The file loads with
 ``scopebench.policy.checkpoint.load_policy(<checkpoint>)`` (``make_policy`` on the saved
 ``policy_config.json``, then the weights). Why: use the weights for inference or

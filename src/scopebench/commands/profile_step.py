@@ -16,7 +16,7 @@ How to run::
     torchrun --nproc-per-node 2 -m scopebench.cli profile-step --config configs/policy/tiny.yml
     accelerate launch --multi_gpu --num_processes 2 -m scopebench.cli profile-step --config ...   # CPU too
     scopebench profile-step --config configs/policy/tiny.yml --nproc-per-node 2 \
-        --accelerate-config configs/accelerate/deepspeed_zero2.yaml                 # or --backend=zero3
+        --accelerate-config configs/accelerate/deepspeed_zero2.yaml                 # or --backend=zero3, fsdp2
 
 Environment variables of the upstream script work too (flags win): ``PROFILE_STEPS``
 (200), ``PROFILE_NO_OPTIM`` (0), ``FIND_UNUSED_PARAMS`` (the config's, true by default),
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fused-adamw", choices=["true", "false"], default=None, help="FUSED_ADAMW")
     parser.add_argument(
         "--accelerate-config", "--accelerate_config", dest="accelerate_config", default=None,
-        help="accelerate config file: the backend (configs/accelerate/ddp.yaml, deepspeed_zero2.yaml, deepspeed_zero3.yaml)",
+        help="accelerate config file: the backend (configs/accelerate/ddp.yaml, deepspeed_zero2.yaml, deepspeed_zero3.yaml, fsdp2.yaml)",
     )  # fmt: skip
 
 

@@ -21,7 +21,7 @@ the accelerate file's ``num_processes``) and no launcher around it, this command
 ``accelerate launch --config_file <file> --num_processes N -m scopebench.cli train ...``
 (the same command by hand works too, as does ``torchrun`` or SLURM). ``--accelerate-config``
 chooses the backend (``configs/accelerate/ddp.yaml``, ``deepspeed_zero2.yaml``,
-``deepspeed_zero3.yaml``; default: the file of the config's ``backend``); where the file
+``deepspeed_zero3.yaml``, ``fsdp2.yaml``; default: the file of the config's ``backend``); where the file
 and the training config both set precision, gradient accumulation or clipping, the
 training config wins and the values in force are printed. Any config key is overridable
 (``--batch_size=8``, ``--training.save_freq=10``). A new run refuses an ``--output_dir``

@@ -18,7 +18,8 @@ Training phases (the upstream ``profile_step`` breakdown):
 
 ``backward_step`` (derived) is ``bwd`` through ``zero_grad_sched``. With gradient
 accumulation, ``dataload_wait``, ``forward`` and ``bwd`` cover all the micro-batches of the
-step. Under DeepSpeed ZeRO the engine does more inside some phases: :data:`PHASE_CONTENTS`.
+step. Under DeepSpeed ZeRO and FSDP2 the backend does more inside some phases:
+:data:`PHASE_CONTENTS`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ DATALOADER_PHASES = ("fetch", "h2d")
 INFERENCE_PHASES = ("preprocess", "prefill", "denoise", "postprocess")
 
 #: Training backend -> its name in prose.
-BACKEND_NAMES = {"ddp": "DDP", "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3"}
+BACKEND_NAMES = {"ddp": "DDP", "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp2": "FSDP2"}
 _STEP = "engine.step: clipping, AdamW on this rank's shard, zero_grad"
 #: Backend -> training phase -> what it holds there, for the phases whose work depends on the
 #: backend (the other phases hold what the list above says).
@@ -62,6 +63,13 @@ PHASE_CONTENTS: dict[str, dict[str, str]] = {
         "unscale_clip": "empty (DeepSpeed clips inside engine.step)",
         "optim_step": _STEP,
         "zero_grad_sched": "LR schedule",
+    },
+    "fsdp2": {
+        "forward": "forward + per-unit parameter all-gather (and the reshard after each unit)",
+        "bwd": "backward + parameter re-gather + gradient reduce-scatter",
+        "unscale_clip": "clipping by the total norm over every rank's gradient shards (an all-reduce)",
+        "optim_step": "AdamW on this rank's shards",
+        "zero_grad_sched": "zero_grad + LR schedule",
     },
 }
 

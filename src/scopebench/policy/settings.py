@@ -81,9 +81,10 @@ class TrainSettings:
     nproc_per_node: int = 1
     """Processes to start on this machine when no launcher started them (this one is rank 0)."""
     backend: str = "ddp"
-    """``ddp`` (DistributedDataParallel), ``zero2`` or ``zero3`` (DeepSpeed ZeRO; at least 2 ranks)."""
+    """``ddp`` (DistributedDataParallel), ``zero2`` or ``zero3`` (DeepSpeed ZeRO; at least 2 ranks), or
+    ``fsdp2`` (torch's ``fully_shard``; one rank or more)."""
     accelerate_config: str | None = None
-    """accelerate config file with the ZeRO knobs (None: ``configs/accelerate/`` file of ``backend``)."""
+    """accelerate config file with the ZeRO / FSDP2 knobs (None: ``configs/accelerate/`` file of ``backend``)."""
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step (global batch = ``batch_size x ranks x`` this)."""
     no_optim: bool = False
@@ -173,14 +174,14 @@ def backend_conflict(
         return (
             "gradient_checkpointing=true cannot run with backend=zero3: ZeRO-3 re-gathers and frees each "
             "layer's parameters on every forward, which activation checkpointing's recomputation does not "
-            "handle; use backend=zero2 (or FSDP), or gradient_checkpointing=false"
+            "handle; use backend=fsdp2 or zero2, or gradient_checkpointing=false"
         )
-    if backend != "ddp" and no_optim:
+    if backend in ("zero2", "zero3") and no_optim:
         return (
             f"no_optim=true cannot run with backend={backend}: ZeRO shards the optimizer's state and "
             "DeepSpeed's engine steps it; measure raw forward + backward with backend=ddp"
         )
-    if backend != "ddp" and world_size is not None and world_size < 2:
+    if backend in ("zero2", "zero3") and world_size is not None and world_size < 2:
         return (
             f"backend={backend} shards training state across ranks and needs at least 2 processes, got "
             f"{world_size}: set nproc_per_node >= 2 (or start the ranks with a launcher), or use backend=ddp"

@@ -1,7 +1,7 @@
 """Backend comparison: training-step configurations that differ only in ``backend``.
 
 Configurations of one benchmark and dataset whose parameters differ only in ``backend``
-(ddp / zero2 / zero3) form a :class:`BackendComparison` (:func:`backend_comparisons`,
+(ddp / zero2 / zero3 / fsdp2) form a :class:`BackendComparison` (:func:`backend_comparisons`,
 grouped by the same :func:`~scopebench.report.figures.sweep_groups` as the scaling
 picture): per backend the median step (``step_time_sec``, without the scoring callback),
 its ratio to the fastest backend and, per phase, the median and its difference to the
@@ -26,7 +26,7 @@ __all__ = ["BACKEND_EXPLAINED_PCT", "BACKEND_PAIRS", "BackendComparison", "backe
 #: The phases named are the largest slow-downs that together make up this share of the step difference (%).
 BACKEND_EXPLAINED_PCT = 80.0
 #: Ratios printed when both backends are present (first / second).
-BACKEND_PAIRS = (("zero3", "zero2"), ("zero2", "ddp"))
+BACKEND_PAIRS = (("zero3", "zero2"), ("zero2", "ddp"), ("fsdp2", "zero2"), ("fsdp2", "ddp"))
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class BackendComparison:
     label: str
     """The group: the solver's base name and the parameters that tell it from other groups."""
     backends: tuple[str, ...]
-    """In the sweep's order (sorted: ddp, zero2, zero3)."""
+    """In the sweep's order (sorted: ddp, fsdp2, zero2, zero3)."""
     configs: dict[str, str]
     """Backend -> the configuration's label."""
     solvers: dict[str, str]

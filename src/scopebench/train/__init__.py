@@ -3,11 +3,11 @@
 The model code (``scopebench.policy``) knows nothing about distribution; a run object
 (:class:`scopebench.policy.run.train.PolicyTrainRun`) takes a model, an optimizer, a
 scheduler and a dataloader and hands them to :func:`build_accelerator`'s
-``accelerator.prepare``. The ``backend`` setting (``ddp``, ``zero2``, ``zero3``) chooses DDP or
-DeepSpeed ZeRO-2/3.
+``accelerator.prepare``. The ``backend`` setting (``ddp``, ``zero2``, ``zero3``, ``fsdp2``) chooses
+DDP, DeepSpeed ZeRO-2/3, or torch's FSDP2 (``fully_shard``, applied by ``fsdp``).
 
 Modules: ``accelerator`` (accelerate set-up and teardown), ``accelerate_file`` (the
-shipped accelerate config files), ``checkpoint`` (save / resume / consolidate), ``optim``
+shipped accelerate config files), ``fsdp`` (FSDP2 sharding and its checkpoints), ``checkpoint`` (save / resume / consolidate), ``optim``
 (AdamW, LR schedules), ``peak`` (peak FLOP/s of a device, for MFU), ``memory`` (will the
 run fit).
 """
@@ -22,6 +22,7 @@ from scopebench.train.accelerate_file import (
 from scopebench.train.accelerator import (
     BACKENDS,
     PRECISIONS,
+    SHARDED_PARAMETERS,
     AcceleratorSettings,
     build_accelerator,
     check_launcher_backend,
@@ -38,6 +39,7 @@ __all__ = [
     "AccelerateFile",
     "PRECISIONS",
     "SCHEDULERS",
+    "SHARDED_PARAMETERS",
     "AcceleratorSettings",
     "PeakFlops",
     "available_memory_bytes",

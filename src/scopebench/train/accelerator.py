@@ -19,9 +19,13 @@ process-wide singletons; :func:`release_accelerator` clears them so that the nex
 starts from scratch.
 
 ``backend`` selects how the model is wrapped: ``ddp`` (DistributedDataParallel with
-several ranks, nothing with one) or DeepSpeed ZeRO-2 / ZeRO-3 through accelerate's
-DeepSpeed plugin (:func:`deepspeed_config`). The caller sends model, optimizer, scheduler
-and dataloader through ``accelerator.prepare`` either way; under DeepSpeed the prepared
+several ranks, nothing with one), DeepSpeed ZeRO-2 / ZeRO-3 through accelerate's
+DeepSpeed plugin (:func:`deepspeed_config`), or ``fsdp2``: torch's ``fully_shard``
+applied by :func:`scopebench.train.fsdp.shard_model` (accelerate's FSDP plugin does
+nothing without CUDA, so the suite shards the model itself and accelerate sees a
+``MULTI_CPU`` / ``MULTI_GPU`` run). The caller sends model, optimizer, scheduler and
+dataloader through ``accelerator.prepare`` for ``ddp`` and ZeRO, only the scheduler and the
+dataloader for ``fsdp2``; under DeepSpeed the prepared
 model is the DeepSpeed engine, whose ``backward`` / ``step`` the training step calls
 itself (:class:`scopebench.policy.run.steps.TrainStep`). accelerate's DeepSpeed path needs
 ``cpu=False`` even on a machine without CUDA (DeepSpeed then runs on the CPU over gloo),
@@ -43,6 +47,7 @@ from scopebench.validate import choice, flag, integer, number, optional
 __all__ = [
     "BACKENDS",
     "PRECISIONS",
+    "SHARDED_PARAMETERS",
     "AcceleratorSettings",
     "build_accelerator",
     "check_launcher_backend",
@@ -51,7 +56,9 @@ __all__ = [
 ]
 
 #: Training backends (``ddp`` covers the single-process case).
-BACKENDS = ("ddp", "zero2", "zero3")
+BACKENDS = ("ddp", "zero2", "zero3", "fsdp2")
+#: Backends whose ranks each hold a shard of every parameter (no rank has the whole model).
+SHARDED_PARAMETERS = ("zero3", "fsdp2")
 #: Precision setting -> accelerate's ``mixed_precision``.
 PRECISIONS = {"fp32": "no", "bf16": "bf16"}
 _LAUNCHER_VARS = (
@@ -63,6 +70,7 @@ _LAUNCHER_VARS = (
     "MASTER_PORT",
     "OMP_NUM_THREADS",
     "ACCELERATE_USE_DEEPSPEED",
+    "ACCELERATE_USE_FSDP",
     # Set by ``accelerate launch`` with a DeepSpeed file; the plugin refuses an explicit
     # config while it is set, and the explicit config already holds the file's values.
     "ACCELERATE_CONFIG_DS_FIELDS",
@@ -79,7 +87,7 @@ class AcceleratorSettings:
     """How the accelerator wraps the model."""
 
     backend: str = "ddp"
-    """``ddp`` (DistributedDataParallel when there are several ranks), ``zero2`` or ``zero3``."""
+    """``ddp`` (DistributedDataParallel when there are several ranks), ``zero2``, ``zero3`` or ``fsdp2``."""
     precision: str = "fp32"
     """``fp32``, or ``bf16`` autocast over fp32 weights (DeepSpeed: its bf16 mode)."""
     find_unused_params: bool = True
@@ -175,6 +183,8 @@ def _export_launcher_environment(info: Any, deepspeed: bool) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
     # An explicit ``ddp`` must not pick up a DeepSpeed plugin from a launcher's variables.
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true" if deepspeed else "false"
+    # ``fsdp2`` is applied by the suite (scopebench.train.fsdp), never by accelerate's plugin.
+    os.environ["ACCELERATE_USE_FSDP"] = "false"
     os.environ.pop("ACCELERATE_CONFIG_DS_FIELDS", None)
 
 
@@ -227,12 +237,16 @@ def build_accelerator(settings: AcceleratorSettings, info: Any, device: Any):
             gradient_clipping=settings.grad_clip,
             zero3_init_flag=bool(settings.zero.get("zero3_init_flag")),
         )
+    # FSDP2 on CUDA casts to bf16 through its MixedPrecisionPolicy (scopebench.train.fsdp),
+    # not through autocast; on the CPU it uses autocast like ddp.
+    fsdp_casts = settings.backend == "fsdp2" and not cpu
     accelerator = Accelerator(
         cpu=cpu and not deepspeed,
-        mixed_precision=PRECISIONS[settings.precision],
+        mixed_precision="no" if fsdp_casts else PRECISIONS[settings.precision],
         kwargs_handlers=handlers,
         deepspeed_plugin=plugin,
-        dynamo_backend="inductor" if settings.torch_compile else "no",
+        # fsdp2 compiles each sharded unit itself (scopebench.train.fsdp.shard_model).
+        dynamo_backend="inductor" if settings.torch_compile and settings.backend != "fsdp2" else "no",
         # One LR-schedule step per optimizer step (accelerate's default steps it once per
         # process, so warmup_steps would count world_size times too fast).
         step_scheduler_with_optimizer=False,

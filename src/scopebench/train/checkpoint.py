@@ -6,6 +6,7 @@ Layout of a run's output folder (the upstream training layout)::
         model.safetensors        the weights (DDP; under ZeRO after ``convert-checkpoint``)
         optimizer.bin            AdamW state (DDP; under ZeRO inside ``pytorch_model/``)
         pytorch_model/, latest   DeepSpeed's sharded weights and optimizer state (ZeRO)
+        fsdp_model/, fsdp_optimizer/   torch.distributed.checkpoint shards (FSDP2, every rank writes its own)
         scheduler.bin            the LR schedule
         random_states_<r>.pkl    every rank's Python / numpy / torch RNG states
         train_config.yaml        the run config, to resume from (``--config`` of ``scopebench train``)
@@ -15,7 +16,10 @@ Layout of a run's output folder (the upstream training layout)::
     <output_dir>/checkpoints/last -> 000020
 
 Everything but ``training_step.json`` is ``accelerator.save_state`` (accelerate saves the
-model, optimizer, scheduler and RNG states; under DeepSpeed the engine writes its shards).
+model, optimizer, scheduler and RNG states; under DeepSpeed the engine writes its shards),
+except under FSDP2, whose model and optimizer shards are written by every rank with
+``torch.distributed.checkpoint`` (:func:`scopebench.train.fsdp.save_sharded`) beside
+accelerate's scheduler and RNG files.
 A checkpoint is written into a temporary folder beside its final name by every rank; after a
 barrier rank 0 writes :data:`MANIFEST` (:func:`write_manifest`: relative path, size and
 sha256 of every file the ranks wrote, and the settings an exact resume needs unchanged), then
@@ -83,6 +87,7 @@ _REQUIRED = {
     "ddp": (MODEL_FILE, "random_states_{rank}.pkl"),
     "zero2": ("latest", "pytorch_model", "random_states_{rank}.pkl"),
     "zero3": ("latest", "pytorch_model", "random_states_{rank}.pkl"),
+    "fsdp2": ("fsdp_model/.metadata", "random_states_{rank}.pkl"),
 }
 
 
@@ -104,9 +109,10 @@ def save_checkpoint(
     meta: dict[str, Any],
     files: dict[str, str] | None = None,
     settings: dict[str, Any] | None = None,
+    sharded: tuple[Any, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step``; every rank calls this (DeepSpeed saves its shards
-    on every rank). Returns the checkpoint folder.
+    """Write the checkpoint of ``step``; every rank calls this (DeepSpeed and FSDP2 save
+    their shards on every rank). Returns the checkpoint folder.
 
     Args:
         accelerator: The run's accelerator (``save_state``).
@@ -116,6 +122,7 @@ def save_checkpoint(
         files: Extra text files (name -> content) written by rank 0.
         settings: The settings an exact resume needs unchanged (key -> JSON value), recorded
             in :data:`MANIFEST` for :func:`verify_checkpoint`.
+        sharded: FSDP2's ``(model, optimizer)``, saved through torch.distributed.checkpoint.
     """
     from scopebench.distributed import gather_objects
 
@@ -123,6 +130,10 @@ def save_checkpoint(
     tmp = temporary_dir(final) if accelerator.is_main_process else None
     tmp = Path(gather_objects(None if tmp is None else str(tmp))[0])
     accelerator.save_state(str(tmp))
+    if sharded is not None:
+        from scopebench.train.fsdp import save_sharded
+
+        save_sharded(*sharded, tmp)
     accelerator.wait_for_everyone()  # every rank's files are complete: the manifest covers them all
     if accelerator.is_main_process:
         for name, text in (files or {}).items():
@@ -301,7 +312,11 @@ def verify_checkpoint(checkpoint: str | Path, *, settings: dict[str, Any]) -> di
         if recorded.get(key, _ABSENT) != settings.get(key, _ABSENT)
     ]
     if mismatches:
-        raise ValueError(f"{'; '.join(mismatches)}: an exact resume needs the same (checkpoint {checkpoint})")
+        hint = ""
+        if any(recorded.get(k, _ABSENT) != settings.get(k, _ABSENT) for k in ("backend", "nproc_per_node")):
+            # Shards and per-rank RNG states belong to one backend and world size; the weights do not.
+            hint = f"; `scopebench convert-checkpoint {checkpoint}` writes its weights alone (model.safetensors)"
+        raise ValueError(f"{'; '.join(mismatches)}: an exact resume needs the same (checkpoint {checkpoint}){hint}")
     return manifest
 
 
@@ -363,9 +378,11 @@ def _refuse_code(path: Path) -> None:
         return
 
 
-def load_checkpoint(accelerator: Any, checkpoint: str | Path, *, world_size: int, backend: str) -> dict[str, Any]:
-    """Restore a checkpoint into the prepared objects of ``accelerator``; returns its
-    :data:`STEP_FILE` facts.
+def load_checkpoint(
+    accelerator: Any, checkpoint: str | Path, *, world_size: int, backend: str, sharded: tuple[Any, Any] | None = None
+) -> dict[str, Any]:
+    """Restore a checkpoint into the prepared objects of ``accelerator`` (and FSDP2's
+    ``sharded`` model and optimizer); returns its :data:`STEP_FILE` facts.
 
     Raises:
         ValueError: the checkpoint was written by another backend or number of ranks
@@ -377,29 +394,41 @@ def load_checkpoint(accelerator: Any, checkpoint: str | Path, *, world_size: int
     if saved != (backend, world_size):
         raise ValueError(
             f"checkpoint {checkpoint} was written with backend={saved[0]} on {saved[1]} rank(s); this run has "
-            f"backend={backend} on {world_size}: resume with the same backend and number of ranks"
+            f"backend={backend} on {world_size}: resume with the same backend and number of ranks, or "
+            f"`scopebench convert-checkpoint {checkpoint}` for its weights alone (model.safetensors)"
         )
     with data_only_loading():  # accelerate and DeepSpeed's engine would unpickle anything
         accelerator.load_state(str(checkpoint))
+        if sharded is not None:
+            from scopebench.train.fsdp import load_sharded
+
+            load_sharded(*sharded, checkpoint)
     return meta
 
 
 def consolidate(checkpoint: str | Path) -> Path:
-    """Write ``model.safetensors`` (fp32, full weights) from a ZeRO checkpoint's shards.
+    """Write ``model.safetensors`` (fp32, full weights) from a ZeRO or FSDP2 checkpoint's shards.
 
     DDP checkpoints already hold it; the file is returned as it is. Runs on one process,
-    without the ranks that wrote the shards (DeepSpeed's ``zero_to_fp32``).
+    without the ranks that wrote the shards (DeepSpeed's ``zero_to_fp32``; for FSDP2
+    torch.distributed.checkpoint read without a process group).
     """
     checkpoint = resolve_checkpoint(checkpoint)
     meta = read_step_file(checkpoint)
     target = checkpoint / MODEL_FILE
     if meta.get("backend", "ddp") == "ddp":
         return target
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from safetensors.torch import save
 
-    with data_only_loading():  # zero_to_fp32 loads every shard with weights_only=False
-        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
+    if meta.get("backend") == "fsdp2":
+        from scopebench.train.fsdp import consolidated_model_state
+
+        state = consolidated_model_state(checkpoint)
+    else:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        with data_only_loading():  # zero_to_fp32 loads every shard with weights_only=False
+            state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
     with atomic_write(target, "wb") as fh:
         fh.write(save({key: value.contiguous() for key, value in state.items()}))
     return target

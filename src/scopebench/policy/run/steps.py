@@ -91,7 +91,8 @@ class TrainStep:
 
     Args:
         accelerator: Owns the backward, the clipping and the gathers.
-        model: The prepared model (DDP-wrapped with several ranks, or DeepSpeed's engine).
+        model: The prepared model (DDP-wrapped with several ranks, DeepSpeed's engine, or the
+            model sharded in place by FSDP2's ``fully_shard``).
         optimizer: The prepared optimizer, or None (``no_optim``: gradients are dropped).
         scheduler: The prepared LR scheduler, or None.
         batches: Endless dataloader batches.
@@ -131,6 +132,10 @@ class TrainStep:
         self.memory = memory
         #: DeepSpeed's engine (the prepared model) under ZeRO, else None.
         self.engine = model if accelerator.distributed_type == DistributedType.DEEPSPEED else None
+        #: FSDP2: the model sharded by ``fully_shard`` (gradient sync and clipping are its own).
+        self.fsdp = callable(getattr(model, "set_requires_gradient_sync", None))
+        #: The global gradient norm before clipping at the last step (a tensor; None without clipping).
+        self.grad_norm: torch.Tensor | None = None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.steps = 0
         #: Every rank's :data:`GATHERED_KEYS` at the last gather (rank order), or None.
@@ -144,8 +149,10 @@ class TrainStep:
             last = micro == self.accumulation - 1
             with prof.track_step("dataload_wait"):
                 obs = self.preprocessor.preprocess(next(self.batches))
-            # DDP: all-reduce the gradients on the last micro-batch only.
-            with contextlib.nullcontext() if (last or engine is not None) else acc.no_sync(self.model):
+            # DDP: all-reduce the gradients on the last micro-batch only (FSDP2: reduce-scatter).
+            if self.fsdp:
+                self.model.set_requires_gradient_sync(last)
+            with contextlib.nullcontext() if (last or engine is not None or self.fsdp) else acc.no_sync(self.model):
                 with prof.track_step("forward"):
                     with acc.autocast():
                         loss, terms = self.model(obs)
@@ -158,7 +165,12 @@ class TrainStep:
             losses.append((loss.detach(), {k: v.detach() for k, v in terms.items()}))
         with prof.track_step("unscale_clip"):
             if engine is None and self.optimizer is not None and self.grad_clip > 0:
-                acc.clip_grad_norm_(self.params, self.grad_clip)
+                if self.fsdp:  # the norm over every rank's shards, not this rank's
+                    from scopebench.train.fsdp import clip_grad_norm
+
+                    self.grad_norm = clip_grad_norm(self.params, self.grad_clip)
+                else:
+                    self.grad_norm = acc.clip_grad_norm_(self.params, self.grad_clip)
         with prof.track_step("optim_step"):
             if engine is not None:
                 engine.step()

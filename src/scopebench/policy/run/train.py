@@ -66,8 +66,8 @@ def training_memory_check(settings: TrainSettings, processes: int = 1, world_siz
 
     Counted on the meta device (nothing allocated); activations are not counted. Per rank,
     DDP holds all of it; ZeRO-2 shards the AdamW state over ``world_size`` ranks (gradients
-    are bucketed but counted whole: a lower bound still); ZeRO-3 shards all three. Skipped
-    with ``check_memory: false``.
+    are bucketed but counted whole: a lower bound still); ZeRO-3 and FSDP2 shard all three.
+    Skipped with ``check_memory: false``.
     """
     from scopebench.policy import make_policy
     from scopebench.train.memory import check_memory_fits
@@ -82,7 +82,7 @@ def training_memory_check(settings: TrainSettings, processes: int = 1, world_siz
     )
     what = f"{params / 1e9:.2f} B parameters x {per_param:g} bytes: fp32 weights, gradients"
     what += "" if settings.no_optim else " and AdamW state"
-    what += "" if settings.backend == "ddp" else f" ({settings.backend} over {world_size} ranks)"
+    what += "" if settings.backend == "ddp" else f" ({settings.backend} over {world_size} rank(s))"
     check_memory_fits(
         "preset",
         settings.preset,
@@ -156,7 +156,7 @@ class PolicyTrainRun(RankRun):
         dataset_root: Folder of the (already written) robot dataset.
         chunk_size: Actions per training sample (the policy's chunk size).
         task: ``train`` or ``dataloader`` (no model, no optimizer, no collective).
-        eval_batch_size: Under ZeRO-3, every rank computes the held-out validation loss of
+        eval_batch_size: Under ZeRO-3 and FSDP2, every rank computes the held-out validation loss of
             the objective (:func:`~scopebench.policy.run.steps.validation_loss` on
             ``fixed_eval_batch(dataset, eval_batch_size)``) before each callback, since a
             forward needs every rank's parameter shard; it becomes :attr:`val_loss`.
@@ -184,7 +184,7 @@ class PolicyTrainRun(RankRun):
         import dataclasses
         import warnings
 
-        from scopebench.train import check_launcher_backend
+        from scopebench.train import SHARDED_PARAMETERS, check_launcher_backend
         from scopebench.train.checkpoint import resolve_checkpoint
 
         choice("task", task, TASKS)
@@ -210,7 +210,7 @@ class PolicyTrainRun(RankRun):
         check_launcher_backend(settings.backend if task == "train" else "ddp")
         self.eval_batch_size = eval_batch_size
         self.resume_from = None if resume_from is None else str(resolve_checkpoint(resume_from))
-        #: The held-out validation loss computed by every rank (ZeRO-3), before each callback.
+        #: The held-out validation loss computed by every rank (ZeRO-3, FSDP2), before each callback.
         self.val_loss: float | None = None
         self.dataset_root = str(dataset_root)
         self.chunk_size = chunk_size
@@ -226,8 +226,11 @@ class PolicyTrainRun(RankRun):
         from scopebench.policy.dataset import check_dataset_batch  # drop_last: a share under one batch has none
 
         check_dataset_batch(dataset_root, settings.batch_size, self.world_size)
+        #: Whether every rank holds only a shard of each parameter (ZeRO-3, FSDP2).
+        self.sharded = task == "train" and settings.backend in SHARDED_PARAMETERS
         self.accelerator = None
         self.model = None
+        self._own_group = False
         #: The step of each iteration: :class:`TrainStep` or :class:`DataloaderStep` (after start).
         self.work = None
         self.peak = None
@@ -260,6 +263,10 @@ class PolicyTrainRun(RankRun):
         from scopebench.train import AcceleratorSettings, build_accelerator, peak_flops
 
         s = self.settings
+        if self.task == "train" and s.backend == "fsdp2":
+            from scopebench.train.fsdp import join_single_rank_group
+
+            self._own_group = join_single_rank_group(self.device)  # fully_shard needs a group, even of one
         self.accelerator = acc = build_accelerator(
             AcceleratorSettings(
                 backend=s.backend if self.task == "train" else "ddp",
@@ -286,7 +293,7 @@ class PolicyTrainRun(RankRun):
         self._sampler = loader.sampler
         self._build_training(model, loader, preprocessor)
         self.peak = peak_flops(self.device, s.precision, s.peak_tflops)
-        if self.eval_batch_size is not None and s.backend == "zero3":
+        if self.eval_batch_size is not None and self.sharded:
             from scopebench.policy.dataset import fixed_eval_batch
 
             self._eval = (fixed_eval_batch(dataset, self.eval_batch_size), dataset.stats)
@@ -300,6 +307,11 @@ class PolicyTrainRun(RankRun):
         from scopebench.train import release_accelerator
 
         release_accelerator()  # the model and its wrappers stay readable for get_result
+        if self._own_group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+            self._own_group = False
 
     def _build_training(self, model, loader, preprocessor) -> None:
         from scopebench.profiler.device import DeviceOps, peak_rss_mb
@@ -309,7 +321,26 @@ class PolicyTrainRun(RankRun):
         self.model = model
         self.flops_per_sample = model.estimate_flops(1, "train")
         optimizer = scheduler = None
-        if not s.no_optim:
+        self.fsdp_units = []
+        if s.backend == "fsdp2":  # sharded in place before the optimizer sees the parameters
+            from scopebench.train.fsdp import shard_model
+
+            self.fsdp_units = shard_model(
+                model,
+                self.accelerate_file.fsdp,
+                device=self.device,
+                precision=s.precision,
+                compile_units=s.torch_compile,
+            )
+            prepared = model
+            if not s.no_optim:
+                params = [p for p in model.parameters() if p.requires_grad]
+                optimizer = build_adamw(params, lr=s.learning_rate, weight_decay=s.weight_decay, fused=s.fused_adamw)
+                scheduler = build_scheduler(optimizer, name=s.scheduler, warmup_steps=s.warmup_steps)
+                scheduler, loader = acc.prepare(scheduler, loader)
+            else:
+                loader = acc.prepare(loader)
+        elif not s.no_optim:
             params = [p for p in model.parameters() if p.requires_grad]
             optimizer = build_adamw(params, lr=s.learning_rate, weight_decay=s.weight_decay, fused=s.fused_adamw)
             scheduler = build_scheduler(optimizer, name=s.scheduler, warmup_steps=s.warmup_steps)
@@ -376,12 +407,21 @@ class PolicyTrainRun(RankRun):
             settings = {key: value for key, value in own.items() if key not in RESUME_MAY_CHANGE}
         policy = {"preset": self.settings.preset, "config": dataclasses.asdict(config)}
         extra = {POLICY_CONFIG_FILE: json.dumps(policy, indent=2) + "\n", **(files or {})}
-        return save_checkpoint(self.accelerator, output_dir, self.work.steps, meta=meta, files=extra, settings=settings)
+        return save_checkpoint(
+            self.accelerator, output_dir, self.work.steps, meta=meta, files=extra, settings=settings, sharded=self._dcp
+        )
+
+    @property
+    def _dcp(self):
+        """``(model, optimizer)`` whose state goes through torch.distributed.checkpoint (FSDP2), else None."""
+        return (self.work.model, self.work.optimizer) if self.settings.backend == "fsdp2" else None
 
     def _resume(self, checkpoint: str) -> None:
         from scopebench.train.checkpoint import load_checkpoint
 
-        meta = load_checkpoint(self.accelerator, checkpoint, world_size=self.world_size, backend=self.settings.backend)
+        meta = load_checkpoint(
+            self.accelerator, checkpoint, world_size=self.world_size, backend=self.settings.backend, sharded=self._dcp
+        )
         self.work.steps = meta["step"]
         per_batch = self.settings.batch_size * self.world_size
         self.work.batches.resume(meta["epoch"], meta["position"], self._sampler, per_batch)
@@ -393,7 +433,7 @@ class PolicyTrainRun(RankRun):
         """:meth:`RankRun.loop`, then every rank's profiler rows are gathered into
         :attr:`rank_rows` and its checks into :attr:`rank_checks` (a collective).
 
-        Under ZeRO-3 with ``eval_batch_size`` every rank also computes :attr:`val_loss`
+        Under ZeRO-3 and FSDP2 with ``eval_batch_size`` every rank also computes :attr:`val_loss`
         before each callback, after ``before_callback``.
         """
         from scopebench.distributed import gather_objects
@@ -401,7 +441,7 @@ class PolicyTrainRun(RankRun):
         hooks = [h for h in (self._score_on_every_rank if self._eval else None, before_callback) if h]
         super().loop(callback, before_callback=(lambda: [hook() for hook in hooks]) if hooks else None)
         check = {"rank": self.rank, "accelerate_num_processes": self.accelerator.num_processes}
-        if self.model is not None and self.settings.backend != "zero3":  # ZeRO-3: each rank holds a shard
+        if self.model is not None and not self.sharded:  # ZeRO-3, FSDP2: each rank holds a shard
             with torch.no_grad():
                 check["weights_checksum"] = float(sum(p.double().sum() for p in self.model.parameters()))
         gathered = gather_objects((list(self.profiler.rows), check))
@@ -424,8 +464,8 @@ class PolicyTrainRun(RankRun):
     @property
     def unwrapped_model(self):
         """The policy without DDP / DeepSpeed / compile wrappers; None for the dataloader task
-        and under ZeRO-3, where this rank holds only a shard of each parameter."""
-        if self.work is None or self.model is None or self.settings.backend == "zero3":
+        and under ZeRO-3 and FSDP2, where this rank holds only a shard of each parameter."""
+        if self.work is None or self.model is None or self.sharded:
             return None
         return self.accelerator.unwrap_model(self.work.model)
 
