@@ -27,6 +27,7 @@ COMMANDS = (
     "decompose-latency",
     "train",
     "convert-checkpoint",
+    "estimate-memory",
 )
 
 
@@ -70,14 +71,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _leave_if_launched(status: int) -> None:
-    """A rank that torchrun or ``accelerate launch`` started leaves through ``os._exit`` once
+    """A rank that torchrun, ``accelerate launch`` or a multi-rank ``scopebench train`` started
+    (a spawned rank) leaves through ``os._exit`` once
     its command has returned (everything written, its group destroyed): about one such rank
     in fifteen aborted in a native destructor at interpreter exit after a successful run
     ("terminate called without an active exception"), which the launcher reports as a
     failed run. Callers in a plain process (tests, scripts) get ``status`` back as usual."""
     from scopebench.distributed import get_dist_info
 
-    if get_dist_info().source == "torchrun":
+    if get_dist_info().source in ("torchrun", "spawn"):
         from scopebench.distributed.worker import exit_without_teardown
 
         exit_without_teardown(status)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "consolidate ZeRO shards of a training checkpoint into model.safetensors"
+HELP = "consolidate ZeRO or FSDP2 shards of a training checkpoint into model.safetensors"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

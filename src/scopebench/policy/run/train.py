@@ -58,40 +58,49 @@ __all__ = [
 TASKS = ("train", "dataloader")
 #: Entry point of spawned ranks (``scopebench.distributed.worker`` imports and calls it).
 WORKER = "scopebench.policy.run.train:run_worker"
-_ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
 
 
-def training_memory_check(settings: TrainSettings, processes: int = 1, world_size: int = 1) -> None:
-    """Refuse a preset whose fp32 weights, gradients and AdamW state exceed the free memory.
+def training_memory_check(settings: TrainSettings, processes: int = 1, world_size: int = 1, config: Any = None) -> None:
+    """Refuse a preset, then a batch, that cannot fit in the free memory.
 
-    Counted on the meta device (nothing allocated); activations are not counted. Per rank,
-    DDP holds all of it; ZeRO-2 shards the AdamW state over ``world_size`` ranks (gradients
-    are bucketed but counted whole: a lower bound still); ZeRO-3 and FSDP2 shard all three.
+    First the model states alone (fp32 weights, gradients and AdamW state, counted on the
+    meta device; :func:`scopebench.train.memory.model_state_bytes` says what each backend
+    shards), refused naming ``preset``; then with ``config`` (the run's model config) the
+    step's peak with the activations of ``batch_size`` samples, measured by a fake forward
+    (:func:`scopebench.policy.memory.training_memory`), refused naming ``batch_size``.
     Skipped with ``check_memory: false``.
     """
     from scopebench.policy import make_policy
-    from scopebench.train.memory import check_memory_fits
+    from scopebench.train.memory import GB, check_memory_fits, model_state_bytes
 
     if not settings.check_memory:
         return
     with torch.device("meta"):
         params = make_policy(settings.preset).num_params()
-    optim = 0 if settings.no_optim else _ADAMW_STATE_BYTES
-    per_param = {"ddp": 4 + 4 + optim, "zero2": 4 + 4 + optim / world_size}.get(
-        settings.backend, (4 + 4 + optim) / world_size
-    )
-    what = f"{params / 1e9:.2f} B parameters x {per_param:g} bytes: fp32 weights, gradients"
+    states = model_state_bytes(params, backend=settings.backend, world_size=world_size, optimizer=not settings.no_optim)
+    what = f"{params / 1e9:.2f} B parameters x {sum(states.values()) / params:g} bytes: fp32 weights, gradients"
     what += "" if settings.no_optim else " and AdamW state"
     what += "" if settings.backend == "ddp" else f" ({settings.backend} over {world_size} rank(s))"
-    check_memory_fits(
-        "preset",
-        settings.preset,
-        needed_bytes=int(params * per_param),
-        what=what + "; activations not counted",
-        device=resolve_device(settings.device),
-        override_key="check_memory",
-        processes=processes,
+    device = resolve_device(settings.device)
+    check = dict(device=device, override_key="check_memory", processes=processes)
+    check_memory_fits("preset", settings.preset, needed_bytes=int(sum(states.values())), what=what, **check)
+    if config is None:
+        return
+    from scopebench.policy.memory import training_memory
+
+    peak = training_memory(
+        config,
+        batch_size=settings.batch_size,
+        backend=settings.backend,
+        world_size=world_size,
+        optimizer=not settings.no_optim,
     )
+    what = (
+        f"the step's peak: {(peak['parameters'] + peak['optimizer_state']) / GB:.1f} GB of weights and AdamW state "
+        f"and {peak['activations'] / GB:.1f} GB of activations for {settings.batch_size} samples per rank, "
+        "measured by a fake forward"
+    )
+    check_memory_fits("batch_size", settings.batch_size, needed_bytes=int(peak["peak"]), what=what, **check)
 
 
 def resolve_accelerate_file(settings: TrainSettings):
@@ -222,7 +231,14 @@ class PolicyTrainRun(RankRun):
             if conflict:
                 raise ValueError(conflict)
             local = self.nproc if self.device.type == "cpu" and not self.info.is_distributed else 1
-            training_memory_check(settings, processes=local, world_size=self.world_size)
+            config = None
+            if self.info.source != "spawn" and settings.check_memory:  # rank 0 checked for its spawned ranks
+                from scopebench.policy.dataset import RobotDataset
+
+                config = config_for_dataset(
+                    settings.preset, RobotDataset(dataset_root, chunk_size=chunk_size), **model_overrides(settings)
+                )
+            training_memory_check(settings, processes=local, world_size=self.world_size, config=config)
         from scopebench.policy.dataset import check_dataset_batch  # drop_last: a share under one batch has none
 
         check_dataset_batch(dataset_root, settings.batch_size, self.world_size)

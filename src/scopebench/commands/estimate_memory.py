@@ -1,0 +1,124 @@
+"""Per-rank memory of a policy training step, estimated before launch, without allocating the model.
+
+What it estimates: for the config's preset (``pi05`` at its real size included), backend,
+number of ranks and per-rank batch, the bytes per rank at the step's peak by category —
+``parameters``, ``gradients``, ``optimizer_state`` (each backend's sharding: DDP holds all,
+ZeRO-2 shards the AdamW state, ZeRO-3 and FSDP2 shard all three) and ``activations``
+(measured by one fake forward of the model's own code: ``FakeTensorMode`` on a meta-device
+model, every tensor autograd saves counted once) — then whether it fits in
+``--device-memory-gb`` and the largest per-rank batch that does (activations are linear in
+the batch: measured at batch 1 and 2). What it leaves out (docs/distributed.md,
+"Memory before launch"): one operation's temporaries, allocator fragmentation, ZeRO's and
+FSDP2's gather buffers, DataLoader workers and the process's libraries.
+
+How to run::
+
+    scopebench estimate-memory --config configs/policy/pi05.yml --backend zero2 --nproc 8 \\
+        --batch-size 16 --precision bf16 --device-memory-gb 80
+    scopebench estimate-memory --config configs/policy/tiny.yml --json outputs/memory.json
+
+Output: one line per category (GB per rank), the peak, and with ``--device-memory-gb``
+whether it fits and the largest batch. JSON (``--json``): ``tool`` ("estimate-memory"),
+``config``, ``preset``, ``backend``, ``world_size``, ``batch_size``, ``precision``,
+``num_params``, ``bytes`` (category -> bytes per rank, and ``peak``),
+``activations_per_sample_bytes``, ``device_memory_bytes``, ``fits``, ``largest_batch``.
+
+Exit status: 2 with one line for a refused input, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "per-rank memory of a training step by category, before launch (no model allocated)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from scopebench.commands._policy_options import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--backend", default=None, help="ddp, zero2, zero3 or fsdp2 (default: the config's)")
+    parser.add_argument("--nproc", type=int, default=None, help="ranks the model is trained on (default: the config's)")
+    parser.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=None, help="per rank")
+    parser.add_argument("--precision", default=None, help="fp32 or bf16 (autocast)")
+    parser.add_argument("--device-memory-gb", type=float, default=None, help="memory of one device (GB, 1e9 bytes)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from scopebench.policy.tools import check_json_path, load_config
+    from scopebench.validate import number, optional
+
+    try:
+        flags = {"backend": args.backend, "batch_size": args.batch_size, "precision": args.precision}
+        # The estimate is for --nproc ranks; nothing is started, so no cores check applies.
+        config = load_config(args, flags=flags)
+        world = config.train.nproc_per_node if args.nproc is None else args.nproc
+        if type(world) is not int or world < 1:
+            raise ValueError(f"--nproc must be an integer >= 1, got {world!r}")
+        limit = optional(number, "--device-memory-gb", args.device_memory_gb, low=0, low_open=True)
+        check_json_path("--json", args.json)
+        return _estimate(config, world, limit, args.json)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"scopebench estimate-memory: {err}", file=sys.stderr)
+        return 2
+
+
+def _estimate(config, world: int, limit_gb: float | None, json_path: str | None) -> int:
+    from scopebench.policy.config import make_config
+    from scopebench.policy.memory import largest_batch, training_memory
+    from scopebench.policy.run.train import model_overrides
+    from scopebench.policy.tools import write_json
+    from scopebench.train.memory import GB
+
+    s, d = config.train, config.dataset
+    # The dataset's cameras and chunk; state and action as the preset pads them (the
+    # synthetic data's 7 dims are below every preset's).
+    model_config = make_config(s.preset, num_cameras=d.num_cameras, chunk_size=d.chunk_size, **model_overrides(s))
+    memory = training_memory(
+        model_config,
+        batch_size=s.batch_size,
+        backend=s.backend,
+        world_size=world,
+        optimizer=not s.no_optim,
+        precision=s.precision,
+    )
+    print(
+        f"scopebench estimate-memory: preset={s.preset} ({memory['num_params'] / 1e9:.2f} B parameters) "
+        f"backend={s.backend} ranks={world} batch_size={s.batch_size} per rank precision={s.precision}"
+    )
+    for key in ("parameters", "gradients", "optimizer_state", "activations"):
+        print(f"  {key:<16} {memory[key] / GB:10.3f} GB per rank")
+    print(
+        f"  {'peak':<16} {memory['peak'] / GB:10.3f} GB per rank (parameters + optimizer_state + max(activations, gradients))"
+    )
+    print(f"  activations per sample: {memory['activations_per_sample'] / GB:.4f} GB")
+    fits = best = None
+    if limit_gb is not None:
+        fits = memory["peak"] <= limit_gb * GB
+        best = largest_batch(memory, limit_gb * GB)
+        verdict = "fits" if fits else "does NOT fit"
+        print(f"  on a {limit_gb:g} GB device: {verdict}; largest per-rank batch that fits: {best}")
+    print("  not counted: temporaries, fragmentation, gather buffers (zero3/fsdp2), workers, libraries")
+    if json_path:
+        keys = ("parameters", "gradients", "optimizer_state", "activations", "peak")
+        write_json(
+            json_path,
+            {
+                "tool": "estimate-memory",
+                "config": config.source,
+                "preset": s.preset,
+                "backend": s.backend,
+                "world_size": world,
+                "batch_size": s.batch_size,
+                "precision": s.precision,
+                "num_params": memory["num_params"],
+                "bytes": {k: memory[k] for k in keys},
+                "activations_per_sample_bytes": memory["activations_per_sample"],
+                "device_memory_bytes": None if limit_gb is None else limit_gb * GB,
+                "fits": fits,
+                "largest_batch": best,
+            },
+        )
+        print(f"wrote {json_path}")
+    return 0

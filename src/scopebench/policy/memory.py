@@ -1,0 +1,114 @@
+"""The policy's training memory per rank, estimated without allocating the model.
+
+:func:`training_memory` applies :mod:`scopebench.train.memory` to a
+:class:`~scopebench.policy.config.Pi05Config`: model states from the parameter count
+(counted on the meta device), activations from one fake forward on a full-length batch of
+the config's shapes (every prompt token real, no padded action, the worst case of a
+batch). Activations are linear in the batch: :func:`activations_per_sample` measures
+batch 1 and 2 once per config (cached), and every batch size is read off that line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from scopebench.policy.config import Pi05Config
+
+__all__ = ["activations_per_sample", "full_batch", "largest_batch", "training_memory"]
+
+
+def full_batch(config: Pi05Config, batch_size: int) -> dict[str, torch.Tensor]:
+    """Model inputs of ``config``'s shapes for ``batch_size`` samples (values do not matter)."""
+    s = config.vision.image_size
+    return {
+        "images": torch.zeros(batch_size, config.num_cameras, 3, s, s),
+        "prompt_ids": torch.full((batch_size, config.prompt_max_length), 2, dtype=torch.long),
+        "prompt_mask": torch.ones(batch_size, config.prompt_max_length, dtype=torch.bool),
+        "state": torch.zeros(batch_size, config.state_dim),
+        "actions": torch.zeros(batch_size, config.chunk_size, config.action_dim),
+        "action_is_pad": torch.zeros(batch_size, config.chunk_size, dtype=torch.bool),
+    }
+
+
+def _activations(config: Pi05Config, batch_size: int, precision: str = "fp32") -> int:
+    from scopebench.policy.model import Pi05Policy
+    from scopebench.train.memory import activation_bytes
+
+    def forward(model, batch):
+        # Noise and times given: the model's own Beta sampling reads values, which fake tensors lack.
+        noise = torch.zeros_like(batch["actions"])
+        # bf16: the training step's autocast (CPU op coverage; CUDA autocasts a few more ops).
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            return model(batch, noise=noise, time=torch.full((batch_size,), 0.5))[0]
+
+    return activation_bytes(
+        lambda: Pi05Policy(config).to(getattr(torch, config.dtype)),
+        lambda model: full_batch(config, batch_size),
+        forward,
+    )
+
+
+#: Config (its repr) -> (bytes per sample, fixed bytes): one pair of fake forwards per config.
+_LINES: dict[str, tuple[float, float]] = {}
+
+
+def activations_per_sample(config: Pi05Config, precision: str = "fp32") -> tuple[float, float]:
+    """``(bytes per sample, fixed bytes)`` of the activations a training forward of ``config``
+    saves, at ``precision`` (``fp32``, or ``bf16`` autocast)."""
+    key = repr((dataclasses.asdict(config), precision))
+    if key not in _LINES:
+        one, two = _activations(config, 1, precision), _activations(config, 2, precision)
+        _LINES[key] = (float(two - one), float(2 * one - two))
+    return _LINES[key]
+
+
+def training_memory(
+    config: Pi05Config,
+    *,
+    batch_size: int,
+    backend: str,
+    world_size: int = 1,
+    optimizer: bool = True,
+    precision: str = "fp32",
+) -> dict[str, Any]:
+    """Per-rank bytes at a training step's peak: ``parameters``, ``gradients``,
+    ``optimizer_state``, ``activations`` and ``peak`` (:func:`scopebench.train.memory.step_peak_bytes`)."""
+    from scopebench.policy.model import Pi05Policy
+    from scopebench.train.memory import model_state_bytes, step_peak_bytes
+
+    with torch.device("meta"):
+        params = sum(p.numel() for p in Pi05Policy(config).parameters())
+    states = model_state_bytes(params, backend=backend, world_size=world_size, optimizer=optimizer)
+    slope, intercept = activations_per_sample(config, precision)
+    activations = intercept + slope * batch_size
+    return {
+        "num_params": params,
+        **states,
+        "activations": activations,
+        "activations_per_sample": slope,
+        "activations_fixed": intercept,
+        "peak": step_peak_bytes(states, activations),
+    }
+
+
+def largest_batch(memory: dict[str, Any], limit_bytes: float) -> int:
+    """The largest per-rank batch whose step peak fits in ``limit_bytes`` (0: none does), from
+    :func:`training_memory`'s line of activations against the batch.
+
+    :Examples:
+
+    >>> m = {"parameters": 4.0, "gradients": 4.0, "optimizer_state": 8.0,
+    ...      "activations_fixed": 2.0, "activations_per_sample": 5.0}
+    >>> largest_batch(m, 40.0)  # 4 + 8 + 2 + 5 x 5 = 39 <= 40
+    5
+    >>> largest_batch(m, 15.0)  # weights, AdamW state and gradients alone do not fit
+    0
+    """
+    fixed = memory["parameters"] + memory["optimizer_state"]
+    slope = memory["activations_per_sample"]
+    if fixed + memory["gradients"] > limit_bytes or slope <= 0:
+        return 0
+    return max(0, int((limit_bytes - fixed - memory["activations_fixed"]) // slope))

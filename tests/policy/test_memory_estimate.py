@@ -1,0 +1,162 @@
+"""Memory before launch: model states per backend, activations from a fake forward, checked
+against torch's own ``MemTracker`` on a real step; the batch refusal; ``estimate-memory``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from scopebench.cli import main
+from scopebench.policy.config import make_config
+from scopebench.policy.memory import full_batch, largest_batch, training_memory
+from scopebench.train.memory import GB, model_state_bytes
+
+from .conftest import TINY
+
+
+def _measured(preset: str, batch_size: int) -> dict[str, float]:
+    """Bytes by category at the peak of a real fp32 training step (second iteration), per MemTracker."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from scopebench.policy import make_policy
+
+    torch.manual_seed(0)
+    model = make_policy(preset)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = full_batch(model.config, batch_size)
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    for iteration in range(2):  # the first creates AdamW's state
+        with tracker:
+            noise = torch.randn_like(batch["actions"])
+            loss, _ = model(batch, noise=noise, time=torch.full((batch_size,), 0.5))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        if iteration == 0:
+            tracker.reset_mod_stats()  # it refuses a second iteration otherwise
+    (peak,) = tracker.get_tracker_snapshot("peak").values()
+    return {str(k).rsplit(".", 1)[-1]: v for k, v in peak.items()}
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_the_estimate_matches_memtracker_on_a_real_step(preset):
+    measured = _measured(preset, 4)
+    estimate = training_memory(make_config(preset), batch_size=4, backend="ddp")
+    assert estimate["parameters"] == pytest.approx(measured["PARAM"], rel=0.02)  # 4 bytes per parameter
+    assert estimate["optimizer_state"] == pytest.approx(measured["OPT"], rel=0.02)  # AdamW's two moments
+    assert abs(estimate["activations"] / measured["ACT"] - 1) <= 0.10, (estimate["activations"], measured)
+    assert abs(estimate["peak"] / measured["Total"] - 1) <= 0.10, (estimate["peak"], measured)
+
+
+def test_activations_grow_linearly_with_the_batch():
+    from scopebench.policy.memory import _activations
+    from scopebench.stats import linear_fit
+
+    config = make_config("tiny")
+    sizes = [1, 3, 5, 8]
+    values = [float(_activations(config, b)) for b in sizes]
+    intercept, slope = linear_fit(sizes, values)
+    mean = sum(values) / len(values)
+    residual = sum((v - (intercept + slope * b)) ** 2 for b, v in zip(sizes, values))
+    r2 = 1 - residual / sum((v - mean) ** 2 for v in values)
+    assert slope > 0 and r2 >= 0.98, (values, r2)
+    line = training_memory(config, batch_size=5, backend="ddp")
+    assert line["activations"] == pytest.approx(_activations(config, 5), rel=1e-6)
+
+
+def test_gradient_checkpointing_lowers_the_estimated_activations():
+    plain = training_memory(make_config("small"), batch_size=4, backend="ddp")["activations"]
+    recompute = training_memory(make_config("small", gradient_checkpointing=True), batch_size=4, backend="ddp")
+    assert recompute["activations"] < 0.6 * plain
+
+
+def test_model_states_follow_each_backends_sharding():
+    n = 1_000_000
+    assert model_state_bytes(n, backend="ddp", world_size=4) == {
+        "parameters": 4e6,
+        "gradients": 4e6,
+        "optimizer_state": 8e6,
+    }
+    assert model_state_bytes(n, backend="zero2", world_size=4)["optimizer_state"] == 2e6
+    for backend in ("zero3", "fsdp2"):
+        assert model_state_bytes(n, backend=backend, world_size=4) == {
+            "parameters": 1e6,
+            "gradients": 1e6,
+            "optimizer_state": 2e6,
+        }
+
+
+def test_a_batch_that_cannot_fit_is_refused_naming_batch_size(monkeypatch):
+    import scopebench.train.memory as memory
+    from scopebench.policy.run.train import training_memory_check
+    from scopebench.policy.settings import TrainSettings
+
+    config = make_config("tiny")
+    settings = TrainSettings(batch_size=64)
+    peak = training_memory(config, batch_size=64, backend="ddp")["peak"]
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda device: int(peak) + 1)
+    training_memory_check(settings, config=config)  # just fits
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda device: int(peak) - 1)
+    with pytest.raises(ValueError, match=r"^batch_size=64 needs at least .* activations for 64 samples per rank"):
+        training_memory_check(settings, config=config)
+    training_memory_check(settings)  # without the model config: model states only, which fit
+
+
+def test_estimate_memory_prints_the_categories_and_the_largest_batch_that_fits(tmp_path, capsys):
+    out = tmp_path / "memory.json"
+    code = main(["estimate-memory", "--config", TINY, "--backend", "fsdp2", "--nproc", "2", "--batch-size", "4"]
+                + ["--device-memory-gb", "0.05", "--json", str(out)])  # fmt: skip
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "backend=fsdp2 ranks=2 batch_size=4" in text and "largest per-rank batch that fits" in text
+    report = json.loads(out.read_text())
+    assert report["tool"] == "estimate-memory" and report["world_size"] == 2 and report["fits"] is True
+    best = report["largest_batch"]
+    config = make_config("tiny")
+    fits = training_memory(config, batch_size=best, backend="fsdp2", world_size=2)["peak"]
+    over = training_memory(config, batch_size=best + 1, backend="fsdp2", world_size=2)["peak"]
+    assert fits <= 0.05 * GB < over
+    assert largest_batch(training_memory(config, batch_size=1, backend="fsdp2", world_size=2), 0.05 * GB) == best
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nproc", "0"], "--nproc must be an integer >= 1, got 0"),
+        (["--device-memory-gb", "0"], "--device-memory-gb must be a finite number > 0, got 0"),
+        (["--backend", "zero4"], "backend must be one of"),
+    ],
+)
+def test_estimate_memory_refuses_bad_inputs_in_one_line(capsys, args, message):
+    assert main(["estimate-memory", "--config", TINY, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("scopebench estimate-memory: ") and message in err and "Traceback" not in err
+
+
+_OWN_PEAK = """
+import resource, sys
+from scopebench.cli import main
+code = main(sys.argv[1:])
+print("maxrss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(code)
+"""
+
+
+def test_pi05_at_its_real_size_is_estimated_in_a_small_process():
+    """3.35 B parameters, never allocated: the estimating process stays under 3 GB resident."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _OWN_PEAK, "estimate-memory", "--config", TINY.replace("tiny", "pi05")]
+        + ["--backend", "zero2", "--nproc", "8", "--batch-size", "16", "--device-memory-gb", "80"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "preset=pi05 (3.35 B parameters)" in proc.stdout
+    peak_kb = int(proc.stdout.rsplit("maxrss_kb", 1)[1])  # ru_maxrss is in KB on Linux
+    assert peak_kb < 3 * 1024 * 1024, peak_kb
