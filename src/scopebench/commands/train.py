@@ -17,9 +17,13 @@ How to run::
     scopebench convert-checkpoint outputs/train/z3/checkpoints/last      # ZeRO shards -> model.safetensors
 
 With one process the run happens in this process. With several (``--nproc-per-node``, or
-the accelerate file's ``num_processes``) and no launcher around it, this command runs
-``accelerate launch --config_file <file> --num_processes N -m scopebench.cli train ...``
-(the same command by hand works too, as does ``torchrun`` or SLURM). ``--accelerate-config``
+the accelerate file's ``num_processes``) and no launcher around it, this command starts N
+copies of itself, ranks 0 to N-1 of a group whose rendezvous is a file store in a private
+0700 folder (:class:`scopebench.distributed.spawn.LocalSpawn`, launcher mode): nothing
+listens on the network, the ranks' gloo / NCCL sockets are bound to the loopback interface,
+and this process waits for them. ``torchrun``, ``accelerate launch`` or SLURM may start the
+ranks instead (docs/distributed.md says how to do it without exposing their TCP store).
+``--accelerate-config``
 chooses the backend (``configs/accelerate/ddp.yaml``, ``deepspeed_zero2.yaml``,
 ``deepspeed_zero3.yaml``, ``fsdp2.yaml``; default: the file of the config's ``backend``); where the file
 and the training config both set precision, gradient accumulation or clipping, the
@@ -116,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json and writes_reports():
         write_json(args.json, {"tool": "train", "config": config.source, **result})
         print(f"wrote {args.json}")
-    return 0  # a launched rank then leaves through os._exit (scopebench.cli._leave_if_launched)
+    return 0  # a launched or spawned rank then leaves through os._exit (scopebench.cli._leave_if_launched)
 
 
 def _given(flag, fallback):
@@ -170,45 +174,40 @@ def _resume_point(config_path: str, output_dir: str, config=None):
 
 
 def _relaunch(args: argparse.Namespace, config, env: dict[str, str]) -> int:
-    """``accelerate launch`` this command on ``nproc_per_node`` processes; their exit code.
+    """Run this command on ``nproc_per_node`` local ranks, this process their launcher; their exit code.
+
+    The ranks are spawned ranks (:class:`scopebench.distributed.spawn.LocalSpawn` in launcher
+    mode): their rendezvous is a ``FileStore`` in a private 0700 temporary folder, their
+    gloo / NCCL sockets are bound to the loopback interface, so nothing of the run listens on
+    the network (``accelerate launch`` and torchrun listen on every interface, unauthenticated).
+    The backend's knobs come from the accelerate file, which each rank reads itself
+    (``--accelerate-config`` is passed on). The group timeout is ``group_timeout_sec``, else
+    :data:`~scopebench.distributed.launch.LAUNCHER_TIMEOUT_SEC` (a checkpoint save of a large
+    model may keep the other ranks waiting for minutes).
 
     ``env`` is added to their environment: it names this process as the output folder's
     owner, so their rank 0 does not refuse the lock held for it
     (:func:`scopebench.train.run_folder.own_run_folder`).
 
     The ranks do not outlive this process (:mod:`scopebench.distributed.orphans`): SIGTERM
-    and SIGINT are forwarded to the launch child, whose agent stops the ranks; on Linux the
-    child gets SIGTERM when this process dies (SIGKILL, the OOM killer); and every rank
-    ends within 5 s of this process's death or its agent's. Torch elastic's log folder is a
-    private temporary folder, removed at the end (it used to leave a ``/tmp/torchelastic_*``
-    per run).
+    and SIGINT are forwarded to them; when this process dies (SIGKILL, the OOM killer)
+    every rank ends within 5 s (its lifeline pipe reads end-of-file) and removes the folder. When one rank fails, the others get SIGTERM (rank 0
+    still names the culprit), SIGKILL after 30 s, and this process names the ranks that
+    failed with their exit code or signal. The private folder is removed at the end.
 
     Returns:
-        The launch child's exit code; 128 + N when a signal N ended it.
+        0, else the first failed rank's exit code (128 + N when a signal N ended it), or
+        128 + N after a forwarded signal N.
     """
-    import os
-    import shutil
-    import subprocess
-    import tempfile
-
-    from scopebench.distributed.orphans import (
-        LAUNCH_DIR_ENV,
-        LAUNCHER_PID_ENV,
-        forwarding_signals,
-        launch_child_preexec,
-    )
+    from scopebench.distributed.device import resolve_device
+    from scopebench.distributed.launch import LAUNCHER_TIMEOUT_SEC, default_backend
+    from scopebench.distributed.orphans import forwarding_signals
+    from scopebench.distributed.spawn import LocalSpawn
     from scopebench.train import shipped_accelerate_file
 
     file = config.train.accelerate_config or str(shipped_accelerate_file(config.train.backend))
-    private = tempfile.mkdtemp(prefix="scopebench-train-")
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", file,
-        "--num_processes", str(config.train.nproc_per_node), "--num_machines", "1",
-        # the rendezvous on this host only, on a port accelerate finds free
-        "--main_process_ip", "127.0.0.1", "--main_process_port", "0",
-        # torch elastic's log folder, else a new /tmp/torchelastic_* every run
-        "--log_dir", private,
-        "-m", "scopebench.cli", "train", "--config", args.config, "--resume", args.resume,
+        sys.executable, "-m", "scopebench.cli", "train", "--config", args.config, "--resume", args.resume,
     ]  # fmt: skip
     for flag, value in (
         ("--accelerate-config", args.accelerate_config),
@@ -221,13 +220,23 @@ def _relaunch(args: argparse.Namespace, config, env: dict[str, str]) -> int:
         if value is not None:
             command += [flag, str(value)]
     command += list(args.overrides or [])
-    print(f"scopebench train: {config.train.nproc_per_node} processes through accelerate launch ({file})", flush=True)
-    env = {**os.environ, **env, LAUNCHER_PID_ENV: str(os.getpid()), LAUNCH_DIR_ENV: private}
+    nproc = config.train.nproc_per_node
+    timeout = config.train.group_timeout_sec or LAUNCHER_TIMEOUT_SEC
+    backend = default_backend(resolve_device(config.train.device).type)
+    ranks = LocalSpawn(
+        nproc, None, {}, backend, timeout, command=command, env=env, prefix="scopebench-train-"
+    )  # fmt: skip
+    print(
+        f"scopebench train: {nproc} local ranks started by this process ({file}; rendezvous: a file store "
+        "in a private folder, sockets on loopback only)",
+        flush=True,
+    )
     try:
-        # started and waited for on this thread: the child's death signal is tied to it
-        child = subprocess.Popen(command, env=env, preexec_fn=launch_child_preexec())
-        with forwarding_signals(child):
-            code = child.wait()
+        with forwarding_signals(ranks):
+            ranks.start()
+            code, failures = ranks.supervise()
     finally:
-        shutil.rmtree(private, ignore_errors=True)
-    return 128 - code if code < 0 else code
+        ranks.close()
+    for line in failures:
+        print(f"scopebench train: {line}", file=sys.stderr, flush=True)
+    return code

@@ -1,19 +1,25 @@
 """Ranks that outlive their launcher: how a multi-rank ``scopebench train`` ends them.
 
-A multi-rank ``scopebench train`` is three generations of processes: the top-level command
-(the one the user, a shell, ``timeout`` or the OOM killer sees), its ``accelerate launch``
-child (which runs torch elastic's agent in-process) and the ranks, which the agent starts
-in new sessions (so no terminal signal or process-group kill reaches them). Killing the
-top-level process used to leave the agent and the ranks training for minutes. Three
-mechanisms end them now:
+A multi-rank ``scopebench train`` is two generations of processes: the top-level command
+(the one the user, a shell, ``timeout`` or the OOM killer sees), which launches the ranks
+itself (:class:`scopebench.distributed.spawn.LocalSpawn` in launcher mode: a file store in a
+private folder, nothing listening on the network), and the ranks, each in its own process
+group (so that a Ctrl-C on the terminal reaches the top-level process only, which forwards it
+once). Ranks started by hand (``torchrun``, ``accelerate launch``) are three generations: the
+launcher runs torch elastic's agent, which starts the ranks in new sessions. Three mechanisms
+end the ranks when the top-level process goes:
 
-* SIGTERM and SIGINT sent to the top-level process are forwarded to the launch child
-  (:func:`forwarding_signals`); its agent then stops the ranks (SIGTERM, SIGKILL after 30 s).
-* On Linux the launch child asks the kernel for SIGTERM when the top-level process dies
-  (``prctl(PR_SET_PDEATHSIG)``, :func:`launch_child_preexec`): a SIGKILL of the top-level
-  process stops the agent, which stops the ranks, as above.
-* Each rank watches its launchers (:func:`watch_launcher`): when its parent (the agent)
-  or the top-level process is gone, it prints one line and leaves with ``os._exit``.
+* SIGTERM and SIGINT sent to the top-level process are forwarded to the ranks
+  (:func:`forwarding_signals`), which stop; the ones still running after 30 s are killed
+  (:meth:`~scopebench.distributed.spawn.LocalSpawn.supervise`).
+* On Linux a launch child (such as ``accelerate launch`` started by hand through a wrapper)
+  can ask the kernel for SIGTERM when the top-level process dies (``prctl(PR_SET_PDEATHSIG)``,
+  :func:`launch_child_preexec`). Ranks the top-level process spawned do not: their watch
+  (below) ends them and removes the private folder, which a SIGTERM would skip.
+* Each rank watches its launcher (:func:`watch_launcher`): when its parent (the top-level
+  ``scopebench train``, or the torch elastic agent) or the top-level process is gone, or the
+  lifeline pipe of a spawned rank reads end-of-file, it prints one line and leaves with
+  ``os._exit``.
 
 Bound: **ranks end within 5 s of their launcher's death** (of the top-level process or of
 the agent), whichever way it died: the watch polls every :data:`POLL_SEC` seconds and then
@@ -40,9 +46,10 @@ __all__ = [
     "watch_launcher",
 ]
 
-#: The pid of the top-level ``scopebench train``, handed to its ranks.
+#: The pid of the top-level ``scopebench train``, handed to its ranks (a spawned rank with it
+#: is a rank of ``scopebench train``, which :func:`watch_launcher` watches).
 LAUNCHER_PID_ENV = "SCOPEBENCH_TRAIN_LAUNCHER_PID"
-#: The top-level process's private folder (torch elastic's log folder), handed to its ranks:
+#: The top-level process's private folder (the file store's), handed to its ranks:
 #: an orphaned rank removes it, as the dead top-level process no longer can.
 LAUNCH_DIR_ENV = "SCOPEBENCH_TRAIN_LAUNCH_DIR"
 #: Exit status of a rank whose launcher died (as a locally spawned worker whose rank 0 died).
@@ -55,7 +62,7 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT)
 _watching = False
 
 
-def launch_child_preexec(death_signal: int = signal.SIGTERM) -> Callable[[], None]:
+def launch_child_preexec(death_signal: int | None = signal.SIGTERM) -> Callable[[], None]:
     """The ``preexec_fn`` of the launch child: its own process group, and on Linux
     ``death_signal`` when this process dies.
 
@@ -68,7 +75,8 @@ def launch_child_preexec(death_signal: int = signal.SIGTERM) -> Callable[[], Non
     the call is caught by comparing the parent's pid afterwards.
 
     Args:
-        death_signal: The signal the child gets when this process dies.
+        death_signal: The signal the child gets when this process dies; ``None``: none (a
+            spawned rank, whose :func:`watch_launcher` ends it and removes the private folder).
 
     Returns:
         The function to pass as ``preexec_fn``.
@@ -78,7 +86,7 @@ def launch_child_preexec(death_signal: int = signal.SIGTERM) -> Callable[[], Non
 
     def preexec() -> None:
         os.setpgid(0, 0)
-        if prctl is not None:
+        if prctl is not None and death_signal is not None:
             prctl(_PR_SET_PDEATHSIG, int(death_signal), 0, 0, 0)
             if os.getppid() != parent:  # the top-level process died before the call
                 os._exit(128 + int(death_signal))
@@ -103,15 +111,16 @@ def _libc_prctl():
 
 @contextlib.contextmanager
 def forwarding_signals(child) -> Iterator[None]:
-    """SIGTERM and SIGINT received by this process go to ``child`` (a ``subprocess.Popen``)
-    while the block runs; the previous handlers are restored after it.
+    """SIGTERM and SIGINT received by this process go to ``child`` while the block runs; the
+    previous handlers are restored after it.
 
-    This process keeps waiting for the child, whose exit code is the run's: the agent stops
-    the ranks, and their failure report still reaches the terminal. Off the main thread
-    (where Python allows no handler) nothing is forwarded.
+    This process keeps waiting for the ranks, whose exit code is the run's: they stop, and
+    their failure report still reaches the terminal. Off the main thread (where Python
+    allows no handler) nothing is forwarded.
 
     Args:
-        child: The launch child.
+        child: What has a ``send_signal(signum)``: a ``subprocess.Popen`` (a launch child), or
+            the :class:`~scopebench.distributed.spawn.LocalSpawn` of the ranks (all of them).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -130,54 +139,72 @@ def forwarding_signals(child) -> Iterator[None]:
 
 
 def watch_launcher() -> threading.Thread | None:
-    """In a rank that torchrun or ``accelerate launch`` started: a daemon thread that ends
-    the rank when its launcher dies; ``None`` (and nothing started) in any other process.
+    """In a rank of a multi-rank ``scopebench train`` (spawned by it, or started by torchrun or
+    ``accelerate launch``): a daemon thread that ends the rank when its launcher dies;
+    ``None`` (and nothing started) in any other process.
 
     Every :data:`POLL_SEC` seconds it compares ``os.getppid()`` with the parent at start (the
-    torch elastic agent: a rank whose agent died is reparented) and, when the top-level
-    ``scopebench train`` named its pid (:data:`LAUNCHER_PID_ENV`), checks that it still runs.
-    Then it removes the top-level process's private folder, prints one line and leaves with
+    top-level ``scopebench train``, or the torch elastic agent: a rank whose parent died is
+    reparented) and, when the top-level ``scopebench train`` named its pid
+    (:data:`LAUNCHER_PID_ENV`), checks that it still runs; a spawned rank also waits on its
+    lifeline pipe, which reads end-of-file as soon as the top-level process is gone. Then it
+    removes the top-level process's private folder, prints one line and leaves with
     ``os._exit(ORPHANED_STATUS)``.
 
-    A thread rather than ``PR_SET_PDEATHSIG`` on the rank: the death signal fires when the
-    agent's *thread* that started the rank ends, not the agent; a signal only becomes
+    A thread rather than ``PR_SET_PDEATHSIG`` on the rank alone: the death signal fires when
+    the *thread* that started the rank ends, not the process; a signal only becomes
     ``SystemExit`` once the rank's main thread is back in Python (it may sit in a collective
     up to ``group_timeout_sec``, or in rank 0's failure report, which SIGTERM waits for:
-    ``scopebench.commands.train``); it is Linux-only; and it does not see the top-level
-    process, only the agent. The watch sees both, on any POSIX system, and ends the rank
-    whatever its main thread is doing.
+    ``scopebench.commands.train``); it is Linux-only; and under torchrun it does not see the
+    top-level process, only the agent. The watch sees both, on any POSIX system, and ends the
+    rank whatever its main thread is doing.
 
     Returns:
         The watching thread; ``None`` outside a launched rank, or when already watching.
     """
     global _watching
-    from scopebench.distributed.info import get_dist_info
+    from scopebench.distributed.info import SPAWN_ENV, get_dist_info
 
     try:
         info = get_dist_info()
     except ValueError:  # a malformed launcher environment: the command reports it
         return None
-    if info.source != "torchrun" or _watching:
+    launcher = _int_from_env(LAUNCHER_PID_ENV)
+    spawned = info.source == "spawn" and launcher is not None  # a rank scopebench train started
+    if not (info.source == "torchrun" or spawned) or _watching:
         return None
     _watching = True
     parent = os.getppid()
-    launcher = _pid_from_env(LAUNCHER_PID_ENV)
+    lifeline = _int_from_env(SPAWN_ENV["lifeline"]) if spawned else None
     stop = threading.Event()  # never set: its wait is the poll interval
+    who = f"the scopebench train, pid {parent}" if spawned else f"the torch elastic agent, pid {parent}"
+
+    def wait() -> None:
+        if lifeline is None:
+            stop.wait(POLL_SEC)
+            return
+        import select
+
+        try:
+            if select.select([lifeline], [], [], POLL_SEC)[0]:
+                _leave(info.rank, f"its launcher ({who}) died")
+        except (OSError, ValueError):  # not a pipe after all: poll the pids only
+            stop.wait(POLL_SEC)
 
     def watch() -> None:
         while True:
             if os.getppid() != parent:
-                _leave(info.rank, f"its launcher (the torch elastic agent, pid {parent}) died")
+                _leave(info.rank, f"its launcher ({who}) died")
             if launcher is not None and not _running(launcher):
                 _leave(info.rank, f"the scopebench train that launched it (pid {launcher}) died")
-            stop.wait(POLL_SEC)
+            wait()
 
     thread = threading.Thread(target=watch, name="scopebench-launcher-watch", daemon=True)
     thread.start()
     return thread
 
 
-def _pid_from_env(name: str) -> int | None:
+def _int_from_env(name: str) -> int | None:
     try:
         return int(os.environ[name])
     except (KeyError, ValueError):

@@ -14,6 +14,12 @@ starts itself (no torchrun, no SLURM):
 * every rank marks the last iteration it finished in the store (:func:`report_progress`),
   so that when the run fails rank 0 can say which rank died (exit code or signal), is
   stopped, or fell behind, where, and quote the end of its log (:mod:`scopebench.distributed.faults`).
+
+The same class in launcher mode (``command=...``) starts *all* ``nproc`` ranks of a
+multi-rank ``scopebench train`` as copies of the command, this process being none of them
+(:meth:`LocalSpawn.supervise`): the same folder, store, loopback sockets and lifeline, so
+that command too listens on nothing (issue 24: ``accelerate launch``'s store listened on
+every interface).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -52,6 +59,8 @@ JOIN_TIMEOUT_SEC = 60.0
 _POLL_SEC = 0.05
 #: How long rank 0 lets failing workers finish dying before it describes them.
 _EXIT_GRACE_SEC = 2.0
+#: Launcher mode: seconds between SIGTERM and SIGKILL of the ranks that are stopped (torchrun's 30 s).
+STOP_GRACE_SEC = 30.0
 #: (store, rank) of this process in a local spawn, for :func:`report_progress`.
 _PROGRESS: tuple | None = None
 
@@ -60,13 +69,15 @@ class RankFailure(RuntimeError):
     """A spawned rank died, stopped or hung; the message names it (one line per rank)."""
 
 
-def open_store(path: str, world_size: int, rank: int, timeout_sec: float):
-    """The run's ``FileStore`` at ``path``; this rank's progress marks go to it."""
+def open_store(path: str, world_size: int, rank: int | None, timeout_sec: float):
+    """The run's ``FileStore`` at ``path``; this rank's progress marks go to it (``rank=None``:
+    a launcher that is no rank, and marks nothing)."""
     import torch.distributed as dist
 
     store = dist.FileStore(path, world_size)
     store.set_timeout(datetime.timedelta(seconds=timeout_sec))
-    track_progress(store, rank)
+    if rank is not None:
+        track_progress(store, rank)
     return store
 
 
@@ -156,31 +167,73 @@ def environ(values: dict[str, str]):
 
 
 class LocalSpawn:
-    """Rank 0's workers on this machine: start, wait, describe, reap, clean up.
+    """Ranks on this machine, started and watched by this process: start, wait, describe, reap, clean up.
+
+    Two modes, one lifecycle:
+
+    * **rank 0** (``command=None``, the benchmarks' :class:`~scopebench.distributed.launch.DistSession`):
+      this process is rank 0; ranks ``1 .. nproc - 1`` run ``python -m scopebench.distributed.worker``
+      (``worker(**worker_kwargs)``), each writing a log in the private folder that a failure
+      report quotes.
+    * **launcher** (``command`` given, a multi-rank ``scopebench train``): this process is no
+      rank; ranks ``0 .. nproc - 1`` run ``command``, their output on this process's stdout
+      and stderr, each in its own process group, ending when this process dies
+      (:func:`scopebench.distributed.orphans.watch_launcher`: the lifeline). :meth:`supervise` waits
+      for them; :meth:`send_signal` forwards a signal (:func:`~scopebench.distributed.orphans.forwarding_signals`).
+
+    In both, nothing listens on the network: the rendezvous is a ``FileStore`` in a private
+    0700 folder, and the ranks' gloo / NCCL sockets are bound to the loopback interface.
 
     Args:
-        nproc: Ranks of the run, this process included.
-        worker: ``"package.module:function"`` the workers run.
+        nproc: Ranks of the run (this process included in rank-0 mode).
+        worker: ``"package.module:function"`` the workers run (rank-0 mode).
         worker_kwargs: Its JSON keyword arguments.
-        backend: Process-group backend the workers use.
-        timeout_sec: The group timeout, handed to the workers.
+        backend: Process-group backend the ranks use.
+        timeout_sec: The group timeout, handed to the ranks.
+        command: Launcher mode: the argv every rank runs.
+        env: Launcher mode: variables added to the ranks' environment.
+        prefix: Prefix of the private folder's name.
     """
 
-    def __init__(self, nproc: int, worker: str, worker_kwargs: dict, backend: str, timeout_sec: float) -> None:
+    def __init__(
+        self,
+        nproc: int,
+        worker: str | None,
+        worker_kwargs: dict,
+        backend: str,
+        timeout_sec: float,
+        *,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        prefix: str = "scopebench_workers_",
+    ) -> None:
         self.nproc = nproc
         self.worker = worker
         self.worker_kwargs = worker_kwargs
         self.backend = backend
         self.timeout_sec = timeout_sec
+        self.command = list(command) if command is not None else None
+        self.extra_env = dict(env or {})
+        self.prefix = prefix
         self.run_dir: Path | None = None
         self.store = None
         self.procs: list[subprocess.Popen] = []
-        self.logs: list[Path] = []
+        self.ranks: list[int] = []
+        self.logs: list[Path | None] = []
         self._lifeline: int | None = None
+        #: Launcher mode: the signal forwarded to the ranks, and when they are to be killed.
+        self.forwarded: int | None = None
+        self._kill_at: float | None = None
+
+    @property
+    def launcher(self) -> bool:
+        """Whether this process only launches the ranks (it is none of them)."""
+        return self.command is not None
 
     def _env(self, rank: int, lifeline: int) -> dict[str, str]:
         env = {**os.environ, **loopback_env()}
-        for key in (SPAWN_ENV["store_addr"], SPAWN_ENV["store_port"]):
+        # a spawned rank's rendezvous is the file store: neither a TCP store nor torchrun's variables
+        for key in (SPAWN_ENV["store_addr"], SPAWN_ENV["store_port"], "RANK", "WORLD_SIZE", "LOCAL_RANK"):
             env.pop(key, None)
         env.update(
             {
@@ -190,20 +243,47 @@ class LocalSpawn:
                 SPAWN_ENV["run_dir"]: str(self.run_dir),
                 SPAWN_ENV["lifeline"]: str(lifeline),
                 SPAWN_ENV["timeout"]: str(self.timeout_sec),
-                WORKER_TARGET_ENV: self.worker,
-                WORKER_KWARGS_ENV: json.dumps(self.worker_kwargs),
             }
         )
+        if self.launcher:
+            from scopebench.distributed.orphans import LAUNCH_DIR_ENV, LAUNCHER_PID_ENV
+
+            env.update(self.extra_env)
+            # an orphaned rank removes the folder its dead launcher no longer can
+            env.update({LAUNCHER_PID_ENV: str(os.getpid()), LAUNCH_DIR_ENV: str(self.run_dir)})
+        else:
+            env.update({WORKER_TARGET_ENV: self.worker, WORKER_KWARGS_ENV: json.dumps(self.worker_kwargs)})
         return env
 
     def start(self):
-        """Create the folder and the store, start the workers, wait until all joined; returns the store."""
-        self.run_dir = Path(tempfile.mkdtemp(prefix="scopebench_workers_"))
-        self.store = open_store(str(self.run_dir / "store"), self.nproc, 0, self.timeout_sec)
+        """Create the folder and the store, start the ranks; in rank-0 mode, wait until all
+        joined. Returns the store."""
+        self.run_dir = Path(tempfile.mkdtemp(prefix=self.prefix))
+        self.store = open_store(str(self.run_dir / "store"), self.nproc, None if self.launcher else 0, self.timeout_sec)
         self.store.set("backend", self.backend)
         lifeline, self._lifeline = os.pipe()
         try:
-            for rank in range(1, self.nproc):
+            for rank in range(0 if self.launcher else 1, self.nproc):
+                if self.forwarded is not None:  # stopped while starting: start no more ranks
+                    break
+                self.ranks.append(rank)
+                if self.launcher:
+                    from scopebench.distributed.orphans import launch_child_preexec
+
+                    # their own process group (a Ctrl-C reaches this process only, which forwards
+                    # it once); no death signal: their watch of the lifeline ends them and removes
+                    # the folder (scopebench.distributed.orphans.watch_launcher)
+                    self.logs.append(None)
+                    self.procs.append(
+                        subprocess.Popen(
+                            self.command,
+                            env=self._env(rank, lifeline),
+                            stdin=subprocess.DEVNULL,
+                            pass_fds=(lifeline,),
+                            preexec_fn=launch_child_preexec(death_signal=None),
+                        )
+                    )
+                    continue
                 log = self.run_dir / f"rank_{rank}.log"
                 self.logs.append(log)
                 with open(log, "wb") as fh:
@@ -218,8 +298,9 @@ class LocalSpawn:
                         )
                     )
         finally:
-            os.close(lifeline)  # the workers hold it now; rank 0 keeps only the write end
-        self._wait_for_workers()
+            os.close(lifeline)  # the ranks hold it now; this process keeps only the write end
+        if not self.launcher:
+            self._wait_for_workers()
         return self.store
 
     def _wait_for_workers(self) -> None:
@@ -243,8 +324,8 @@ class LocalSpawn:
         return read_progress(self.store, self.nproc)
 
     def report(self, index: int, progress: dict[int, int] | None = None) -> RankReport:
-        """What is known about the worker at ``index`` (rank ``index + 1``)."""
-        proc, rank = self.procs[index], index + 1
+        """What is known about the process at ``index`` (rank ``self.ranks[index]``)."""
+        proc, rank = self.procs[index], self.ranks[index]
         progress = self._progress() if progress is None else progress
         returncode = proc.poll()
         return RankReport(
@@ -281,9 +362,68 @@ class LocalSpawn:
         failed = [i for i, p in enumerate(self.procs) if p.returncode != 0]
         return [self.report(i, progress).describe(self.timeout_sec) for i in failed]
 
+    # -- launcher mode -------------------------------------------------------------
+    def send_signal(self, signum: int) -> None:
+        """Forward ``signum`` to every rank still running (SIGTERM, SIGINT from the user, a
+        scheduler); :meth:`supervise` then kills those left after its grace period."""
+        self.forwarded = signum
+        self._stop(signum)
+
+    def _stop(self, signum: int) -> None:
+        if self._kill_at is None:
+            self._kill_at = time.monotonic() + STOP_GRACE_SEC
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signum)
+
+    def supervise(self) -> tuple[int, list[str]]:
+        """Launcher mode: wait until every rank ended, as torchrun's agent does.
+
+        The first rank that fails (a non-zero exit, a signal) stops the others: SIGTERM at
+        once (rank 0 still names the culprit: ``scopebench.commands.train`` lets it finish
+        its report), SIGKILL after :data:`STOP_GRACE_SEC` seconds. A forwarded signal
+        (:meth:`send_signal`) stops them the same way.
+
+        Returns:
+            The run's exit status: 0 when every rank succeeded, else the first failed rank's
+            (128 + N for signal N), or 128 + N after a forwarded signal N; and one line per
+            rank that failed on its own (before it was stopped), with its exit code or signal
+            and the last iteration it finished.
+        """
+        first: list[int] = []  # the ranks that failed before any was stopped
+        while True:
+            codes = [proc.poll() for proc in self.procs]
+            if not first and self._kill_at is None:
+                first = [i for i, code in enumerate(codes) if code not in (None, 0)]
+                if first:
+                    self._stop(signal.SIGTERM)
+            if all(code is not None for code in codes):
+                break
+            if self._kill_at is not None and time.monotonic() > self._kill_at:
+                for proc in self.procs:
+                    if proc.poll() is None:
+                        proc.kill()
+            time.sleep(_POLL_SEC)  # polling interval of the wait, as the agent's
+        progress = self._progress()
+        failures = [self.report(i, progress).sentence(self.timeout_sec) for i in first]
+        if first:
+            code = self.procs[first[0]].returncode
+            return (128 - code if code < 0 else code), failures
+        if self.forwarded is not None and any(proc.returncode != 0 for proc in self.procs):
+            return 128 + int(self.forwarded), failures
+        return 0, failures
+
     def close(self) -> None:
-        """Drop the store and the lifeline, remove the folder (after :meth:`reap`)."""
-        forget_store()
+        """Drop the store and the lifeline, remove the folder (after :meth:`reap` or
+        :meth:`supervise`; in launcher mode, ranks still running, after an error, are killed)."""
+        if self.launcher:
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        else:
+            forget_store()
         self.store = None
         if self._lifeline is not None:
             os.close(self._lifeline)
