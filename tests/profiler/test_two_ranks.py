@@ -41,10 +41,14 @@ def test_all_reduce_is_attributed_to_its_region_and_straggler_named(tmp_path, wo
 
 
 def test_rank_skew_shows_the_slow_rank(tmp_path, worker_path):
-    seen, _ = _run_two_ranks("custom", tmp_path, slow_rank=1, extra_sec=0.04)
+    # Rank 1 sleeps a full second more per iteration: the slowness under test, large enough
+    # that rank 0's 10 ms sleep, however late a loaded machine wakes it, stays far below it
+    # (a 40 ms difference was lost under a load of 8 on 2 cores).
+    seen, _ = _run_two_ranks("custom", tmp_path, slow_rank=1, extra_sec=1.0, iterations=3)
+    assert len(seen) == 3
     for m in seen[1:]:
         # max over ranks: rank 1's slower compute, though rank 0 computed less
-        assert m["compute_time_sec"] >= 0.045, m
+        assert m["compute_time_sec"] >= 1.0, m
         assert m["compute_rank_skew_pct"] >= 50.0, m
         assert "rank_skew_pct" in m and "sync_rank_skew_pct" in m
 
