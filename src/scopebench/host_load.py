@@ -10,6 +10,9 @@ Two cumulative counters read from ``/proc`` (Linux), in clock ticks (``USER_HZ``
   process in the run's process groups: this process, its threads and children (dataloader
   workers), and the other ranks on this host when they share a group or are named.
 
+A driver whose work runs in subprocesses that exit within the interval (the ``perf/``
+scripts) counts :func:`self_and_waited_ticks` as its own instead.
+
 Over an interval, :func:`shares` turns two readings into ``host_other_cpu_pct`` (busy
 minus own, over total: the share of the run's CPUs other processes took) and
 ``host_steal_pct``. The sampler thread (:mod:`scopebench.profiler.sampler`) reads both
@@ -32,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CpuTimes", "OwnTime", "read_cpu_times", "shares", "usable_cpus"]
+__all__ = ["CpuTimes", "OwnTime", "read_cpu_times", "self_and_waited_ticks", "shares", "usable_cpus"]
 
 #: Clock ticks per second of ``/proc/stat`` and ``/proc/<pid>/stat``.
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -174,6 +177,20 @@ class OwnTime:
             self._scan()
             self._next_scan = time.monotonic() + self.rescan_sec
         return self.ticks
+
+
+def self_and_waited_ticks() -> int:
+    """CPU ticks of this process and of its descendants already waited for (``getrusage``
+    of ``RUSAGE_SELF`` and ``RUSAGE_CHILDREN``): the run's own time for a driver whose work
+    runs in short-lived subprocesses (a ``benchopt run`` per round), which a scan of the
+    live processes would miss once they exit. Children still running are not included."""
+    import resource
+
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return round(total * CLK_TCK)
 
 
 def shares(a: tuple[CpuTimes, int], b: tuple[CpuTimes, int]) -> dict[str, float]:

@@ -14,19 +14,8 @@ from test_host import FakeNVML, missing_pynvml
 
 from scopebench.host_load import CLK_TCK, OwnTime, read_cpu_times, usable_cpus
 from scopebench.profiler import create_profiler
-from scopebench.profiler.sampler import THREAD_NAME, HostSampler, sampler_period, throttle_names
+from scopebench.profiler.sampler import GPU_COLUMNS, THREAD_NAME, HostSampler, sampler_period, throttle_names
 
-GPU_COLUMNS = {
-    "gpu_util_pct",
-    "gpu_sm_clock_mhz",
-    "gpu_sm_clock_max_mhz",
-    "gpu_power_w",
-    "gpu_temp_c",
-    "gpu_mem_used_mb",
-    "gpu_throttle",
-    "gpu_energy_j",
-    "gpu_other_procs_count",
-}
 HOUR = 3600.0  # a period the thread never reaches: the test takes every sample itself
 
 
@@ -90,7 +79,7 @@ def test_cpu_columns_on_a_real_run():
     prof.finalize()
     for row in prof.rows:
         assert 0.0 <= row["host_other_cpu_pct"] <= 100.0 and 0.0 <= row["host_steal_pct"] <= 100.0
-        assert not GPU_COLUMNS & row.keys()  # a CPU run: no GPU column, never a 0
+        assert not set(GPU_COLUMNS) & row.keys()  # a CPU run: no GPU column, never a 0
     assert prof.sampler.reasons == {"gpu": "cpu is not a CUDA device"}
 
 
@@ -258,7 +247,7 @@ def test_without_nvml_the_gpu_columns_are_absent_never_zero(nvml, reason, monkey
     sampler.sample()
     out = sampler.window(mark, 1.0)
     sampler.stop()
-    assert not GPU_COLUMNS & out.keys() and "host_other_cpu_pct" in out
+    assert not set(GPU_COLUMNS) & out.keys() and "host_other_cpu_pct" in out
     assert sampler.reasons["gpu"].startswith(reason)
 
 
@@ -288,3 +277,19 @@ def test_the_recorder_matches_the_pynvml_api_of_the_sampler(monkeypatch):
     sampler.stop()
     names = set(nvml.calls) | {"NVMLError", "NVML_CLOCK_SM", "NVML_TEMPERATURE_GPU"}
     assert [name for name in names if not hasattr(pynvml, name)] == []
+
+
+@pytest.mark.gpu
+def test_real_nvml_sampler_on_a_gpu():
+    import pynvml  # noqa: F401  (nvidia-ml-py is a dev dependency: missing here is a failure)
+
+    sampler = HostSampler("cuda", 0.1)
+    sampler.start()
+    mark = sampler.mark()
+    while sampler.samples_taken < 3:
+        time.sleep(0.05)
+    out = sampler.window(mark, 0.2)
+    sampler.stop()
+    assert "gpu" not in sampler.reasons, sampler.reasons
+    assert set(GPU_COLUMNS) <= out.keys() | sampler.reasons.keys()  # each column present or explained
+    assert 0 <= out["gpu_util_pct"] <= 100 and out["gpu_sm_clock_mhz"] > 0

@@ -37,7 +37,7 @@ from typing import Any
 from scopebench.host_load import OwnTime, read_cpu_times, shares, usable_cpus
 from scopebench.profiler.device import MB
 
-__all__ = ["HostSampler", "PERIOD_SEC", "THREAD_NAME", "sampler_period", "throttle_names"]
+__all__ = ["GPU_COLUMNS", "HostSampler", "PERIOD_SEC", "THREAD_NAME", "sampler_period", "throttle_names"]
 
 PERIOD_SEC = 0.1
 ENV_PERIOD = "SCOPEBENCH_SAMPLER_PERIOD_SEC"
@@ -48,6 +48,18 @@ PROCESS_EVERY = 10
 THROTTLING = {4: "sw_power_cap", 8: "hw_slowdown", 32: "sw_thermal", 64: "hw_thermal", 128: "hw_power_brake"}
 #: Bits that do not mean a slowdown under load.
 NOT_THROTTLING = {1: "gpu_idle", 2: "applications_clocks", 16: "sync_boost", 256: "display_clocks"}
+#: Every GPU column the sampler may report (absent, with a reason, when NVML does not give it).
+GPU_COLUMNS = (
+    "gpu_util_pct",
+    "gpu_sm_clock_mhz",
+    "gpu_sm_clock_max_mhz",
+    "gpu_power_w",
+    "gpu_temp_c",
+    "gpu_mem_used_mb",
+    "gpu_throttle",
+    "gpu_energy_j",
+    "gpu_other_procs_count",
+)
 _MEANS = ("gpu_util_pct", "gpu_sm_clock_mhz", "gpu_power_w")
 _MAXIMA = ("gpu_temp_c", "gpu_mem_used_mb", "gpu_other_procs_count")
 
@@ -215,6 +227,7 @@ class HostSampler:
         self._thread: threading.Thread | None = None
         self._gpu: GpuProbe | None = None
         self._seq = -1
+        self._cache: tuple[int, dict[str, float], float | None] | None = None
 
     @property
     def running(self) -> bool:
@@ -269,16 +282,34 @@ class HostSampler:
         return self._seq
 
     def window(self, mark: int, wall_sec: float) -> dict[str, float]:
-        """Columns of the iteration that began at sample ``mark`` and lasted ``wall_sec``."""
-        with self._lock:
-            latest = self._seq
-            # Keep what the next window may need: its mark (>= latest) and the one before.
-            self._samples = [s for s in self._samples if s[0] >= min(mark, latest) - 1]
-            samples = list(self._samples)
+        """Columns of the iteration that began at sample ``mark`` and lasted ``wall_sec``.
+
+        An iteration without a sample of its own reuses the last full interval, computed
+        once (the profiler's bookkeeping per iteration stays a dict copy).
+        """
+        latest = self._seq
+        if latest != mark or self._cache is None or self._cache[0] != latest:
+            with self._lock:
+                # Keep what the next window may need: its mark (>= latest) and the one before.
+                self._samples = [s for s in self._samples if s[0] >= min(mark, latest) - 1]
+                samples = list(self._samples)
+            first = mark if latest > mark else latest - 1
+            rates, power = self._interval(samples, first, latest)
+            if latest == mark:
+                self._cache = (latest, rates, power)
+        else:
+            _, rates, power = self._cache
+        out = dict(rates)
+        if power is not None:
+            out["gpu_energy_j"] = power * wall_sec
+        return out
+
+    def _interval(self, samples: list[tuple], first: int, latest: int) -> tuple[dict[str, float], float | None]:
+        """Rates and means between samples ``first`` and ``latest``, and the mean power (W)
+        from the energy counter (``None`` without it)."""
         by_seq = {s[0]: s for s in samples}
-        first = mark if latest > mark else latest - 1
         if first not in by_seq or latest not in by_seq:
-            return {}
+            return {}, None
         a, b = by_seq[first], by_seq[latest]
         out: dict[str, float] = {}
         if a[2] is not None and b[2] is not None:
@@ -291,11 +322,12 @@ class HostSampler:
         masks = [g["gpu_throttle"] for g in inside if "gpu_throttle" in g]
         if masks:
             out["gpu_throttle"] = float(_or(masks))
-        if "energy_mj" in a[4] and "energy_mj" in b[4] and b[1] > a[1]:
-            out["gpu_energy_j"] = (b[4]["energy_mj"] - a[4]["energy_mj"]) / 1000.0 / (b[1] - a[1]) * wall_sec
         if self._gpu is not None and inside:
             out.update(self._gpu.constant)
-        return out
+        power = None
+        if "energy_mj" in a[4] and "energy_mj" in b[4] and b[1] > a[1]:
+            power = (b[4]["energy_mj"] - a[4]["energy_mj"]) / 1000.0 / (b[1] - a[1])
+        return out, power
 
     @staticmethod
     def cross_rank(per_rank: list[dict[str, Any]]) -> dict[str, float]:
