@@ -16,7 +16,8 @@ How to run (one process, no launcher)::
 Output: readable lines, then one JSON object on the last line::
 
     {"preset", "shape": {"batch", "heads", "kv_heads", "head_dim", "tokens"}, "num_threads",
-     "sdpa_sec", "eager_sec", "ratio", "ratio_min", "ratio_max", "rounds", "load_average"}
+     "sdpa_sec", "eager_sec", "ratio", "ratio_min", "ratio_max", "rounds", "load_average",
+     "conditions"}   # perf/round_conditions.py: other processes' CPU share and steal per round
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import os
 import time
 
 import torch
+from round_conditions import RoundConditions
 
 from scopebench.policy.config import make_config
 from scopebench.policy.model import attention, mask_to_bias
@@ -60,10 +62,13 @@ def main(argv: list[str] | None = None) -> dict:
         call(impl)
     times: dict[str, list[float]] = {"sdpa": [], "eager": []}
     ratios = []
+    conditions = RoundConditions()
     for r in range(args.rounds):
-        for impl in ("sdpa", "eager") if r % 2 == 0 else ("eager", "sdpa"):
-            times[impl].append(call(impl))
+        with conditions.round():
+            for impl in ("sdpa", "eager") if r % 2 == 0 else ("eager", "sdpa"):
+                times[impl].append(call(impl))
         ratios.append(times["eager"][-1] / times["sdpa"][-1])
+        print(f"round {r}: eager/sdpa {ratios[-1]:.3f} {conditions.tag()}", flush=True)
     result = {
         "preset": args.preset,
         "shape": {"batch": b, "heads": h, "kv_heads": kv, "head_dim": hd, "tokens": tokens},
@@ -75,12 +80,14 @@ def main(argv: list[str] | None = None) -> dict:
         "ratio_max": max(ratios),
         "rounds": args.rounds,
         "load_average": list(os.getloadavg()),
+        "conditions": conditions.as_dict(),
     }
     print(
         f"{args.preset}: B={b} H={h} KV={kv} hd={hd} T={tokens}, {result['num_threads']} threads, forward+backward: "
         f"sdpa {result['sdpa_sec'] * 1e3:.1f} ms, eager {result['eager_sec'] * 1e3:.1f} ms, eager/sdpa "
         f"{result['ratio']:.3f} (rounds {result['ratio_min']:.3f}..{result['ratio_max']:.3f}); load {result['load_average']}"
     )
+    print(conditions.summary_line())
     print(json.dumps(result))
     return result
 

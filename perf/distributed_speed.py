@@ -36,9 +36,12 @@ Output: readable lines, then one JSON object on the last line::
                   "vs_fastest": {"median", "min", "max", "per_round"}}},
                   "ratios": {"zero3/zero2" | "zero2/ddp" | "fsdp2/zero2" | "fsdp2/ddp":
                              {"median", "min", "max", "per_round"}},
-                  "phase_deltas_sec": {"zero3-zero2" | ...: {phase: s}}}},
+                  "phase_deltas_sec": {"zero3-zero2" | ...: {phase: s}}, "conditions"}},
      "overhead": {backend: {"preset", "benchopt_step_sec", "bare_step_sec", "ratio", "min", "max",
-                  "per_round", "goal": 1.03, "met": bool}}}
+                  "per_round", "goal": 1.03, "met": bool, "conditions"}}}
+
+``conditions`` (perf/round_conditions.py): other processes' CPU share and steal of each
+round, contended rounds flagged (also printed after each round).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from round_conditions import RoundConditions
 
 REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ("ddp", "zero2", "zero3", "fsdp2")
@@ -146,12 +151,15 @@ def bench_backends(preset: str, rounds: int, warmup: int, steps: int, cache: str
     from scopebench.stats import median
 
     runs: dict[str, list[dict]] = {b: [] for b in BACKENDS}
+    conditions = RoundConditions()
     for r in range(rounds):
         order = BACKENDS[r % len(BACKENDS) :] + BACKENDS[: r % len(BACKENDS)]
-        for backend in order:
-            text = _python(__file__, "--one-run", preset, backend, str(warmup), str(steps), cache)
-            runs[backend].append(json.loads(text.strip().splitlines()[-1]))
-            print(f"  {preset} round {r} {backend}: step {runs[backend][-1]['step_sec'] * 1e3:.1f} ms", flush=True)
+        with conditions.round():
+            for backend in order:
+                text = _python(__file__, "--one-run", preset, backend, str(warmup), str(steps), cache)
+                runs[backend].append(json.loads(text.strip().splitlines()[-1]))
+                print(f"  {preset} round {r} {backend}: step {runs[backend][-1]['step_sec'] * 1e3:.1f} ms", flush=True)
+        print(f"  {preset} round {r}: {conditions.tag()}", flush=True)
     per_backend = {
         b: {
             "step_sec": median(x["step_sec"] for x in rs),
@@ -181,6 +189,7 @@ def bench_backends(preset: str, rounds: int, warmup: int, steps: int, cache: str
         "per_backend": per_backend,
         "ratios": ratios,
         "phase_deltas_sec": deltas,
+        "conditions": conditions.as_dict(),
     }
 
 
@@ -197,6 +206,7 @@ def bench_overhead(preset: str, backend: str, rounds: int, warmup: int, steps: i
     shape = {k: PRESETS[preset][k] for k in ("image_size", "chunk_size")}
     dataset = "synthetic_robot[" + ",".join(f"{k}={v}" for k, v in shape.items()) + "]"
     benchopt_runs, bare_runs = [], []
+    conditions = RoundConditions()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp, "overhead.yml")
         config.write_text(
@@ -211,20 +221,22 @@ def bench_overhead(preset: str, backend: str, rounds: int, warmup: int, steps: i
             )
         )
         for r in range(rounds):
-            for side in ("benchopt", "bare") if r % 2 == 0 else ("bare", "benchopt"):
-                if side == "benchopt":
-                    run = run_benchopt(REPO, config, output=Path(tmp, f"r{r}.parquet"), timeout_sec=3600)
-                    df = pd.read_parquet(run.parquet)
-                    df = df[df["objective_total_time_sec"].notna()]
-                    benchopt_runs.append(median(df["objective_step_time_sec"]))
-                else:
-                    out = Path(tmp, f"bare{r}.json")
-                    _python(
-                        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
-                        "--bare-worker", preset, backend, str(warmup), str(steps), cache, str(out),
-                    )  # fmt: skip
-                    bare_runs.append(median(json.loads(out.read_text())))
-                print(f"  overhead {backend} round {r} {side}: done", flush=True)
+            with conditions.round():
+                for side in ("benchopt", "bare") if r % 2 == 0 else ("bare", "benchopt"):
+                    if side == "benchopt":
+                        run = run_benchopt(REPO, config, output=Path(tmp, f"r{r}.parquet"), timeout_sec=3600)
+                        df = pd.read_parquet(run.parquet)
+                        df = df[df["objective_total_time_sec"].notna()]
+                        benchopt_runs.append(median(df["objective_step_time_sec"]))
+                    else:
+                        out = Path(tmp, f"bare{r}.json")
+                        _python(
+                            "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
+                            "--bare-worker", preset, backend, str(warmup), str(steps), cache, str(out),
+                        )  # fmt: skip
+                        bare_runs.append(median(json.loads(out.read_text())))
+                    print(f"  overhead {backend} round {r} {side}: done", flush=True)
+            print(f"  overhead {backend} round {r}: {conditions.tag()}", flush=True)
     per_round = [a / b for a, b in zip(benchopt_runs, bare_runs)]
     ratio = median(per_round)
     return {
@@ -237,6 +249,7 @@ def bench_overhead(preset: str, backend: str, rounds: int, warmup: int, steps: i
         "per_round": per_round,
         "goal": OVERHEAD_GOAL,
         "met": ratio <= OVERHEAD_GOAL,
+        "conditions": conditions.as_dict(),
     }
 
 
@@ -280,6 +293,7 @@ def main() -> None:
                 top = sorted(delta.items(), key=lambda kv: -abs(kv[1]))[:3]
                 text = ", ".join(f"{p} {d * 1e3:+.1f} ms" for p, d in top)
                 print(f"{preset} {pair}: {ratio['median']:.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}]; {text}")
+            print(f"{preset} {res['conditions']['summary']}")
     if "overhead" not in skip:
         result["overhead"] = {}
         for backend in args.overhead_backends.split(","):
@@ -291,6 +305,7 @@ def main() -> None:
                 f"[{o['min']:.4f}-{o['max']:.4f}] ({o['benchopt_step_sec'] * 1e3:.1f} vs "
                 f"{o['bare_step_sec'] * 1e3:.1f} ms; goal <= {OVERHEAD_GOAL}: {'met' if o['met'] else 'NOT met'})"
             )
+            print(f"overhead {backend} {o['conditions']['summary']}")
     result["load_average_end"] = list(os.getloadavg())
     print(json.dumps(result))
 

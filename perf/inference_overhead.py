@@ -59,7 +59,7 @@ Output: human-readable lines, then one JSON object on the last line::
      "ratio": float,
      "inside_benchopt": {"iteration_median_ms": float, "with_callback_median_ms": float,
                          "ratio": float, "ratio_to_bare_scored": float},
-     "quickstart_sec": float | null}
+     "quickstart_sec": float | null, "conditions"}
 
   with ``--case denoiser``::
 
@@ -68,7 +68,11 @@ Output: human-readable lines, then one JSON object on the last line::
                {"median_ms": float, "p95_ms": float, "minor_faults_median": float,
                 "ratio_to_bare": float | null, "round_ratio_min": float | null,
                 "round_ratio_max": float | null,
-                "process_minor_faults_median": float | null, "process_system_sec_median": float | null}}}
+                "process_minor_faults_median": float | null, "process_system_sec_median": float | null}},
+     "conditions"}
+
+``conditions`` (perf/round_conditions.py): other processes' CPU share and steal of each
+round, contended rounds flagged (also printed after each round).
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from round_conditions import RoundConditions
 
 from scopebench.stats import summarize
 
@@ -294,19 +299,22 @@ def denoiser_case(args) -> None:
     modes = ["bare", "benchopt"] + (["benchopt_allocator_off"] if args.allocator_ab else [])
     data: dict[str, dict[str, list]] = {m: {"time": [], "faults": []} for m in modes}
     per_round: dict[str, list[float]] = {m: [] for m in modes}
+    conditions = RoundConditions()
     for r in range(args.rounds):
-        for mode in modes if r % 2 == 0 else modes[::-1]:
-            if mode == "bare":
-                times, faults = bare(args.steps)
-                got = {"time": times, "faults": faults}
-            else:
-                got = denoiser_benchopt(
-                    args.image_size, args.sigma, args.steps, args.threads, allocator=mode == "benchopt"
-                )
-            for key, values in got.items():
-                data[mode].setdefault(key, []).extend(values)
-            per_round[mode].append(median(got["time"]))
-            print(f"round {r}: {mode:24s} median {median(got['time']) * 1e3:8.1f} ms", flush=True)
+        with conditions.round():
+            for mode in modes if r % 2 == 0 else modes[::-1]:
+                if mode == "bare":
+                    times, faults = bare(args.steps)
+                    got = {"time": times, "faults": faults}
+                else:
+                    got = denoiser_benchopt(
+                        args.image_size, args.sigma, args.steps, args.threads, allocator=mode == "benchopt"
+                    )
+                for key, values in got.items():
+                    data[mode].setdefault(key, []).extend(values)
+                per_round[mode].append(median(got["time"]))
+                print(f"round {r}: {mode:24s} median {median(got['time']) * 1e3:8.1f} ms", flush=True)
+        print(f"round {r}: {conditions.tag()}", flush=True)
     result = {
         "case": "denoiser",
         "image_size": args.image_size,
@@ -337,6 +345,8 @@ def denoiser_case(args) -> None:
             line += f"  process: {median(process):,.0f} faults, {median(data[mode]['process_system_sec']):.1f} s sys"
         print(line)
     print("goal: benchopt / bare <= 1.05")
+    result["conditions"] = conditions.as_dict()
+    print(result["conditions"]["summary"])
     print(json.dumps(result))
 
 
@@ -369,15 +379,19 @@ def main() -> None:
     bare = bare_loop(args.image_size, args.denoiser, args.sigma, gamma)
     bare(2), ours(2)  # warm-up, never reported
     times: dict[str, list[float]] = {"bare": [], "scopebench": [], "bare_scored": []}
-    for _ in range(args.rounds):
-        times["bare"] += bare(args.steps)
-        times["scopebench"] += ours(args.steps)
-        times["bare_scored"] += bare(args.steps, score=True)
+    conditions = RoundConditions()
+    for r in range(args.rounds):
+        with conditions.round():
+            times["bare"] += bare(args.steps)
+            times["scopebench"] += ours(args.steps)
+            times["bare_scored"] += bare(args.steps, score=True)
+        print(f"round {r}: {conditions.tag()}", flush=True)
     stats = {mode: summarize(values) for mode, values in times.items()}
     ratio = stats["scopebench"].median / stats["bare"].median
     for mode, s in stats.items():
         print(f"{mode:10s} median {s.median * 1e3:8.3f} ms   p95 {s.p95 * 1e3:8.3f} ms   n={len(times[mode])}")
     print(f"ratio scopebench / bare = {ratio:.4f} (goal <= 1.05)")
+    print(conditions.summary_line())
     inside = inside_benchopt(args.image_size, args.denoiser, args.sigma, args.rounds * args.steps, args.threads)
     inside_iter = summarize(inside["iteration"]).median
     inside_total = summarize(inside["total"]).median
@@ -408,6 +422,7 @@ def main() -> None:
                     "ratio_to_bare_scored": scored_ratio,
                 },
                 "quickstart_sec": quickstart,
+                "conditions": conditions.as_dict(),
             }
         )
     )

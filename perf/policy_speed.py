@@ -46,13 +46,15 @@ How to run (a single process, no launcher)::
     python perf/policy_speed.py --preset tiny --rounds 3 --json-out out.json
 
 Other work on the machine slows everything down; the load average at start and end is
-part of the output so a noisy run can be recognised.
+part of the output, and each training round's conditions (perf/round_conditions.py: other
+processes' CPU share and steal, contended rounds flagged) are printed beside its ratio and
+kept under ``overhead.conditions``, so a noisy run can be recognised.
 
 Output: readable lines, then one JSON object on the last line::
 
     {"preset", "torch_version", "num_threads", "num_params", "load_average_start", "load_average_end",
      "overhead": {"profiled_step_sec": [...], "bare_step_sec": [...], "ratio": float,
-                  "ratio_per_round": [...], "goal": 1.02, "met": bool},
+                  "ratio_per_round": [...], "goal": 1.02, "met": bool, "conditions"},
      "mfu": {"batch_size", "attention", "flops_per_step", "achieved_flops_per_sec": [...],
              "sustained_matmul_samples": [...], "matmul_peak_samples": [...], "peak_flops_per_sec",
              "mfu", "mfu_per_round": [...], "mfu_burst_peak", "mfu_burst_peak_per_round": [...],
@@ -73,6 +75,7 @@ import tempfile
 import time
 
 import torch
+from round_conditions import RoundConditions
 
 from scopebench.policy.run.inference import InferenceRun, fit_latency
 from scopebench.policy.run.train import PolicyTrainRun
@@ -137,6 +140,7 @@ def bench_training(
     null = create_profiler(None)
     profiled, bare, ratios, achieved, run_mfu, peaks, round_mfu = [], [], [], [], [], [], []
     sustained, round_burst, matmul_vs_burst, warm = [], [], [], []
+    conditions = RoundConditions()
     with run:
         for _ in range(warmup):
             start = time.perf_counter()
@@ -165,21 +169,23 @@ def bench_training(
                     out.append(time.perf_counter() - start)
                 return out
 
-            # A B in even rounds, B A in odd ones: whatever the first loop after the
-            # matmul-peak sample pays (cold caches) falls on both sides alike.
-            b = bare_loop() if r % 2 else []
-            run.loop(callback)
-            b = b or bare_loop()
-            a = [t1 - t0 for t0, t1 in zip(ticks, ticks[1:])]
-            profiled += a
-            bare += b
-            ratios.append(median(a) / median(b))
-            peaks.append(sample_cpu_peak())
-            sustained.append(sustained_cpu_matmul_flops(steps * median(a)))
-            step_rate = median(achieved[round_start:])
-            round_mfu.append(step_rate / max(sustained[-2:]))
-            round_burst.append(step_rate / max(peaks[-2:]))
-            matmul_vs_burst.append(sustained[-1] / max(peaks[-2:]))
+            with conditions.round():
+                # A B in even rounds, B A in odd ones: whatever the first loop after the
+                # matmul-peak sample pays (cold caches) falls on both sides alike.
+                b = bare_loop() if r % 2 else []
+                run.loop(callback)
+                b = b or bare_loop()
+                a = [t1 - t0 for t0, t1 in zip(ticks, ticks[1:])]
+                profiled += a
+                bare += b
+                ratios.append(median(a) / median(b))
+                peaks.append(sample_cpu_peak())
+                sustained.append(sustained_cpu_matmul_flops(steps * median(a)))
+                step_rate = median(achieved[round_start:])
+                round_mfu.append(step_rate / max(sustained[-2:]))
+                round_burst.append(step_rate / max(peaks[-2:]))
+                matmul_vs_burst.append(sustained[-1] / max(peaks[-2:]))
+            print(f"  round {r}: profiled / bare {ratios[-1]:.3f} {conditions.tag()}", flush=True)
         flops = run.flops_per_sample * batch_size
         setup_peak = run.peak.flops_per_sec
     ratio = median(profiled) / median(bare)
@@ -192,6 +198,7 @@ def bench_training(
         "ratio_per_round": ratios,
         "goal": OVERHEAD_GOAL,
         "met": ratio <= OVERHEAD_GOAL,
+        "conditions": conditions.as_dict(),
     }
     mfu_result = {
         "batch_size": batch_size,
@@ -327,6 +334,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"profile-step loop / bare loop: {overhead['ratio']:.4f} (rounds {min(spread):.3f}..{max(spread):.3f}; "
             f"median step {median(overhead['bare_step_sec']) * 1e3:.1f} ms; goal <= {OVERHEAD_GOAL})"
         )
+        print(f"training rounds {overhead['conditions']['summary']}")
         rounds, burst, control = (
             mfu["mfu_per_round"],
             mfu["mfu_burst_peak_per_round"],

@@ -41,6 +41,8 @@ Output: human-readable lines, then one JSON object on the last line::
                {"median_ms": float, "p95_ms": float, "ratio_to_bare": float,
                 "bookkeeping_us": float, "bookkeeping_pct": float}},
      "custom_after_clock": {"median_us": float, "reported_overhead_median_us": float},
+     "custom_without_sampler": {"bookkeeping_us": float, "sampler_thread_pct_of_a_core": float},
+     "conditions": {...},   # perf/round_conditions.py: other processes' CPU share per round
      "torch_tiny": {"bare_ms": float, "torch_ms": float, "overhead_ms": float,
                     "reported_overhead_ms": float, "phases_ms": {phase: float}},
      "baseline": null | {"src": str, "rounds": int,
@@ -60,6 +62,7 @@ import time
 from pathlib import Path
 
 import torch
+from round_conditions import RoundConditions
 
 from scopebench.profiler import create_profiler
 from scopebench.stats import median, summarize
@@ -152,6 +155,27 @@ def bookkeeping_sec(mode: str, iterations: int) -> float:
     return (time.perf_counter() - start) / iterations
 
 
+def sampler_cost() -> dict[str, float]:
+    """The custom backend's bookkeeping with the host sampler off, and the sampler thread's
+    own CPU time (read inside it) over 5 s, as a share of one core."""
+    from scopebench.profiler.sampler import HostSampler
+
+    empty = bookkeeping_sec("bare", 20000)
+    os.environ["SCOPEBENCH_SAMPLER_PERIOD_SEC"] = "0"
+    try:
+        off = max(0.0, bookkeeping_sec("custom", 20000) - empty)
+    finally:
+        del os.environ["SCOPEBENCH_SAMPLER_PERIOD_SEC"]
+    sampler = HostSampler("cpu")
+    start = time.perf_counter()
+    sampler.start()
+    while sampler.samples_taken < 51:
+        time.sleep(0.05)
+    sampler.stop()
+    share = sampler.thread_cpu_sec / (time.perf_counter() - start) * 100.0
+    return {"bookkeeping_us": off * 1e6, "sampler_thread_pct_of_a_core": share}
+
+
 def after_clock(region, steps: int) -> tuple[list[float], list[float]]:
     """``custom`` after real work: time of ``end_iteration() + get_current_metrics()`` and
     the ``profiler_overhead_sec`` each iteration reports (s)."""
@@ -241,17 +265,20 @@ def compare_with(baseline: Path, rounds: int, steps: int, workload_ms: float) ->
     here = Path(__file__).resolve()
     trees = {"new": here.parents[1] / "src", "baseline": baseline.resolve()}
     results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    conditions = RoundConditions()
     for r in range(rounds):
-        for name in list(trees) if r % 2 == 0 else list(trees)[::-1]:
-            env = dict(os.environ, PYTHONPATH=str(trees[name]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            out = subprocess.run(
-                [sys.executable, str(here), "--worker", "--steps", str(steps), "--workload-ms", str(workload_ms)],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        with conditions.round():
+            for name in list(trees) if r % 2 == 0 else list(trees)[::-1]:
+                env = dict(os.environ, PYTHONPATH=str(trees[name]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+                out = subprocess.run(
+                    [sys.executable, str(here), "--worker", "--steps", str(steps), "--workload-ms", str(workload_ms)],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(f"baseline round {r}: {conditions.tag()}", flush=True)
     versions = {
         name: {
             key: {
@@ -271,7 +298,13 @@ def compare_with(baseline: Path, rounds: int, steps: int, workload_ms: float) ->
         )
         for key in versions["new"]
     }
-    return {"src": str(baseline), "rounds": rounds, "versions": versions, "ratio_new_to_baseline": ratio}
+    return {
+        "src": str(baseline),
+        "rounds": rounds,
+        "versions": versions,
+        "ratio_new_to_baseline": ratio,
+        "conditions": conditions.as_dict(),
+    }
 
 
 def main() -> None:
@@ -289,12 +322,17 @@ def main() -> None:
     region, _ = make_workload(args.workload_ms)
     samples: dict[str, list[float]] = {m: [] for m in MODES}
     run_mode("torch", region, 3)  # load torch.profiler once, outside the measurement
+    conditions = RoundConditions()
     for r in range(args.rounds):
         order = MODES if r % 2 == 0 else MODES[::-1]
-        for mode in order:
-            samples[mode] += run_mode(mode, region, args.steps)[0]
+        with conditions.round():
+            for mode in order:
+                samples[mode] += run_mode(mode, region, args.steps)[0]
+        print(f"round {r}: {conditions.tag()}", flush=True)
     bare = summarize(samples["bare"]).median
     result = {"workload_ms": bare * 1e3, "rounds": args.rounds, "steps_per_round": args.steps, "modes": {}}
+    result["conditions"] = conditions.as_dict()
+    print(conditions.summary_line())
     print(f"workload: {bare * 1e3:.2f} ms per bare step; {args.rounds} rounds x {args.steps} steps per mode")
     empty = bookkeeping_sec("bare", 20000)
     for mode in MODES:
@@ -313,6 +351,12 @@ def main() -> None:
             f"{mode:>7}: median {s.median * 1e3:8.3f} ms  p95 {s.p95 * 1e3:8.3f} ms  ratio {ratio:.4f}"
             f"  bookkeeping {own * 1e6:9.1f} us/iter = {own / bare * 100.0:6.3f} % of the workload"
         )
+    result["custom_without_sampler"] = without = sampler_cost()
+    print(
+        f"custom bookkeeping without the host sampler (SCOPEBENCH_SAMPLER_PERIOD_SEC=0): "
+        f"{without['bookkeeping_us']:.1f} us/iter; the sampler thread's own CPU over 5 s: "
+        f"{without['sampler_thread_pct_of_a_core']:.2f} % of a core"
+    )
     spent, reported = after_clock(region, max(args.steps, 50))
     result["custom_after_clock"] = {
         "median_us": median(spent) * 1e6,
@@ -343,6 +387,7 @@ def main() -> None:
                 f"  baseline {old['median']:9.2f} [{old['min']:.2f}-{old['max']:.2f}]"
                 f"  ratio {'-' if ratio is None else f'{ratio:.3f}'}"
             )
+        print(f"baseline {cmp['conditions']['summary']}")
     print(json.dumps(result))
 
 

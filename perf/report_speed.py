@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from round_conditions import RoundConditions
+
 TRAIN_PHASES = {"dataload_wait": 0.002, "forward": 0.20, "bwd": 0.40, "unscale_clip": 0.01, "optim_step": 0.03,
                 "zero_grad_sched": 0.002, "sync_gather": 0.006}  # fmt: skip
 INFER_PHASES = {"preprocess": 0.003, "prefill": 0.05, "denoise": 0.008, "postprocess": 0.001}
@@ -114,26 +116,29 @@ def main(argv: list[str] | None = None) -> int:
         parquet = Path(tmp) / "sweep.parquet"
         frame.to_parquet(parquet)
         walls = []
+        conditions = RoundConditions()
         for k in range(args.repeat):
             start = time.perf_counter()
-            proc = subprocess.run(
-                [sys.executable, "-m", "scopebench.cli", "report", str(parquet), "-o", str(Path(tmp) / "out")],
-                capture_output=True,
-                text=True,
-                preexec_fn=lambda: os.sched_setaffinity(0, cores),
-                stdin=subprocess.DEVNULL,
-            )
+            with conditions.round():
+                proc = subprocess.run(
+                    [sys.executable, "-m", "scopebench.cli", "report", str(parquet), "-o", str(Path(tmp) / "out")],
+                    capture_output=True,
+                    text=True,
+                    preexec_fn=lambda: os.sched_setaffinity(0, cores),
+                    stdin=subprocess.DEVNULL,
+                )
             walls.append(time.perf_counter() - start)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 return 1
-            print(f"run {k + 1}: {walls[-1]:.2f} s", flush=True)
+            print(f"run {k + 1}: {walls[-1]:.2f} s {conditions.tag()}", flush=True)
         pngs = len(list((Path(tmp) / "out").glob("*.png")))
     median = stats.median(walls)
     print(
         f"median {median:.2f} s (min {min(walls):.2f}, max {max(walls):.2f}) for {len(frame)} rows, "
         f"{n_configs} configurations, {len(cores)} cores; {pngs} PNGs; goal < {args.goal:g} s"
     )
+    print(conditions.summary_line())
     return 0 if median < args.goal else 1
 
 

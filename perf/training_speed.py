@@ -38,7 +38,8 @@ Output: human-readable lines, then one JSON object on the last line::
      "quickstart_sec": float | null, "quickstart_goal_sec": 60,
      "batch_sizes": {"<b>": {"bare_ms": float, "scopebench_ms": float, "ratio": float,
                              "samples_per_sec": float, "bare_samples_per_sec": float,
-                             "share_pct": {"forward"|"backward"|"optimizer_step"|"untracked": float}}}}
+                             "share_pct": {"forward"|"backward"|"optimizer_step"|"untracked": float},
+                             "conditions": {...}}}}   # perf/round_conditions.py, per round
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import time
 from pathlib import Path
 
 import torch
+from round_conditions import RoundConditions
 
 from scopebench.imaging.common.denoisers import DenoiserSpec
 from scopebench.imaging.training import REGIONS, TrainConfig, UnrolledConfig, UnrolledTrainer, build_training_data
@@ -159,16 +161,19 @@ def main() -> None:
         scoped: list[float] = []
         rows: list[dict] = []
         ratios: list[float] = []
+        conditions = RoundConditions()
         for r in range(args.rounds):
-            for mode in ("bare", "scopebench") if r % 2 == 0 else ("scopebench", "bare"):
-                if mode == "bare":
-                    bare_round = run_bare(trainers[mode], args.steps)
-                else:
-                    scoped_round, metrics = run_scopebench(trainers[mode], args.steps)
-                    rows += metrics
+            with conditions.round():
+                for mode in ("bare", "scopebench") if r % 2 == 0 else ("scopebench", "bare"):
+                    if mode == "bare":
+                        bare_round = run_bare(trainers[mode], args.steps)
+                    else:
+                        scoped_round, metrics = run_scopebench(trainers[mode], args.steps)
+                        rows += metrics
             bare += bare_round
             scoped += scoped_round
             ratios.append(summarize(scoped_round).median / summarize(bare_round).median)
+            print(f"  batch {batch} round {r}: ratio {ratios[-1]:.3f} {conditions.tag()}", flush=True)
         bare_s, scoped_s = summarize(bare).median, summarize(scoped).median
         shares = region_shares(rows)
         entry = {
@@ -178,6 +183,7 @@ def main() -> None:
             "samples_per_sec": batch / scoped_s,
             "bare_samples_per_sec": batch / bare_s,
             "share_pct": shares,
+            "conditions": conditions.as_dict(),
         }
         result["batch_sizes"][str(batch)] = entry
         share_text = "  ".join(f"{name} {value:4.1f}%" for name, value in shares.items())
@@ -185,6 +191,7 @@ def main() -> None:
             f"batch {batch:>2}: {entry['samples_per_sec']:7.1f} samples/s  step {scoped_s * 1e3:7.2f} ms"
             f"  bare {bare_s * 1e3:7.2f} ms  ratio {entry['ratio']:.3f}  | {share_text}"
         )
+        print(f"batch {batch:>2} {entry['conditions']['summary']}")
     result["max_ratio"] = max(e["ratio"] for e in result["batch_sizes"].values())
     result["within_goal"] = result["max_ratio"] <= GOAL_RATIO
     print(f"scopebench loop / bare loop: max ratio {result['max_ratio']:.3f} (goal <= {GOAL_RATIO})")

@@ -11,7 +11,11 @@ inference run object compiles prefill and denoise with ``reduce-overhead`` (CUDA
 and the first call is at least 5x a steady one; (8) with two GPUs, ``scopebench train``
 on two ranks under DeepSpeed ZeRO-2 in bf16, and ``convert-checkpoint``; (9) one FSDP2 step
 in bf16 on one GPU (fp32 ``DTensor`` shards, bf16 compute); (10) with two GPUs, ``scopebench
-train`` under FSDP2 in bf16 on NCCL and ``convert-checkpoint`` of its DCP shards. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
+train`` under FSDP2 in bf16 on NCCL and ``convert-checkpoint`` of its DCP shards; (11) the host
+sampler reads the GPU through NVML (``nvidia-ml-py``) during a window of matmuls:
+utilisation, SM clock and its max, power, temperature, memory used, throttle reasons,
+energy per step and other processes, each present or absent with NVML's reason, and the
+GPU rules of the diagnosis read them. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
 status is 1 if any check failed, 77 if CUDA is absent.
 
 Run: ``bash scripts/gpu_check.sh`` (under five minutes on one GPU).
@@ -235,6 +239,44 @@ def policy_fsdp2_train():
     return {"ok": ok, "log_tail": (proc.stdout + proc.stderr)[-800:], "convert": convert.stdout.strip()[-200:]}
 
 
+def host_sampler_nvml():
+    """The sampler's NVML paths for real: the GPU columns of a busy window (pynvml required)."""
+    import pynvml  # noqa: F401  (nvidia-ml-py: the check fails, not skips, without it)
+
+    from scopebench.profiler import create_profiler
+    from scopebench.profiler.sampler import GPU_COLUMNS
+
+    prof = create_profiler("custom", "cuda", "gpu_check")
+    prof.keep_rows = True
+    a = torch.randn(8192, 8192, device="cuda")
+    calls = iter(range(7))
+    for _ in prof.iterate(lambda: next(calls) < 6):
+        with prof.track_step("mm"):
+            first = prof.sampler.samples_taken
+            while prof.sampler.samples_taken < first + 2:  # two sampler periods of GPU work
+                _ = a @ a
+                torch.cuda.synchronize()
+    prof.finalize()
+    rows = prof.rows[1:]  # the first iteration of a window may end before the first interval
+    reasons = prof.sampler.reasons
+    seen = {key for row in rows for key in row if key in GPU_COLUMNS}
+    unexplained = sorted(set(GPU_COLUMNS) - seen - set(reasons))
+    busy = [row["gpu_util_pct"] for row in rows if "gpu_util_pct" in row]
+    ok = (
+        not unexplained
+        and bool(busy)
+        and min(busy) > 0
+        and all(0 <= r.get("host_other_cpu_pct", 0) <= 100 for r in rows)
+    )
+    ok = ok and all(row.get("gpu_energy_j", 1.0) > 0 and row.get("gpu_sm_clock_mhz", 1.0) > 0 for row in rows)
+    return {
+        "ok": ok,
+        "last_row": {k: v for k, v in rows[-1].items() if k in GPU_COLUMNS or k.startswith("host_")},
+        "absent_with_reason": {k: v for k, v in reasons.items() if k in GPU_COLUMNS or k == "gpu"},
+        "absent_without_reason": unexplained,
+    }
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"check": "cuda", "ok": False, "error": "CUDA is not available"}))
@@ -254,6 +296,7 @@ def main() -> int:
         policy_zero2_train,
         policy_fsdp2_one_gpu,
         policy_fsdp2_train,
+        host_sampler_nvml,
     ]
     results = [_report(fn.__name__, fn) for fn in checks]
     return 0 if all(results) else 1

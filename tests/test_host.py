@@ -288,6 +288,7 @@ class FakeNVML:
 
     NVML_CLOCK_SM = 1
     NVML_CLOCK_MEM = 2
+    NVML_TEMPERATURE_GPU = 0
 
     class NVMLError(Exception):
         pass
@@ -340,7 +341,7 @@ class FakeNVML:
         return 700_000  # mW
 
     def _nvmlDeviceGetClockInfo(self, handle, clock):
-        return {self.NVML_CLOCK_SM: 1755, self.NVML_CLOCK_MEM: 2619}[clock]
+        return {self.NVML_CLOCK_SM: self.sm_clock, self.NVML_CLOCK_MEM: 2619}[clock]
 
     def _nvmlDeviceGetMaxClockInfo(self, handle, clock):
         return {self.NVML_CLOCK_SM: 1980, self.NVML_CLOCK_MEM: 2619}[clock]
@@ -362,6 +363,27 @@ class FakeNVML:
 
     def _nvmlDeviceGetComputeRunningProcesses(self, handle):
         return self.processes
+
+    # What the sampler (scopebench.profiler.sampler) reads every period: values a test may set.
+    util, sm_clock, power_mw, temp_c, throttle = 45, 1755, 250_000, 71, 0
+    energy_mj = 1_000_000.0
+    energy_step_mj = 0.0  # added to the energy counter at every read
+
+    def _nvmlDeviceGetUtilizationRates(self, handle):
+        return SimpleNamespace(gpu=self.util, memory=10)
+
+    def _nvmlDeviceGetPowerUsage(self, handle):
+        return self.power_mw
+
+    def _nvmlDeviceGetTemperature(self, handle, sensor):
+        return self.temp_c
+
+    def _nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return self.throttle
+
+    def _nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        self.energy_mj += self.energy_step_mj
+        return self.energy_mj
 
 
 def missing_pynvml():

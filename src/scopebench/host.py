@@ -25,7 +25,7 @@ from typing import Any
 
 from scopebench.profiler.device import MB
 
-__all__ = ["gpu_records", "host_record", "read_cpu_quota", "read_cpufreq", "versions"]
+__all__ = ["gpu_records", "host_record", "measured_nvml_index", "read_cpu_quota", "read_cpufreq", "versions"]
 
 #: Packages whose versions the record carries (``python`` is added).
 VERSIONED_PACKAGES = ("torch", "scopebench", "deepinv", "benchopt", "accelerate", "deepspeed")
@@ -247,6 +247,16 @@ def _measured_cuda_index(device: Any) -> int | None:
     if kind != "cuda":
         return None
     return int(index) if index.isdigit() else 0
+
+
+def measured_nvml_index(nvml: Any, device: Any, environ: Mapping[str, str] | None = None) -> int | None:
+    """NVML index of the GPU ``device`` (``cuda``, ``cuda:1``) names, ``None`` off CUDA or when
+    CUDA cannot see it (``CUDA_VISIBLE_DEVICES`` mapped as in :func:`gpu_records`)."""
+    cuda_index = _measured_cuda_index(device)
+    if cuda_index is None:
+        return None
+    visible = _visible_indices(nvml, nvml.nvmlDeviceGetCount(), os.environ if environ is None else environ)
+    return visible[cuda_index] if cuda_index < len(visible) else None
 
 
 def _gpu(nvml: Any, index: int, cuda_index: int, measured: bool, driver: str, pid: int) -> dict[str, Any]:

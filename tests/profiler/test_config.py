@@ -110,7 +110,14 @@ def test_solver_mixin_drives_a_run_object(tmp_path):
         return next(calls) < 3
 
     solver.start_run(run)
-    assert solver.profiler is run.profiler and run.metrics().keys() == {"setup_time_sec"}
+    assert solver.profiler is run.profiler
+    # Before the window: the set-up time and the host (docs/profiler.md, "The host").
+    assert run.metrics().keys() == {
+        "setup_time_sec",
+        "host_records_json",
+        "load_average_1m_start",
+        "load_average_1m_end",
+    }
     solver.finish_run(run, callback)
     assert ["work_time_sec" in m for m in seen] == [False, False, True, True]
     assert "work_time_sec" in run.metrics()

@@ -34,6 +34,9 @@ def loader(samples_per_sec, batch_size=8):
     )
 
 
+GPU = {"gpu_throttle": 0.0, "gpu_sm_clock_mhz": 1980.0, "gpu_sm_clock_max_mhz": 1980.0, "gpu_util_pct": 95.0,
+       "gpu_temp_c": 84.0, "gpu_power_w": 650.0}  # fmt: skip
+
 CASES = {
     "input-bound (dataload_wait share)": (
         "input-bound",
@@ -112,6 +115,60 @@ CASES = {
         [train(params={"backend": "zero2"}), train({"forward": 0.015, "bwd": 0.030}, params={"backend": "zero3"})],
         [train({"forward": 0.015, "bwd": 0.030}, params={"backend": "zero3"})],
         "zero3 is 1.47x slower than zero2 (median step 46.600 ms vs 31.600 ms, +15.000 ms): forward +5.000 ms, bwd +10.000 ms",
+    ),
+    "contended": (
+        "contended",
+        [train(extra={"host_other_cpu_pct": 45.0, "host_steal_pct": 0.0})],
+        [train(extra={"host_other_cpu_pct": 2.0, "host_steal_pct": 0.0})],
+        "other processes took 45.0% of the run's CPUs (max 45.0%), steal 0.0% (max 0.0%); 19 of 19 iterations affected (1-19)",
+    ),
+    "contended (steal)": (
+        "contended",
+        [train(extra={"host_other_cpu_pct": 1.0, "host_steal_pct": 12.0})],
+        [train(extra={"host_other_cpu_pct": 1.0, "host_steal_pct": 1.0})],
+        "steal 12.0%",
+    ),
+    "contended (one iteration far above)": (
+        "contended",
+        [train(extra={"host_other_cpu_pct": lambda i: 80.0 if i == 5 else 1.0})],
+        [train(extra={"host_other_cpu_pct": lambda i: 30.0 if i == 5 else 1.0})],
+        "(max 80.0%); 1 of 19 iterations affected (5)",
+    ),
+    "low-gpu-utilisation (input-bound)": (
+        "low-gpu-utilisation",
+        [train({"dataload_wait": 0.004}, extra={"gpu_util_pct": 40.0})],
+        [train({"dataload_wait": 0.004}, extra={"gpu_util_pct": 90.0})],
+        "GPU utilisation median 40% (< 70%); likely cause: input-bound: dataload_wait is 11.4% of the step",
+    ),
+    "low-gpu-utilisation (synchronisation)": (
+        "low-gpu-utilisation",
+        [train({"sync_gather": 0.004}, extra={"gpu_util_pct": 40.0})],
+        [train({"sync_gather": 0.004})],  # no GPU column (a CPU run, no NVML): silent
+        "likely cause: synchronisation: sync_gather is 11.",
+    ),
+    "low-gpu-utilisation (distributed waits)": (
+        "low-gpu-utilisation",
+        [train(extra={"gpu_util_pct": 40.0, "rank_skew_pct": 25.0, "world_size": 4})],
+        [train(extra={"gpu_util_pct": 75.0, "rank_skew_pct": 25.0, "world_size": 4})],
+        "distributed waits: ranks wait for the slowest (step skew 25.0%)",
+    ),
+    "low-gpu-utilisation (host-bound)": (
+        "low-gpu-utilisation",
+        [train(extra={"gpu_util_pct": 45.0})],
+        [train(extra={"gpu_util_pct": 95.0})],
+        "likely cause: host-bound: no input, synchronisation or distributed wait explains the idle GPU",
+    ),
+    "gpu-throttled (reasons)": (
+        "gpu-throttled",
+        [train(extra={**GPU, "gpu_throttle": lambda i: 4.0 + 1.0 if i >= 10 else 0.0})],
+        [train(extra={**GPU, "gpu_throttle": 1.0})],  # gpu_idle alone is not a slowdown
+        "throttle reasons sw_power_cap in 10 iteration(s) (10-19); SM clock median 1980 MHz = 100% of its max 1980 MHz; temperature max 84 C",
+    ),
+    "gpu-throttled (clock)": (
+        "gpu-throttled",
+        [train(extra={**GPU, "gpu_sm_clock_mhz": 1200.0})],
+        [train(extra={**GPU, "gpu_sm_clock_mhz": 1900.0})],
+        "no throttle reason reported but SM clock < 80% of max; SM clock median 1200 MHz = 61% of its max",
     ),
 }  # fmt: skip
 

@@ -104,6 +104,9 @@ class RankRun:
         self.session = None
         self.profiler = None
         self.setup_time_sec: float | None = None
+        #: Every rank's :func:`scopebench.host.host_record`, gathered by :meth:`start`.
+        self.host_records: list[dict[str, Any]] | None = None
+        self._host_json: str | None = None
         self._stack = contextlib.ExitStack()
         self._failed = False
 
@@ -170,6 +173,7 @@ class RankRun:
                 self._stack.callback(torch.set_num_threads, torch.get_num_threads())
                 torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.info.world_size))
             self._stack.callback(self.teardown)
+            self._record_hosts()
             self.build()
             self.profiler = profiler_from_config(
                 self.profiler_config, device=self.device, name=self.name, output_dir=self.output_dir
@@ -206,11 +210,33 @@ class RankRun:
         """This process's rank (0 before :meth:`start` joined the ranks)."""
         return self.info.rank
 
+    def _record_hosts(self) -> None:
+        """Every rank's host record, on every rank (a collective of the untimed set-up)."""
+        import json
+
+        from scopebench.distributed.reduce import gather_objects
+        from scopebench.host import host_record
+
+        self.host_records = gather_objects({"rank": self.info.rank, **host_record(self.device)})
+        self._host_json = json.dumps(self.host_records)
+
     def metrics(self) -> dict[str, Any]:
-        """The profiler's metrics of the last iteration and the constant ``setup_time_sec``."""
+        """The profiler's metrics of the last iteration, the constant ``setup_time_sec`` and
+        the host: ``host_records_json`` (one :func:`scopebench.host.host_record` per rank, as
+        at the start, its ``load_average`` included), ``load_average_1m_start`` (rank 0's)
+        and ``load_average_1m_end`` (now: on the last row, the end of the run)."""
         out = self.profiler.get_current_metrics() if self.profiler is not None else {}
         if self.setup_time_sec is not None:
             out["setup_time_sec"] = self.setup_time_sec
+        if self._host_json is not None:
+            out["host_records_json"] = self._host_json
+            start = self.host_records[0].get("load_average")
+            if start:
+                out["load_average_1m_start"] = start[0]
+            try:
+                out["load_average_1m_end"] = os.getloadavg()[0]
+            except OSError:  # not available here: the column stays absent
+                pass
         return out
 
     def close(self, failed: bool = False) -> None:

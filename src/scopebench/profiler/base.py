@@ -36,6 +36,8 @@ even after the group is destroyed).
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -151,6 +153,11 @@ class Profiler:
         self._callback_sec = 0.0
         self._region_wall: dict[str, float] = {}
         self._overhead_sec = 0.0
+        #: The host sampler of the window (:mod:`scopebench.profiler.sampler`), ``None`` until
+        #: the window begins or when off; the process groups of the ranks on this host.
+        self.sampler: Any = None
+        self._sample_mark = 0
+        self._rank_pgids: set[int] | None = None
 
     # -- public API ----------------------------------------------------------------
     @property
@@ -191,6 +198,8 @@ class Profiler:
         # The one place step time is derived: consumers read it rather than subtract.
         metrics = {"total_time_sec": total, "step_time_sec": total - self._callback_sec}
         metrics.update(self._iteration_metrics(i, total))
+        if self.sampler is not None:
+            metrics.update(self.sampler.window(self._sample_mark, total))
         if self.reports_overhead:
             metrics["profiler_overhead_sec"] = self._overhead_sec + (time.perf_counter() - stop)
         self.recorded += 1
@@ -240,6 +249,8 @@ class Profiler:
         self._finalized = True
         if self._begun:
             self._abandon_iteration()
+        if self.sampler is not None:
+            self.sampler.stop()
         self._finish()
         if self.config.save_file and self.rows:
             stem = run_name(self.name, self._run_id, self.rank)
@@ -273,16 +284,33 @@ class Profiler:
             if not self._named:
                 self._named = True
                 if self._world[1] > 1:  # every rank names its files after rank 0's run
-                    self._run_id = gather_objects(self._run_id)[0]
+                    ids = gather_objects((self._run_id, socket.gethostname(), os.getpgrp()))
+                    self._run_id = ids[0][0]
+                    self._rank_pgids = {pgid for _, host, pgid in ids if host == socket.gethostname()}
             self._region_wall = {}
             start = time.perf_counter()
+            if self.sampler is None:
+                self._start_sampler()
             self._start_iteration(self.iteration)
             ops = self.ops
             if ops.is_cuda:
                 ops.synchronize()
                 ops.reset_peak_memory()
+            if self.sampler is not None:
+                self._sample_mark = self.sampler.mark()
             self._t0 = time.perf_counter()
             self._overhead_sec = self._t0 - start
+        elif self.sampler is not None and self.sampler.running:
+            self.sampler.stop()  # the window is over
+
+    def _start_sampler(self) -> None:
+        """Start the host sampler when the window begins (off: ``SCOPEBENCH_SAMPLER_PERIOD_SEC=0``)."""
+        from scopebench.profiler.sampler import HostSampler, sampler_period
+
+        period = sampler_period()
+        if period > 0:
+            self.sampler = HostSampler(self.device, period, pgids=self._rank_pgids, cuda=self.ops.is_cuda)
+            self.sampler.start()
 
     def _abandon_iteration(self) -> None:
         """The loop stopped before the body ran: discard the begun iteration."""
@@ -308,6 +336,8 @@ class Profiler:
             time_keys += [self.region_time_key.format(r) for r in self._region_wall]
         current = reduce_across_ranks(per_rank, time_keys)
         current.update(self._cross_rank_metrics(per_rank))
+        if self.sampler is not None:
+            current.update(self.sampler.cross_rank(per_rank))
         if self.reports_overhead:
             # The slowest rank's own overhead, plus the gather and reduction rank 0 waited for.
             current["profiler_overhead_sec"] += time.perf_counter() - start

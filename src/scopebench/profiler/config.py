@@ -94,6 +94,10 @@ class ProfilerConfig:
         integer("profiler_repeat", self.repeat, low=0)
         flag("profiler_save_file", self.save_file)
         flag("profiler_per_step", self.per_step)
+        if self.mode != "null":  # the host sampler's period (SCOPEBENCH_SAMPLER_PERIOD_SEC), refused before any work
+            from scopebench.profiler.sampler import sampler_period
+
+            sampler_period()
         if self.trace_dir is not None:
             if self.mode != "torch":
                 raise ValueError(

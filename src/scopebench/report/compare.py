@@ -11,6 +11,10 @@ the recorded iterations, with a seeded percentile-bootstrap confidence interval
 (:func:`scopebench.stats.median_ratio_ci`, iterations resampled). A row is flagged when its
 interval excludes 1 (``slower`` above, ``faster`` below). With a 95 % interval about one
 unchanged row in twenty is flagged by chance; raise ``level`` for many regions.
+
+A matched pair whose sides ran under different contention (the host sampler's columns,
+:func:`scopebench.report.contention.ab_note`) gets a note under its block, and its
+flagged rows read ``slower?`` / ``faster?``: their interval is not a speed difference.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from scopebench import stats
+from scopebench.report.contention import ab_note, contention
 from scopebench.report.results import Configuration
 
 __all__ = ["Comparison", "Row", "compare", "format_comparison"]
@@ -41,6 +46,8 @@ class Row:
     ci_high: float
     change: str | None
     """``slower`` / ``faster`` when the interval excludes 1, else ``None``."""
+    contention: str | None = None
+    """Why this pair's interval is not a speed difference (different contention), else ``None``."""
 
 
 @dataclass
@@ -100,6 +107,7 @@ def compare(a: list[Configuration], b: list[Configuration], level: float = 0.95,
         cb = candidates[0]
         matched_b.add(id(cb))
         sa, sb = _series(ca), _series(cb)
+        note = ab_note(contention(ca), contention(cb))
         for region in [r for r in sa if r in sb]:
             ratio, low, high = stats.median_ratio_ci(sa[region], sb[region], level=level, seed=seed)
             change = "slower" if low > 1.0 else "faster" if high < 1.0 else None
@@ -116,6 +124,7 @@ def compare(a: list[Configuration], b: list[Configuration], level: float = 0.95,
                     ci_low=low,
                     ci_high=high,
                     change=change,
+                    contention=note,
                 )
             )
     unmatched_b = [c.label for c in b if id(c) not in matched_b]
@@ -136,10 +145,12 @@ def format_comparison(result: Comparison) -> str:
         if (r.benchmark, r.config) != current:
             current = (r.benchmark, r.config)
             lines.append(f"\n== {r.config} ({r.benchmark}) ==")
+            if r.contention:
+                lines.append(f"! contended: {r.contention}")
             lines.append(
                 f"{'region':<18} {'n A/B':>9} {'A median ms':>12} {'B median ms':>12} {'B/A':>7}  {pct + ' CI':<18}"
             )
-        flag = f"* {r.change}" if r.change else ""
+        flag = (f"* {r.change}" + ("?" if r.contention else "")) if r.change else ""
         n = f"{r.n_a}/{r.n_b}"
         lines.append(
             f"{r.region:<18} {n:>9} {r.median_a_ms:>12.3f} {r.median_b_ms:>12.3f} {r.ratio:>7.3f}  "
@@ -151,6 +162,12 @@ def format_comparison(result: Comparison) -> str:
         if result.rows
         else "\nno configuration of A matches one of B"
     )
+    doubtful = sorted({r.config for r in result.rows if r.contention})
+    if doubtful:
+        lines.append(
+            f"different contention on the two sides of {', '.join(doubtful)}: their B/A intervals are not speed "
+            "differences (rows marked ?); rerun both sides on a quiet machine"
+        )
     for side, names in (("A", result.unmatched_a), ("B", result.unmatched_b)):
         if names:
             lines.append(f"unmatched in {side}: {', '.join(names)}")

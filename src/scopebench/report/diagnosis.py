@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from scopebench import stats
 from scopebench.report.backend_comparison import backend_comparisons, config_backend
+from scopebench.report.host_rules import contended, gpu_throttled, low_gpu_utilisation
 from scopebench.report.results import LAYOUT_PARAMS, Configuration
 from scopebench.report.tables import config_kind, throughput
 
@@ -332,6 +333,9 @@ RULES: tuple[Callable[[Configuration, list[Configuration]], list[Finding]], ...]
     compile_not_effective,
     communication_bound,
     backend_comparison,
+    contended,
+    low_gpu_utilisation,
+    gpu_throttled,
 )
 
 

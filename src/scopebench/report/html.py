@@ -273,7 +273,9 @@ def _table(config: Configuration) -> str:
         )
     summary = format_config(config).splitlines()
     notes = [
-        line for line in summary if line.startswith(("throughput", "latency", "dataloader", "first call", "compile"))
+        line
+        for line in summary
+        if line.startswith(("throughput", "latency", "dataloader", "first call", "compile", "CONTENDED", "host load"))
     ]
     facts = summary[1:3]
     note_html = "".join(f"<div>{html.escape(line)}</div>" for line in facts + notes)

@@ -8,7 +8,10 @@ without the benchopt scoring callback (``step_time_sec``, the profiler's
 share too but are sums of regions, so shares need not add up to 100 %.
 
 Text layout follows ``profile_step``: one block per configuration, ``phase mean= median=
-p95= share``, a header with the window (warm-up, measured iterations, ranks) and, by kind
+p95= share``, a header with the window (warm-up, measured iterations, ranks) and how busy
+the machine was (``host load:``, or ``CONTENDED:`` when other processes or steal took more
+than :mod:`scopebench.report.contention` allows: those times are not the configuration's
+alone) and, by kind
 of configuration, a throughput line (training step: steps/s and global samples/s), a
 latency line (inference: mean / p50 / p95 / p99 per call) or the dataloader ceiling.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from scopebench import stats
+from scopebench.report.contention import contention
 from scopebench.report.results import Configuration, step_times
 
 __all__ = ["PROFILE_STEP_ORDER", "config_kind", "phase_rows", "format_config", "format_tables", "throughput"]
@@ -164,6 +168,9 @@ def _header(config: Configuration, kind: str) -> list[str]:
         lines.append(" ".join(facts))
     wall = stats.mean(config.values("total_time_sec")) * len(config.recorded)
     lines.append(f"wall-clock over the measured iterations (callback included): {wall:.3f}s")
+    host = contention(config)  # how busy the machine was (the host sampler's columns)
+    if host is not None:
+        lines.append(("CONTENDED: " if host.contended else "host load: ") + host.text())
     return lines
 
 

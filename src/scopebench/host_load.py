@@ -1,0 +1,215 @@
+"""How busy the machine was over an interval: CPU taken by other processes, and steal.
+
+Two cumulative counters read from ``/proc`` (Linux), in clock ticks (``USER_HZ``):
+
+* :func:`read_cpu_times` — ``/proc/stat`` summed over the CPUs this process may use
+  (``sched_getaffinity``): ``busy`` (user, nice, system, irq, softirq: what any process in
+  this kernel ran, guests included), ``steal`` (time the hypervisor gave to another
+  machine) and ``total`` (busy + idle + iowait + steal);
+* :class:`OwnTime` — the CPU time (``utime + stime`` of ``/proc/<pid>/stat``) of every
+  process in the run's process groups: this process, its threads and children (dataloader
+  workers), and the other ranks on this host when they share a group or are named.
+
+A driver whose work runs in subprocesses that exit within the interval (the ``perf/``
+scripts) counts :func:`self_and_waited_ticks` as its own instead.
+
+Over an interval, :func:`shares` turns two readings into ``host_other_cpu_pct`` (busy
+minus own, over total: the share of the run's CPUs other processes took) and
+``host_steal_pct``. The sampler thread (:mod:`scopebench.profiler.sampler`) reads both
+every period; the ``perf/`` scripts read them around each round
+(``perf/round_conditions.py``), so both say the same thing the same way.
+
+Accuracy: ``/proc/stat`` counts in ticks (10 ms at ``USER_HZ = 100``), so an interval of
+100 ms on two CPUs holds 20 ticks and a single interval's share is only good to about
+±10 %; shares over seconds are good to about 1 %. A process that joins a group is found
+when the membership is scanned again (every :data:`RESCAN_SEC`); one born since the
+last scan has all its CPU time counted as the run's at that scan, and one that exits
+between two readings loses its last interval (counted as other).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CpuTimes", "OwnTime", "read_cpu_times", "self_and_waited_ticks", "shares", "usable_cpus"]
+
+#: Clock ticks per second of ``/proc/stat`` and ``/proc/<pid>/stat``.
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+#: Seconds between two scans of ``/proc`` for the run's new processes (dataloader workers).
+RESCAN_SEC = 1.0
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """Cumulative ticks over a set of CPUs (one ``/proc/stat`` reading)."""
+
+    busy: int
+    steal: int
+    total: int
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (all of them where affinity is unknown)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def read_cpu_times(cpus: Iterable[int], root: str | Path = "/") -> CpuTimes | None:
+    """``/proc/stat`` summed over ``cpus``; ``None`` where the file is missing (not Linux).
+
+    :Examples:
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp()); (root / "proc").mkdir()
+    >>> _ = (root / "proc/stat").write_text("cpu  9 0 9 9 0 0 0 0 0 0\\ncpu0 10 1 5 80 2 1 1 3 0 0\\n")
+    >>> read_cpu_times([0], root)
+    CpuTimes(busy=18, steal=3, total=103)
+    """
+    wanted = {f"cpu{cpu}" for cpu in cpus}
+    text = _read(Path(root) / "proc/stat")
+    if text is None:
+        return None
+    busy = steal = total = 0
+    end = text.find("\nintr")  # the cpu lines come first; the interrupt counts after them can be long
+    for line in text[: end if end >= 0 else len(text)].splitlines():
+        name, _, rest = line.partition(" ")
+        if name not in wanted:
+            continue
+        values = [int(v) for v in rest.split()[:8]]
+        values += [0] * (8 - len(values))
+        user, nice, system, idle, iowait, irq, softirq, stolen = values
+        busy += user + nice + system + irq + softirq
+        steal += stolen
+        total += user + nice + system + idle + iowait + irq + softirq + stolen
+    return CpuTimes(busy, steal, total)
+
+
+def _read(path: Path) -> str | None:
+    """A ``/proc`` file's text (``os.read``: under half the cost of ``Path.read_text``), ``None`` if absent."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 16384):  # a small buffer: allocating a large one costs more than the read
+            chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _stat(pid: int, root: str | Path) -> tuple[int, int, int] | None:
+    """``(pgrp, utime + stime, starttime)`` of ``pid``, ``None`` once it is gone."""
+    text = _read(Path(root) / f"proc/{pid}/stat")
+    if text is None:
+        return None
+    rest = text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    return int(rest[2]), int(rest[11]) + int(rest[12]), int(rest[19])
+
+
+def _uptime_ticks(root: str | Path) -> int:
+    try:
+        return int(float((_read(Path(root) / "proc/uptime") or "").split()[0]) * CLK_TCK)
+    except (ValueError, IndexError):
+        return 0
+
+
+class OwnTime:
+    """Cumulative CPU ticks of the processes in ``pgids`` (the run), read by :meth:`read`.
+
+    Membership is found by scanning ``/proc`` when the object is made and then every
+    ``rescan_sec`` (default :data:`RESCAN_SEC`); a scan reads the ``stat`` of new pids only
+    (pids seen before, in the run or not, are remembered), so after the first it costs a
+    directory listing (about 100 µs for 140 processes).
+
+    Args:
+        pgids: Process groups of the run on this host (default: this process's).
+        root: Where ``/proc`` is read (tests pass a fake tree).
+        rescan_sec: Seconds between membership scans.
+    """
+
+    def __init__(self, pgids: Iterable[int] | None = None, root: str | Path = "/", rescan_sec: float = RESCAN_SEC):
+        self.pgids = frozenset(pgids if pgids is not None else [os.getpgrp()])
+        self.root = root
+        self.rescan_sec = rescan_sec
+        self.known: dict[int, int] = {}
+        self.ticks = 0
+        self._outside: set[int] = set()  # pids seen that are not the run's
+        self._scanned_at = 0  # uptime ticks of the last scan
+        self._scan(first=True)
+        self._next_scan = time.monotonic() + rescan_sec
+
+    def _scan(self, first: bool = False) -> None:
+        now = _uptime_ticks(self.root)
+        try:
+            pids = {int(name) for name in os.listdir(Path(self.root) / "proc") if name.isdigit()}
+        except OSError:
+            pids = set()
+        self._outside &= pids  # a pid that went away may come back as one of ours
+        for pid in pids - self._outside - self.known.keys():
+            stat = _stat(pid, self.root)
+            if stat is None or stat[0] not in self.pgids:
+                self._outside.add(pid)
+                continue
+            self.known[pid] = stat[1]
+            if not first and stat[2] >= self._scanned_at:
+                self.ticks += stat[1]  # born since the last scan: all its time is the run's, since then
+        self._scanned_at = now
+
+    def read(self) -> int:
+        """Ticks the run's processes have used since this object was made (cumulative)."""
+        for pid, before in list(self.known.items()):
+            stat = _stat(pid, self.root)
+            if stat is None or stat[0] not in self.pgids:  # exited (or the pid was reused)
+                del self.known[pid]
+                continue
+            self.ticks += stat[1] - before
+            self.known[pid] = stat[1]
+        if time.monotonic() >= self._next_scan:
+            self._scan()
+            self._next_scan = time.monotonic() + self.rescan_sec
+        return self.ticks
+
+
+def self_and_waited_ticks() -> int:
+    """CPU ticks of this process and of its descendants already waited for (``getrusage``
+    of ``RUSAGE_SELF`` and ``RUSAGE_CHILDREN``): the run's own time for a driver whose work
+    runs in short-lived subprocesses (a ``benchopt run`` per round), which a scan of the
+    live processes would miss once they exit. Children still running are not included."""
+    import resource
+
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return round(total * CLK_TCK)
+
+
+def shares(a: tuple[CpuTimes, int], b: tuple[CpuTimes, int]) -> dict[str, float]:
+    """``host_other_cpu_pct`` and ``host_steal_pct`` between readings ``a`` and ``b``.
+
+    Each reading is ``(read_cpu_times(...), OwnTime.read())``. Other is clamped to
+    [0, 100] (tick rounding can take it a little below 0); no elapsed tick gives ``{}``.
+
+    :Examples:
+
+    >>> shares((CpuTimes(100, 0, 200), 50), (CpuTimes(260, 10, 400), 130))
+    {'host_other_cpu_pct': 40.0, 'host_steal_pct': 5.0}
+    """
+    (cpu_a, own_a), (cpu_b, own_b) = a, b
+    total = cpu_b.total - cpu_a.total
+    if total <= 0:
+        return {}
+    other = (cpu_b.busy - cpu_a.busy) - (own_b - own_a)
+    return {
+        "host_other_cpu_pct": min(100.0, max(0.0, other / total * 100.0)),
+        "host_steal_pct": (cpu_b.steal - cpu_a.steal) / total * 100.0,
+    }

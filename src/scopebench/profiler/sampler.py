@@ -1,0 +1,349 @@
+"""What the machine did during the profiler window: a light sampler thread in each rank.
+
+Every :data:`PERIOD_SEC` (100 ms) the thread ``scopebench-host-sampler`` reads the CPU
+counters of :mod:`scopebench.host_load` (``/proc/stat`` over the CPUs this process may
+use, and the CPU time of the run's own process groups) and, on a CUDA device with NVML
+(``nvidia-ml-py``), the measured GPU's utilisation, SM clock, power, temperature, memory
+used, throttle reasons, energy counter and (read every :data:`PROCESS_EVERY` samples,
+the latest count standing in between) the other processes on it. The profiler (:mod:`scopebench.profiler.base`) starts it when the
+window's first iteration begins and stops it when the window ends; it does not exist
+outside the window, nor with ``profiler_mode: null``. ``SCOPEBENCH_SAMPLER_PERIOD_SEC``
+sets the period (``0`` turns it off).
+
+At the end of each recorded iteration the profiler asks for :meth:`HostSampler.window`:
+the samples from the last one taken before the iteration began to the latest one. An
+iteration shorter than the period gets the last full interval (neighbouring short
+iterations then share values); the first iteration of a window gets nothing until one
+period has passed. Columns (docs/profiler.md): ``host_other_cpu_pct``,
+``host_steal_pct``, ``gpu_util_pct``, ``gpu_sm_clock_mhz``, ``gpu_power_w`` (means over
+the samples), ``gpu_temp_c``, ``gpu_mem_used_mb``, ``gpu_other_procs_count`` (maxima),
+``gpu_throttle`` (throttle-reason bits seen, OR-ed; :func:`throttle_names`),
+``gpu_sm_clock_max_mhz`` and ``gpu_energy_j`` (mean power from the energy counter over
+the samples, times the iteration's ``total_time_sec``). A signal the machine does not give
+is absent, never 0; why is in :attr:`HostSampler.reasons`. Across ranks
+(:meth:`HostSampler.cross_rank`) ``gpu_throttle`` is OR-ed and ``gpu_energy_j`` summed;
+the other columns take the base class's maximum (the busiest rank).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from scopebench.host_load import OwnTime, read_cpu_times, shares, usable_cpus
+from scopebench.profiler.device import MB
+
+__all__ = ["GPU_COLUMNS", "HostSampler", "PERIOD_SEC", "THREAD_NAME", "sampler_period", "throttle_names"]
+
+PERIOD_SEC = 0.1
+ENV_PERIOD = "SCOPEBENCH_SAMPLER_PERIOD_SEC"
+THREAD_NAME = "scopebench-host-sampler"
+#: The GPU's process list is read every this many samples (it costs more than the rest).
+PROCESS_EVERY = 10
+#: NVML clock-event reason bits (``nvmlClocksEventReason*``) that slow the GPU down.
+THROTTLING = {4: "sw_power_cap", 8: "hw_slowdown", 32: "sw_thermal", 64: "hw_thermal", 128: "hw_power_brake"}
+#: Bits that do not mean a slowdown under load.
+NOT_THROTTLING = {1: "gpu_idle", 2: "applications_clocks", 16: "sync_boost", 256: "display_clocks"}
+#: Every GPU column the sampler may report (absent, with a reason, when NVML does not give it).
+GPU_COLUMNS = (
+    "gpu_util_pct",
+    "gpu_sm_clock_mhz",
+    "gpu_sm_clock_max_mhz",
+    "gpu_power_w",
+    "gpu_temp_c",
+    "gpu_mem_used_mb",
+    "gpu_throttle",
+    "gpu_energy_j",
+    "gpu_other_procs_count",
+)
+_MEANS = ("gpu_util_pct", "gpu_sm_clock_mhz", "gpu_power_w")
+_MAXIMA = ("gpu_temp_c", "gpu_mem_used_mb", "gpu_other_procs_count")
+
+
+def sampler_period(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds between samples from ``SCOPEBENCH_SAMPLER_PERIOD_SEC`` (default 0.1; 0 = off).
+
+    Raises:
+        ValueError: not a number, negative, or below 10 ms (the thread would cost too much).
+    """
+    raw = (os.environ if environ is None else environ).get(ENV_PERIOD)
+    if raw is None or raw.strip() == "":
+        return PERIOD_SEC
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value != 0 and not value >= 0.01:
+        raise ValueError(f"environment variable {ENV_PERIOD} must be 0 (off) or seconds >= 0.01, got {raw!r}")
+    return value
+
+
+def throttle_names(mask: int, only_throttling: bool = True) -> list[str]:
+    """Names of the reason bits in ``mask``.
+
+    :Examples:
+        >>> throttle_names(4 | 1 | 64), throttle_names(1, only_throttling=False)
+        (['sw_power_cap', 'hw_thermal'], ['gpu_idle'])
+    """
+    table = THROTTLING if only_throttling else {**THROTTLING, **NOT_THROTTLING}
+    return [name for bit, name in sorted(table.items()) if int(mask) & bit]
+
+
+def _import_pynvml():
+    import pynvml
+
+    return pynvml
+
+
+class GpuProbe:
+    """NVML readings of the measured GPU; a signal that fails once is dropped with its reason.
+
+    Args:
+        device: The measured CUDA device.
+        load_nvml: Returns the ``pynvml`` module (tests pass a recorder).
+        own_pids: Returns the run's pids (not "other" processes on the GPU).
+    """
+
+    def __init__(self, device: Any, load_nvml: Callable[[], Any], own_pids: Callable[[], Iterable[int]]) -> None:
+        from scopebench.host import measured_nvml_index
+
+        self.reasons: dict[str, str] = {}
+        self.handle = self.nvml = None
+        self.own_pids = own_pids
+        self.count = 0
+        self.other_procs: float | None = None
+        self.constant: dict[str, float] = {}
+        try:
+            nvml = load_nvml()
+        except ImportError:
+            self.reason = "pynvml not installed (pip install nvidia-ml-py)"
+            return
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as error:
+            self.reason = f"NVML init failed: {error}"
+            return
+        self.nvml = nvml
+        try:
+            index = measured_nvml_index(nvml, device)
+            if index is None:
+                self.reason = f"{device} is not a GPU CUDA sees"
+            else:
+                self.handle, self.reason = nvml.nvmlDeviceGetHandleByIndex(index), None
+        except nvml.NVMLError as error:
+            self.reason = f"NVML query failed: {error}"
+        if self.handle is None:
+            self.close()
+            return
+        events = "nvmlDeviceGetCurrentClocksEventReasons"  # the newer name of the throttle reasons
+        if not hasattr(nvml, events):
+            events = "nvmlDeviceGetCurrentClocksThrottleReasons"
+        #: column -> (NVML function, its arguments after the handle, conversion)
+        self.signals: dict[str, tuple[str, tuple, Callable[[Any], Any]]] = {
+            "gpu_util_pct": ("nvmlDeviceGetUtilizationRates", (), lambda u: float(u.gpu)),
+            "gpu_sm_clock_mhz": ("nvmlDeviceGetClockInfo", (nvml.NVML_CLOCK_SM,), float),
+            "gpu_power_w": ("nvmlDeviceGetPowerUsage", (), lambda mw: mw / 1000.0),
+            "gpu_temp_c": ("nvmlDeviceGetTemperature", (nvml.NVML_TEMPERATURE_GPU,), float),
+            "gpu_mem_used_mb": ("nvmlDeviceGetMemoryInfo", (), lambda m: m.used / MB),
+            "gpu_throttle": (events, (), int),
+            "energy_mj": ("nvmlDeviceGetTotalEnergyConsumption", (), float),
+        }
+        try:
+            self.constant["gpu_sm_clock_max_mhz"] = float(
+                nvml.nvmlDeviceGetMaxClockInfo(self.handle, nvml.NVML_CLOCK_SM)
+            )
+        except nvml.NVMLError as error:
+            self.reasons["gpu_sm_clock_max_mhz"] = f"nvmlDeviceGetMaxClockInfo: {error}"
+
+    @property
+    def available(self) -> bool:
+        return self.handle is not None
+
+    def read(self) -> dict[str, float]:
+        """One reading; signals that fail now are dropped for the rest of the window."""
+        nvml, out = self.nvml, {}
+        for key, (name, args, convert) in list(self.signals.items()):
+            try:
+                out[key] = convert(getattr(nvml, name)(self.handle, *args))
+            except nvml.NVMLError as error:  # "Not Supported" (energy before Volta, power on some boards)
+                del self.signals[key]
+                self.reasons["gpu_energy_j" if key == "energy_mj" else key] = f"{name}: {error}"
+        if self.count % PROCESS_EVERY == 0 and "gpu_other_procs_count" not in self.reasons:
+            try:
+                procs = nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+                own = set(self.own_pids())
+                self.other_procs = float(sum(1 for p in procs if p.pid not in own))
+            except nvml.NVMLError as error:
+                self.reasons["gpu_other_procs_count"] = f"nvmlDeviceGetComputeRunningProcesses: {error}"
+                self.other_procs = None
+        if self.other_procs is not None:  # the latest count stands for the samples until the next
+            out["gpu_other_procs_count"] = self.other_procs
+        self.count += 1
+        return out
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            nvml, self.nvml, self.handle = self.nvml, None, None
+            try:
+                nvml.nvmlShutdown()
+            except nvml.NVMLError:
+                pass
+
+
+class HostSampler:
+    """The sampler thread of one rank (see the module docstring).
+
+    Args:
+        device: The measured device; NVML is read only for a CUDA device.
+        period_sec: Seconds between samples.
+        pgids: Process groups of the run on this host (default: this process's).
+        root: Where ``/proc`` is read.
+        load_nvml: Returns the ``pynvml`` module.
+    """
+
+    def __init__(
+        self,
+        device: Any = "cpu",
+        period_sec: float = PERIOD_SEC,
+        pgids: Iterable[int] | None = None,
+        root: str = "/",
+        load_nvml: Callable[[], Any] = _import_pynvml,
+        cuda: bool | None = None,
+    ) -> None:
+        self.device, self.period_sec, self.pgids, self.root = device, period_sec, pgids, root
+        self.load_nvml = load_nvml
+        self.cuda = str(device).startswith("cuda") if cuda is None else cuda
+        self.cpus = usable_cpus()
+        self.reasons: dict[str, str] = {}
+        self.thread_cpu_sec: float | None = None
+        self.samples_taken = 0
+        self._samples: list[tuple] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._gpu: GpuProbe | None = None
+        self._seq = -1
+        self._cache: tuple[int, dict[str, float], float | None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> None:
+        """Scan the run's processes, open NVML, take the first sample, start the thread."""
+        self._own = OwnTime(self.pgids, self.root)
+        if self.cuda:
+            self._gpu = GpuProbe(self.device, self.load_nvml, lambda: self._own.known)
+            if self._gpu.reason:
+                self.reasons["gpu"] = self._gpu.reason
+        else:
+            self.reasons["gpu"] = f"{self.device} is not a CUDA device"
+        self.sample()
+        if self._samples[-1][2] is None:
+            self.reasons["host_other_cpu_pct"] = self.reasons["host_steal_pct"] = f"no {Path(self.root) / 'proc/stat'}"
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop and join the thread and close NVML (idempotent)."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        if self._gpu is not None:
+            self.reasons.update(self._gpu.reasons)
+            self._gpu.close()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.period_sec):
+                self.sample()
+        finally:
+            self.thread_cpu_sec = time.thread_time()  # this thread's own CPU time, read inside it
+
+    def sample(self) -> None:
+        """Take one reading now (the thread calls it every period)."""
+        cpu = read_cpu_times(self.cpus, self.root)
+        own = self._own.read()
+        gpu = self._gpu.read() if self._gpu is not None and self._gpu.available else {}
+        with self._lock:
+            self._seq += 1
+            self._samples.append((self._seq, time.perf_counter(), cpu, own, gpu))
+            self.samples_taken += 1
+
+    def mark(self) -> int:
+        """The latest sample's number: pass it to :meth:`window` at the iteration's end."""
+        return self._seq
+
+    def window(self, mark: int, wall_sec: float) -> dict[str, float]:
+        """Columns of the iteration that began at sample ``mark`` and lasted ``wall_sec``.
+
+        An iteration without a sample of its own reuses the last full interval, computed
+        once (the profiler's bookkeeping per iteration stays a dict copy).
+        """
+        latest = self._seq
+        if latest != mark or self._cache is None or self._cache[0] != latest:
+            with self._lock:
+                # Keep what the next window may need: its mark (>= latest) and the one before.
+                self._samples = [s for s in self._samples if s[0] >= min(mark, latest) - 1]
+                samples = list(self._samples)
+            first = mark if latest > mark else latest - 1
+            rates, power = self._interval(samples, first, latest)
+            if latest == mark:
+                self._cache = (latest, rates, power)
+        else:
+            _, rates, power = self._cache
+        out = dict(rates)
+        if power is not None:
+            out["gpu_energy_j"] = power * wall_sec
+        return out
+
+    def _interval(self, samples: list[tuple], first: int, latest: int) -> tuple[dict[str, float], float | None]:
+        """Rates and means between samples ``first`` and ``latest``, and the mean power (W)
+        from the energy counter (``None`` without it)."""
+        by_seq = {s[0]: s for s in samples}
+        if first not in by_seq or latest not in by_seq:
+            return {}, None
+        a, b = by_seq[first], by_seq[latest]
+        out: dict[str, float] = {}
+        if a[2] is not None and b[2] is not None:
+            out.update(shares((a[2], a[3]), (b[2], b[3])))
+        inside = [s[4] for s in samples if first < s[0] <= latest]
+        for key in _MEANS + _MAXIMA:
+            values = [g[key] for g in inside if key in g]
+            if values:
+                out[key] = sum(values) / len(values) if key in _MEANS else max(values)
+        masks = [g["gpu_throttle"] for g in inside if "gpu_throttle" in g]
+        if masks:
+            out["gpu_throttle"] = float(_or(masks))
+        if self._gpu is not None and inside:
+            out.update(self._gpu.constant)
+        power = None
+        if "energy_mj" in a[4] and "energy_mj" in b[4] and b[1] > a[1]:
+            power = (b[4]["energy_mj"] - a[4]["energy_mj"]) / 1000.0 / (b[1] - a[1])
+        return out, power
+
+    @staticmethod
+    def cross_rank(per_rank: list[dict[str, Any]]) -> dict[str, float]:
+        """Rank 0's reduced values that are not a maximum: throttle bits OR-ed, energy summed."""
+        out: dict[str, float] = {}
+        masks = [row["gpu_throttle"] for row in per_rank if "gpu_throttle" in row]
+        if masks:
+            out["gpu_throttle"] = float(_or(masks))
+        energy = [row["gpu_energy_j"] for row in per_rank if "gpu_energy_j" in row]
+        if energy:
+            out["gpu_energy_j"] = sum(energy)
+        return out
+
+
+def _or(masks: Iterable[float]) -> int:
+    mask = 0
+    for value in masks:
+        mask |= int(value)
+    return mask
