@@ -207,3 +207,33 @@ def test_training_on_a_lerobot_folder_resumes_at_the_same_data_position(publishe
     resumed, out = run("b", 4, "--resume", "true")
     assert "at step 2 (epoch 0, batch 2" in out
     assert len(straight) >= 8 and resumed == straight[4:]  # 2 steps x 2 samples skipped, never decoded
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_dataloader_run_reports_decode_apart_from_fetch_when_it_runs_in_the_process(robot_data, workers):
+    """0 workers: ``decode`` is taken out of ``fetch`` (the regions still add up to the step);
+    1 worker: the decoding runs there, no ``decode`` region, but the step still counts it."""
+    from scopebench.policy.run.train import PolicyTrainRun
+    from scopebench.policy.settings import TrainSettings
+    from scopebench.profiler import ProfilerConfig
+
+    calls = iter([True] * 5 + [False])
+    run = PolicyTrainRun(
+        TrainSettings(num_workers=workers),
+        dataset_root=robot_data[1],
+        chunk_size=8,
+        task="dataloader",
+        profiler=ProfilerConfig(warmup=1),
+        keep_rows=True,
+    )
+    with run:
+        run.loop(lambda: next(calls))
+    rows = run.rank_rows[0]
+    assert len(rows) == 4 and run.work.decoder == "pyav"
+    for row in rows:
+        regions = row["fetch_time_sec"] + row.get("decode_time_sec", 0.0) + row["h2d_time_sec"]
+        assert regions <= row["step_time_sec"] + 1e-9
+        assert ("decode_time_sec" in row) == (workers == 0)
+        if workers == 0:
+            assert row["decode_time_sec"] > 0 and row["fetch_time_sec"] >= 0
+    assert run.work.decoded_frames == 5 * 4 * 2 and run.work.decode_sec > 0  # 5 batches of 4 samples x 2 cameras

@@ -36,6 +36,16 @@ from scopebench.policy.data import ACTION_KEY, STATE_KEY
 from scopebench.policy.lerobot import LeRobotFolder, camera_shape, read_json
 from scopebench.validate import integer
 
+#: Seconds this process spent decoding camera frames in :meth:`RobotDataset.__getitem__`, all
+#: datasets together (a DataLoader worker counts its own): :func:`decode_seconds`.
+_DECODE_CLOCK = [0.0]
+
+
+def decode_seconds() -> float:
+    """Seconds this process has spent decoding camera frames so far (a running total: the
+    difference around a ``next(loader)`` is the decoding that ran inside it, 0 with workers)."""
+    return _DECODE_CLOCK[0]
+
 
 def decode_image(data: bytes) -> np.ndarray:
     """Encoded image bytes (PNG, JPEG) as an (H, W, 3) uint8 RGB array."""
@@ -112,6 +122,7 @@ class RobotDataset(Dataset):
         for c, cam in enumerate(self.cameras):
             sample[f"camera{c}"] = torch.from_numpy(self.camera_frame(cam, i)).permute(2, 0, 1).float().div_(255.0)
         decode = time.perf_counter() - start
+        _DECODE_CLOCK[0] += decode
         sample.update(
             state=torch.from_numpy(folder.state[i]),
             actions=torch.from_numpy(folder.action[np.minimum(steps, stop - 1)]),  # (chunk, a)
