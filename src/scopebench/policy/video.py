@@ -192,6 +192,7 @@ class VideoFrames:
                     break
         except av.error.FFmpegError as err:
             self._open.pop(path, None)
+            container.close()
             raise ValueError(f"{path}: decoding the frame at {timestamp:.4f} s failed: {err}") from err
         if best is None or best_gap > TOLERANCE_SEC:
             found = "no frame" if last is None else f"the nearest frame at {float(best.pts * base):.4f} s"
