@@ -123,6 +123,25 @@ def _version_2(root, cfg):
     (root / "meta/info.json").write_text(json.dumps(info))
 
 
+def _rewrite_data(root, column, change):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = root / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    values = table.column(column).to_numpy().copy()
+    change(values)
+    pq.write_table(table.set_column(table.column_names.index(column), column, pa.array(values)), path)
+
+
+def _late_row(values):
+    values[3] += 0.05  # episode 0, frame 3: half a frame late at 10 fps
+
+
+def _unknown_task(values):
+    values[:] = 5  # tasks.parquet holds task_index 0 to 3
+
+
 BROKEN = {
     "missing video": (
         lambda root, cfg: _video(root, 1, 1).unlink(),
@@ -146,6 +165,16 @@ BROKEN = {
         r"info\.json: codebase_version 'v2\.1' is a LeRobot v2 dataset.*reads LeRobot v3\.0",
     ),
     "unknown codec": (_unknown_codec, ValueError, r"file-000\.mp4: unknown video codec 'zzzz'"),
+    "timestamps out of step": (
+        lambda root, cfg: _rewrite_data(root, "timestamp", _late_row),
+        ValueError,
+        r"data/chunk-000/file-000\.parquet: episode 0 frame 3 has timestamp 0\.35.*at fps 10 frames are 0\.100000 s apart",
+    ),
+    "task index without a task": (
+        lambda root, cfg: _rewrite_data(root, "task_index", _unknown_task),
+        ValueError,
+        r"meta/tasks\.parquet has no task for task_index \[5\]",
+    ),
 }
 
 
