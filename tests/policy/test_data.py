@@ -1,4 +1,5 @@
-"""Synthetic robot data: writer / reader round trip, loader order, errors, runner stages."""
+"""Synthetic robot data: writer / reader round trip (PNG frames: bit-exact), loader order, errors,
+runner stages. Video frames, LeRobot's own layout and broken folders: ``test_lerobot.py``."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ CHUNK = 8
 @pytest.fixture(scope="module")
 def data_config() -> SyntheticRobotConfig:
     return SyntheticRobotConfig(
-        num_episodes=3, episode_length=12, image_size=32, state_dim=5, action_dim=4, num_tasks=2, seed=7
+        num_episodes=3, episode_length=12, image_size=32, state_dim=5, action_dim=4, num_tasks=2, seed=7, video=False
     )
 
 
@@ -33,22 +34,37 @@ def root(tmp_path_factory, data_config):
     return write_synthetic_dataset(tmp_path_factory.mktemp("robot") / "ds", data_config)
 
 
+CAM0, CAM1 = "observation.images.camera0", "observation.images.camera1"
+
+
 def test_layout_and_metadata(root, data_config):
-    assert (root / "data/chunk-000/episode_000002.parquet").is_file()
-    assert (root / "images/camera1/episode_000001/frame_000011.png").is_file()
+    import pyarrow.parquet as pq
+
+    # two episodes per file (episodes_per_file): files 000 and 001
+    assert sorted(p.name for p in (root / "data/chunk-000").iterdir()) == ["file-000.parquet", "file-001.parquet"]
+    assert not (root / "videos").exists()  # video: false keeps PNG bytes in the parquet files
     info = json.loads((root / "meta/info.json").read_text())
-    assert info["fps"] == data_config.fps and info["total_frames"] == 36
-    assert info["features"]["camera0"]["shape"] == [32, 32, 3]
+    assert info["codebase_version"] == "v3.0" and info["fps"] == data_config.fps and info["total_frames"] == 36
+    assert info["features"][CAM0] == {"dtype": "image", "shape": [32, 32, 3], "names": ["height", "width", "channels"]}
     assert info["features"]["action"]["shape"] == [4]
     stats = json.loads((root / "meta/stats.json").read_text())
-    assert len(stats["observation.state"]["mean"]) == 5 and len(stats["camera0"]["std"]) == 3
-    tasks = [json.loads(line) for line in (root / "meta/tasks.jsonl").read_text().splitlines()]
-    assert tasks == [{"task_index": i, "task": TASKS[i][0]} for i in range(2)]
+    assert len(stats["observation.state"]["mean"]) == 5 and len(stats[CAM0]["std"]) == 3
+    assert pq.read_table(root / "meta/tasks.parquet").to_pylist() == [
+        {"task_index": i, "task": TASKS[i][0]} for i in range(2)
+    ]
+    episodes = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    assert [
+        (e["episode_index"], e["dataset_from_index"], e["dataset_to_index"], e["data/file_index"]) for e in episodes
+    ] == [
+        (0, 0, 12, 0),
+        (1, 12, 24, 0),
+        (2, 24, 36, 1),
+    ]
 
 
 def test_round_trip_gives_back_actions_frames_and_prompts(root, data_config):
     ds = RobotDataset(root, chunk_size=CHUNK)
-    assert len(ds) == 36 and ds.cameras == ["camera0", "camera1"]
+    assert len(ds) == 36 and ds.cameras == [CAM0, CAM1] and ds.decoder == "pil"
     episode = generate_episode(data_config, 1)
     sample = ds[12 + 3]  # episode 1, frame 3
     assert sample["episode_index"] == 1 and sample["frame_index"] == 3 and sample["index"] == 15
@@ -119,13 +135,13 @@ def test_missing_and_malformed_files_name_the_file(root, tmp_path):
     (broken / "meta/info.json").write_text("{ not json")
     with pytest.raises(ValueError, match=r"broken/meta/info\.json is not valid JSON"):
         RobotDataset(broken, CHUNK)
-    (broken / "meta/info.json").write_text(json.dumps({"fps": 10}))
+    (broken / "meta/info.json").write_text(json.dumps({"codebase_version": "v3.0", "fps": 10}))
     with pytest.raises(ValueError, match=r"info\.json lacks key\(s\) \['features'"):
         RobotDataset(broken, CHUNK)
     copy = tmp_path / "copy"
-    write_synthetic_dataset(copy, SyntheticRobotConfig(num_episodes=2, episode_length=4, image_size=16))
-    (copy / "data/chunk-000/episode_000001.parquet").unlink()
-    with pytest.raises(FileNotFoundError, match=r"episode_000001\.parquet"):
+    write_synthetic_dataset(copy, SyntheticRobotConfig(num_episodes=2, episode_length=4, image_size=16, video=False))
+    (copy / "data/chunk-000/file-000.parquet").unlink()
+    with pytest.raises(FileNotFoundError, match=r"data/chunk-000/file-000\.parquet"):
         RobotDataset(copy, CHUNK)
 
 
@@ -160,7 +176,7 @@ def test_cached_dataset_is_written_once_and_a_dead_writers_temporary_is_removed(
     root = cached_synthetic_dataset(tmp_path, data_config)
     stale = tmp_path / f".{root.name}.{pid}.abc123.tmp"
     stale.mkdir()
-    (stale / "half_written.png").write_bytes(b"x")
+    (stale / "half_written.mp4").write_bytes(b"x")
     import shutil
 
     shutil.rmtree(root)

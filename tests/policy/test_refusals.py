@@ -130,8 +130,8 @@ def test_an_image_size_too_large_for_memory_is_refused_naming_the_bytes(capsys):
     from scopebench.policy.data import SyntheticRobotConfig
     from scopebench.policy.settings import DatasetSettings
 
-    size = 200_000  # 24 frames x 200000^2 pixels x 3 bytes x 2 cameras: 5.8 PB
-    needed = 24 * size * size * 3 * 2
+    size = 200_000  # 2 episodes per file x 24 frames x 200000^2 pixels x 3 bytes x 2 cameras: 11.5 PB
+    needed = 2 * 24 * size * size * 3 * 2
     with pytest.raises(ValueError) as err:
         DatasetSettings(image_size=size)
     message = str(err.value)

@@ -3,8 +3,10 @@
 What it measures: ``--warmup`` batches (20), then ``--batches`` measured batches (300) of
 exactly the dataloader of ``Pi05Train`` (the same sampler, workers, prefetch, and the
 host preprocessing and copy to the device of its ``dataload_wait`` phase), through the
-run object of ``Pi05Dataloader``: per rank, ``fetch`` (waiting for the next batch) and
-``h2d`` (preprocessing + copy) mean / median / p95; per-rank batches/s (min / mean / max
+run object of ``Pi05Dataloader``: per rank, ``fetch`` (waiting for the next batch),
+``decode`` (with ``num_workers=0``: the camera frames' decoding, MP4 or PNG, taken out of
+``fetch``) and ``h2d`` (preprocessing + copy) mean / median / p95; the decoding time per
+camera frame (rank 0, wherever it ran: in the workers too); per-rank batches/s (min / mean / max
 over ranks) and the cluster's samples/s. Why: if the cluster's samples/s here is not well
 above ``profile-step``'s, the input pipeline is the bottleneck. A bimodal fetch (median
 near 0, p95 large) means the prefetch buffer is alternately full and empty.
@@ -20,10 +22,11 @@ Environment: ``PROFILE_BATCHES`` (300; ``--batches`` wins).
 Output: one line per rank, then the summary block. JSON (``--json``), keys: ``tool``
 ("profile-dataloader"), ``config``, ``settings``, ``warmup``, ``measured``,
 ``world_size``, ``batch_size``, ``num_workers``, ``prefetch_factor``, ``wall_clock_sec``,
-``per_rank`` (list of ``rank``, ``fetch`` and ``h2d`` (``mean_sec, median_sec,
-p95_sec``), ``batches_per_sec``, ``samples``: raw ``fetch_time_sec`` / ``h2d_time_sec``),
-``batches_per_sec`` (``min, mean, max`` over ranks), ``cluster_samples_per_sec``,
-``environment``.
+``per_rank`` (list of ``rank``, ``fetch``, ``decode`` (0 workers only) and ``h2d``
+(``mean_sec, median_sec, p95_sec``), ``batches_per_sec``, ``samples``: raw
+``fetch_time_sec`` / ``decode_time_sec`` / ``h2d_time_sec``), ``batches_per_sec``
+(``min, mean, max`` over ranks), ``cluster_samples_per_sec``, ``decoder`` (``pyav`` for MP4,
+``pil`` for PNG), ``decode_per_frame_sec`` (rank 0's mean, all batches), ``environment``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import argparse
 import sys
 
 HELP = "dataloader throughput ceiling per rank (no model, no collective)"
+#: The phases a rank's line shows, in order (``decode`` only when it ran in the loading process).
+PHASES = ("fetch", "decode", "h2d")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,15 +92,14 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
     per_rank = []
     for r, rows in enumerate(run.rank_rows):
         own = [row["step_time_sec"] for row in rows]
-        fetch = [row["fetch_time_sec"] for row in rows]
-        h2d = [row["h2d_time_sec"] for row in rows]
+        phases = {p: [row[f"{p}_time_sec"] for row in rows if f"{p}_time_sec" in row] for p in PHASES}
+        phases = {p: values for p, values in phases.items() if values}  # decode: with 0 workers only
         per_rank.append(
             {
                 "rank": r,
-                "fetch": summary_sec(fetch),
-                "h2d": summary_sec(h2d),
+                **{p: summary_sec(values) for p, values in phases.items()},
                 "batches_per_sec": len(own) / sum(own),
-                "samples": {"fetch_time_sec": fetch, "h2d_time_sec": h2d},
+                "samples": {f"{p}_time_sec": values for p, values in phases.items()},
             }
         )
     rates = [p["batches_per_sec"] for p in per_rank]
@@ -113,6 +117,8 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
         "per_rank": per_rank,
         "batches_per_sec": {"min": min(rates), "mean": sum(rates) / len(rates), "max": max(rates)},
         "cluster_samples_per_sec": sum(rates) * s.batch_size,
+        "decoder": run.work.decoder,
+        "decode_per_frame_sec": run.work.decode_sec / run.work.decoded_frames if run.work.decoded_frames else None,
         "environment": environment_info(run.device),
     }
     print(format_report(report))
@@ -130,7 +136,7 @@ def format_report(report: dict) -> str:
 
     w = report["world_size"]
     lines = [
-        f"[rank {p['rank']}/{w}] fetch={format_ms_stats(p['fetch'])} | h2d={format_ms_stats(p['h2d'])}"
+        f"[rank {p['rank']}/{w}] " + " | ".join(f"{name}={format_ms_stats(p[name])}" for name in PHASES if name in p)
         for p in report["per_rank"]
     ]
     b = report["batches_per_sec"]
@@ -143,6 +149,13 @@ def format_report(report: dict) -> str:
         f"wall-clock over full loop: {report['wall_clock_sec']:.2f}s",
         f"per-rank batches/s (min / mean / max): {b['min']:.2f} / {b['mean']:.2f} / {b['max']:.2f}",
         f"cluster-wide samples/s (ceiling, no model): {report['cluster_samples_per_sec']:.1f}",
+    ]
+    if report.get("decode_per_frame_sec") is not None:
+        where = "in the loading process" if report["num_workers"] == 0 else f"in {report['num_workers']} worker(s)"
+        lines.append(
+            f"decode per camera frame ({report['decoder']}, {where}): {report['decode_per_frame_sec'] * 1e3:.3f} ms"
+        )
+    lines += [
         "=" * len(title),
     ]
     return "\n".join(lines)

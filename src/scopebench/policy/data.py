@@ -1,38 +1,50 @@
-"""Synthetic robot episodes written as a LeRobot-style dataset on disk.
+"""Synthetic robot episodes written as a LeRobot v3.0 dataset on disk.
 
 Each episode has a task prompt, smooth state and action trajectories, and camera frames
 showing an object (coloured by the task) moving along a smooth path with a marker for
-the arm. The point is realistic *input-pipeline* cost (PNG decoding, parquet reads,
-chunking, padding at episode ends), not a learnable robot task.
+the arm. The point is realistic *input-pipeline* cost (video or PNG decoding, parquet
+reads, chunking, padding at episode ends), not a learnable robot task.
 
-Layout under ``root`` (LeRobot v2 style, PNG frames instead of videos)::
+Layout under ``root`` (LeRobot v3.0, as :mod:`scopebench.policy.lerobot` reads it;
+``episodes_per_file`` episodes per data and video file)::
 
-    data/chunk-000/episode_000000.parquet   observation.state, action, timestamp,
-                                            frame_index, episode_index, index, task_index
-    images/camera0/episode_000000/frame_000000.png
-    meta/info.json       fps, features (dtype / shape / names), path templates, totals
-    meta/stats.json      mean / std / min / max per feature
-    meta/tasks.jsonl     {"task_index": i, "task": "..."}
-    meta/episodes.jsonl  {"episode_index": e, "tasks": [...], "length": T}
+    data/chunk-000/file-000.parquet   observation.state, action, timestamp, frame_index,
+                                      episode_index, index, task_index (+ PNG bytes per camera
+                                      with ``video: false``)
+    videos/observation.images.camera0/chunk-000/file-000.mp4   (``video: true``, the default)
+    meta/info.json                    codebase_version v3.0, fps, features, path templates, totals
+    meta/stats.json                   mean / std / min / max per feature
+    meta/tasks.parquet                task_index, task
+    meta/episodes/chunk-000/file-000.parquet   per episode: rows, data and video files, and
+                                      the episode's first frame time in each video
+
+Frames are H.264 (or AV1) MP4 at ``g=2`` by default (:mod:`scopebench.policy.video`), or
+lossless PNG (``video: false``, LeRobot's ``image`` features) for comparison.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from dataclasses import InitVar, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from scopebench.validate import integer
+from scopebench.validate import choice, flag, integer
 
 #: Column and feature names of the state and action vectors (LeRobot's), the one definition.
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
-DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
-IMAGE_PATH = "images/{image_key}/episode_{episode_index:06d}/frame_{frame_index:06d}.png"
-CHUNKS_SIZE = 1000  # episodes per data/chunk-XXX folder, as in LeRobot
+CODEBASE_VERSION = "v3.0"
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+CHUNKS_SIZE = 1000  # files per chunk-XXX folder, as in LeRobot
+FRAME_COLUMNS = ("frame_index", "episode_index", "index", "task_index")
+#: Codecs the writer knows (the encoders: :data:`scopebench.policy.video.CODECS`).
+VIDEO_CODECS = ("h264", "av1")
 TASKS = (
     ("pick up the red cube", (220, 40, 40)),
     ("push the green ball to the left", (40, 190, 60)),
@@ -65,6 +77,12 @@ class SyntheticRobotConfig:
     """Distinct task prompts, at most ``len(TASKS)``; episode e gets task e % num_tasks."""
     seed: int = 0
     """Seed of every random trajectory; the same seed writes the same dataset."""
+    video: bool = True
+    """Camera frames as MP4 videos (LeRobot's ``video`` features); false: PNG bytes in the parquet files."""
+    codec: str = "h264"
+    """Video codec: ``h264`` (libx264) or ``av1`` (libsvtav1)."""
+    episodes_per_file: int = 2
+    """Episodes per data file and per video file (LeRobot concatenates episodes up to a file size)."""
     key_prefix: InitVar[str] = ""
     """How errors name the keys: ``dataset.`` for a run config's section, nothing for the
     benchopt dataset's parameters (not stored: the dataset's cache key ignores it)."""
@@ -75,27 +93,36 @@ class SyntheticRobotConfig:
         integer(f"{key_prefix}image_size", self.image_size, low=8)
         integer(f"{key_prefix}num_tasks", self.num_tasks, low=1, high=len(TASKS))
         integer(f"{key_prefix}seed", self.seed, low=0)
+        flag(f"{key_prefix}video", self.video)
+        choice(f"{key_prefix}codec", self.codec, VIDEO_CODECS)
+        integer(f"{key_prefix}episodes_per_file", self.episodes_per_file, low=1)
+        if self.video and self.image_size % 2:
+            raise ValueError(
+                f"{key_prefix}image_size must be even with {key_prefix}video=true (yuv420p video halves the colour "
+                f"resolution), got {self.image_size}"
+            )
         self._check_memory(key_prefix)
 
     def _check_memory(self, key_prefix: str) -> None:
-        """Refuse frames the writer cannot hold: :func:`generate_episode` renders every
-        camera's frames of one episode at once (uint8; its float temporaries come on top), so
-        a too-large ``image_size`` would end in numpy's ``Unable to allocate`` mid-write."""
+        """Refuse frames the writer cannot hold: it renders every camera's frames of the
+        episodes of one file at once (uint8; float temporaries come on top), so a too-large
+        ``image_size`` would end in numpy's ``Unable to allocate`` mid-write."""
         from scopebench.train.memory import available_memory_bytes
 
-        needed = self.episode_length * self.image_size**2 * 3 * self.num_cameras
+        per_file = min(self.episodes_per_file, self.num_episodes)
+        needed = per_file * self.episode_length * self.image_size**2 * 3 * self.num_cameras
         available = available_memory_bytes("cpu")
         if needed > available:
             raise ValueError(
                 f"{key_prefix}image_size={self.image_size} needs at least {needed} bytes of memory to write the "
-                f"dataset ({self.episode_length} frames x {self.image_size}^2 pixels x 3 bytes x {self.num_cameras} "
-                f"cameras per episode) but {available} bytes are available: lower {key_prefix}image_size"
+                f"dataset ({per_file} episodes x {self.episode_length} frames x {self.image_size}^2 pixels x 3 bytes x "
+                f"{self.num_cameras} cameras per file) but {available} bytes are available: lower {key_prefix}image_size"
             )
 
     @property
     def cameras(self) -> list[str]:
-        """Camera names."""
-        return [f"camera{i}" for i in range(self.num_cameras)]
+        """Camera feature names (LeRobot's ``observation.images.<name>``)."""
+        return [f"observation.images.camera{i}" for i in range(self.num_cameras)]
 
 
 @dataclass
@@ -118,23 +145,32 @@ def _smooth_paths(rng: np.random.Generator, length: int, dims: int, fps: int) ->
     return amp[0] * np.sin(2 * np.pi * freq[0] * t + phase[0]) + amp[1] * np.sin(2 * np.pi * freq[1] * t + phase[1])
 
 
+#: Width of the soft edge of the object and the arm marker, as a fraction of the image side.
+#: Real camera images have no one-pixel colour steps; yuv420p video (half the colour
+#: resolution) renders such steps at ~31 dB PSNR, a soft edge at >= 40 dB at 224 x 224.
+EDGE = 0.05
+
+
 def _render(xy: np.ndarray, arm: np.ndarray, color, size: int, camera: int) -> np.ndarray:
-    """Frames (T, H, W, 3) uint8: a gradient background, the object disc, an arm marker.
+    """Frames (T, H, W, 3) uint8: a gradient background, the object disc, an arm marker,
+    both with soft edges (:data:`EDGE`).
 
     Cameras differ by a mirrored, zoomed view and a background tint.
     """
     if camera % 2:  # a second viewpoint: mirrored and zoomed in on the centre
         xy, arm = 0.5 + 1.3 * (0.5 - xy), 0.5 + 1.3 * (0.5 - arm)
-    coords = (np.arange(size) + 0.5) / size
+    coords = (np.arange(size, dtype=np.float32) + 0.5) / size
     gy, gx = np.meshgrid(coords, coords, indexing="ij")  # (H, W)
-    tint = np.array([90, 90, 110]) if camera % 2 else np.array([110, 100, 90])
-    background = (tint * (0.6 + 0.4 * gy[..., None])).astype(np.uint8)  # (H, W, 3)
-    frames = np.repeat(background[None], len(xy), axis=0)  # (T, H, W, 3)
-    dist = np.hypot(gx[None] - xy[:, 0, None, None], gy[None] - xy[:, 1, None, None])
-    frames[dist < 0.12] = color
+    tint = np.array([90, 90, 110] if camera % 2 else [110, 100, 90], dtype=np.float32)
+    background = tint * (0.6 + 0.4 * gy[..., None])  # (H, W, 3)
+    xy, arm = xy.astype(np.float32), arm.astype(np.float32)
+    dist = np.hypot(gx[None] - xy[:, 0, None, None], gy[None] - xy[:, 1, None, None])  # (T, H, W)
+    alpha = np.clip((0.12 - dist) / EDGE + 0.5, 0, 1)[..., None]
+    frames = background[None] * (1 - alpha) + alpha * np.asarray(color, dtype=np.float32)
     near_arm = np.maximum(abs(gx[None] - arm[:, 0, None, None]), abs(gy[None] - arm[:, 1, None, None]))
-    frames[near_arm < 0.05] = (235, 235, 235)
-    return frames
+    alpha = np.clip((0.05 - near_arm) / EDGE + 0.5, 0, 1)[..., None]
+    frames = frames * (1 - alpha) + alpha * np.float32(235)
+    return np.rint(frames).astype(np.uint8)
 
 
 def generate_episode(config: SyntheticRobotConfig, episode_index: int) -> Episode:
@@ -169,84 +205,126 @@ def _feature_stats(x: np.ndarray) -> dict[str, list]:
     }
 
 
+def _chunk_file(k: int) -> dict[str, int]:
+    """The ``chunk_index`` / ``file_index`` of the ``k``-th file (``CHUNKS_SIZE`` files per chunk)."""
+    return {"chunk_index": k // CHUNKS_SIZE, "file_index": k % CHUNKS_SIZE}
+
+
+def _png(frame: np.ndarray) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(frame).save(out, format="png", compress_level=1)  # fast to write, still lossless
+    return out.getvalue()
+
+
+def _features(cfg: SyntheticRobotConfig) -> dict[str, dict]:
+    s = cfg.image_size
+    camera = {"dtype": "video" if cfg.video else "image", "shape": [s, s, 3], "names": ["height", "width", "channels"]}
+    if cfg.video:
+        camera["info"] = {
+            "video.height": s,
+            "video.width": s,
+            "video.codec": cfg.codec,
+            "video.pix_fmt": "yuv420p",
+            "video.is_depth_map": False,
+            "video.fps": cfg.fps,
+            "video.channels": 3,
+            "has_audio": False,
+        }
+    vector = {"dtype": "float32", "names": None}
+    return {
+        STATE_KEY: {**vector, "shape": [cfg.state_dim], "names": [f"joint_{i}" for i in range(cfg.state_dim)]},
+        ACTION_KEY: {**vector, "shape": [cfg.action_dim], "names": [f"joint_{i}" for i in range(cfg.action_dim)]},
+        **{cam: camera for cam in cfg.cameras},
+        "timestamp": {"dtype": "float32", "shape": [1], "names": None},
+        **{k: {"dtype": "int64", "shape": [1], "names": None} for k in FRAME_COLUMNS},
+    }
+
+
 def write_synthetic_dataset(root: str | Path, config: SyntheticRobotConfig | None = None) -> Path:
-    """Generate and write a dataset (see the module docstring for the layout).
+    """Generate and write a dataset in LeRobot v3.0 layout (see the module docstring).
 
     Args:
         root: folder to write; created if needed. Existing files are overwritten.
-        config: sizes and seed; defaults to :class:`SyntheticRobotConfig`.
+        config: sizes, frames as video or PNG, and seed; defaults to :class:`SyntheticRobotConfig`.
 
     Returns:
         ``root`` as a Path.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from PIL import Image
+
+    from scopebench.policy.video import encode_video
 
     cfg = config or SyntheticRobotConfig()
     root = Path(root)
-    (root / "meta").mkdir(parents=True, exist_ok=True)
+    (root / "meta" / "episodes" / "chunk-000").mkdir(parents=True, exist_ok=True)
+    n = cfg.episode_length
     states, actions, pixels, episodes, index = [], [], {c: [] for c in cfg.cameras}, [], 0
-    for e in range(cfg.num_episodes):
-        ep = generate_episode(cfg, e)
-        n = cfg.episode_length
-        table = pa.table(
-            {
-                STATE_KEY: pa.FixedSizeListArray.from_arrays(ep.state.ravel(), cfg.state_dim),
-                ACTION_KEY: pa.FixedSizeListArray.from_arrays(ep.actions.ravel(), cfg.action_dim),
-                "timestamp": pa.array(np.arange(n, dtype=np.float32) / cfg.fps),
-                "frame_index": pa.array(np.arange(n, dtype=np.int64)),
-                "episode_index": pa.array(np.full(n, e, dtype=np.int64)),
-                "index": pa.array(np.arange(index, index + n, dtype=np.int64)),
-                "task_index": pa.array(np.full(n, ep.task_index, dtype=np.int64)),
-            }
-        )
-        path = root / DATA_PATH.format(episode_chunk=e // CHUNKS_SIZE, episode_index=e)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, path)
-        for cam, frames in ep.frames.items():
-            for f, frame in enumerate(frames):
-                png = root / IMAGE_PATH.format(image_key=cam, episode_index=e, frame_index=f)
-                png.parent.mkdir(parents=True, exist_ok=True)
-                Image.fromarray(frame).save(png, compress_level=1)  # fast to write, still lossless
-            px = frames.reshape(-1, 3) / 255.0  # running sums: all frames may not fit in memory
+    for k, first in enumerate(range(0, cfg.num_episodes, cfg.episodes_per_file)):
+        group = [generate_episode(cfg, e) for e in range(first, min(first + cfg.episodes_per_file, cfg.num_episodes))]
+        where = _chunk_file(k)
+        columns = {
+            STATE_KEY: pa.FixedSizeListArray.from_arrays(
+                np.concatenate([ep.state for ep in group]).ravel(), cfg.state_dim
+            ),
+            ACTION_KEY: pa.FixedSizeListArray.from_arrays(
+                np.concatenate([ep.actions for ep in group]).ravel(), cfg.action_dim
+            ),
+            "timestamp": pa.array(np.tile(np.arange(n, dtype=np.float32) / cfg.fps, len(group))),
+            "frame_index": pa.array(np.tile(np.arange(n, dtype=np.int64), len(group))),
+            "episode_index": pa.array(np.repeat([ep.episode_index for ep in group], n).astype(np.int64)),
+            "index": pa.array(np.arange(index, index + n * len(group), dtype=np.int64)),
+            "task_index": pa.array(np.repeat([ep.task_index for ep in group], n).astype(np.int64)),
+        }
+        for cam in cfg.cameras:
+            if cfg.video:
+                path = root / VIDEO_PATH.format(video_key=cam, **where)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                encode_video(path, (frame for ep in group for frame in ep.frames[cam]), cfg.fps, cfg.codec)
+            else:
+                images = [_png(frame) for ep in group for frame in ep.frames[cam]]
+                columns[cam] = pa.StructArray.from_arrays(
+                    [pa.array(images, pa.binary()), pa.nulls(len(images), pa.string())], names=["bytes", "path"]
+                )
+            px = np.concatenate([ep.frames[cam] for ep in group]).reshape(-1, 3) / 255.0  # running sums
             pixels[cam].append((px.sum(0), (px**2).sum(0), px.min(0), px.max(0), len(px)))
-        states.append(ep.state)
-        actions.append(ep.actions)
-        episodes.append({"episode_index": e, "tasks": [TASKS[ep.task_index][0]], "length": n})
-        index += n
-    s = cfg.image_size
-    features = {
-        STATE_KEY: {
-            "dtype": "float32",
-            "shape": [cfg.state_dim],
-            "names": [f"joint_{i}" for i in range(cfg.state_dim)],
-        },
-        ACTION_KEY: {
-            "dtype": "float32",
-            "shape": [cfg.action_dim],
-            "names": [f"joint_{i}" for i in range(cfg.action_dim)],
-        },
-        **{
-            cam: {"dtype": "image", "shape": [s, s, 3], "names": ["height", "width", "channels"]} for cam in cfg.cameras
-        },
-        "timestamp": {"dtype": "float32", "shape": [1], "names": None},
-        **{
-            k: {"dtype": "int64", "shape": [1], "names": None}
-            for k in ("frame_index", "episode_index", "index", "task_index")
-        },
-    }
+        path = root / DATA_PATH.format(**where)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table(columns), path)
+        for j, ep in enumerate(group):
+            row = {
+                "episode_index": ep.episode_index,
+                "tasks": [TASKS[ep.task_index][0]],
+                "length": n,
+                "data/chunk_index": where["chunk_index"],
+                "data/file_index": where["file_index"],
+                "dataset_from_index": index,
+                "dataset_to_index": index + n,
+                "meta/episodes/chunk_index": 0,
+                "meta/episodes/file_index": 0,
+            }
+            for cam in cfg.cameras if cfg.video else ():
+                row.update({f"videos/{cam}/{key}": value for key, value in where.items()})
+                row[f"videos/{cam}/from_timestamp"] = j * n / cfg.fps
+                row[f"videos/{cam}/to_timestamp"] = (j + 1) * n / cfg.fps
+            episodes.append(row)
+            states.append(ep.state)
+            actions.append(ep.actions)
+            index += n
     info = {
-        "codebase_version": "v2.1",
+        "codebase_version": CODEBASE_VERSION,
         "robot_type": "synthetic",
-        "fps": cfg.fps,
         "total_episodes": cfg.num_episodes,
         "total_frames": index,
         "total_tasks": cfg.num_tasks,
         "chunks_size": CHUNKS_SIZE,
+        "fps": cfg.fps,
+        "splits": {"train": f"0:{cfg.num_episodes}"},
         "data_path": DATA_PATH,
-        "image_path": IMAGE_PATH,
-        "features": features,
+        "video_path": VIDEO_PATH if cfg.video else None,
+        "features": _features(cfg),
     }
     stats = {
         STATE_KEY: _feature_stats(np.concatenate(states)),
@@ -266,9 +344,9 @@ def write_synthetic_dataset(root: str | Path, config: SyntheticRobotConfig | Non
         }
     (root / "meta" / "info.json").write_text(json.dumps(info, indent=2))
     (root / "meta" / "stats.json").write_text(json.dumps(stats, indent=2))
-    tasks = [{"task_index": i, "task": TASKS[i][0]} for i in range(cfg.num_tasks)]
-    (root / "meta" / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    (root / "meta" / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    tasks = {"task_index": list(range(cfg.num_tasks)), "task": [TASKS[i][0] for i in range(cfg.num_tasks)]}
+    pq.write_table(pa.table(tasks), root / "meta" / "tasks.parquet")
+    pq.write_table(pa.Table.from_pylist(episodes), root / EPISODES_PATH.format(chunk_index=0, file_index=0))
     return root
 
 
@@ -283,7 +361,8 @@ def cached_synthetic_dataset(cache_dir: str | Path, config: SyntheticRobotConfig
     """
     from scopebench.atomic import atomic_dir
 
-    key = hashlib.sha1(json.dumps(vars(config), sort_keys=True).encode()).hexdigest()[:12]
+    described = {**vars(config), "format": CODEBASE_VERSION, "edge": EDGE}  # a new layout or look: a new folder
+    key = hashlib.sha1(json.dumps(described, sort_keys=True).encode()).hexdigest()[:12]
     root = Path(cache_dir) / f"synthetic_robot_{key}"
     if not (root / "meta" / "info.json").is_file():
         with atomic_dir(root, exist_ok=True) as tmp:

@@ -1,16 +1,21 @@
-"""Reading LeRobot-style robot datasets: a torch Dataset, a weighted mixture, a DataLoader.
+"""Reading LeRobot v3.0 robot datasets: a torch Dataset, a weighted mixture, a DataLoader.
 
-:class:`RobotDataset` loads the small tables (states, actions, indices) at construction
-and decodes PNG frames in ``__getitem__``, so decoding runs in DataLoader workers.
-Each sample holds:
+:class:`RobotDataset` reads a LeRobot v3.0 folder (:class:`scopebench.policy.lerobot.LeRobotFolder`:
+the tables in memory, every file checked at construction) and decodes the camera frames
+in ``__getitem__`` (MP4 through :mod:`scopebench.policy.video`, or PNG bytes), so decoding
+runs in DataLoader workers. Each sample holds:
 
-- ``camera{i}``: (3, H, W) float32 in [0, 1] (``uint8 / 255``, exactly);
+- ``camera{i}``: (3, H, W) float32 in [0, 1] (``uint8 / 255``, exactly), the i-th camera
+  feature in sorted order, at the frame's timestamp;
 - ``state``: (state_dim,) float32;
-- ``actions``: (chunk_size, action_dim) float32, the actions from this frame on, the
-  last real one repeated past the episode end;
+- ``actions``: (chunk_size, action_dim) float32, the actions from this frame on (LeRobot's
+  ``delta_timestamps`` of ``[0, 1/fps, ..., (chunk_size - 1)/fps]``), the last real one
+  repeated past the episode end;
 - ``action_is_pad``: (chunk_size,) bool, True on those repeated steps;
-- ``prompt``: the episode's task string;
-- ``index``, ``episode_index``, ``frame_index`` (int64) and ``timestamp`` (float32).
+- ``prompt``: the frame's task string (``meta/tasks.parquet``);
+- ``index``, ``episode_index``, ``frame_index`` (int64) and ``timestamp`` (float32);
+- ``decode_time_sec``: the seconds this sample spent decoding its camera frames (what the
+  dataloader tools report as ``decode``).
 
 :func:`make_dataloader` samples several datasets with fixed weights from a seeded
 sampler, so a seed fixes the order whatever the number of workers.
@@ -18,7 +23,8 @@ sampler, so a seed fixes the order whatever the number of workers.
 
 from __future__ import annotations
 
-import json
+import io
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -26,107 +32,57 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
-from scopebench.policy.data import ACTION_KEY, CHUNKS_SIZE, STATE_KEY
+from scopebench.policy.data import ACTION_KEY, STATE_KEY
+from scopebench.policy.lerobot import LeRobotFolder, camera_shape, read_json
 from scopebench.validate import integer
 
-INFO_KEYS = ("fps", "features", "total_episodes", "data_path", "image_path")
+#: Seconds this process spent decoding camera frames in :meth:`RobotDataset.__getitem__`, all
+#: datasets together (a DataLoader worker counts its own): :func:`decode_seconds`.
+_DECODE_CLOCK = [0.0]
 
 
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
-    try:
-        value = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(value).__name__}")
-    return value
+def decode_seconds() -> float:
+    """Seconds this process has spent decoding camera frames so far (a running total: the
+    difference around a ``next(loader)`` is the decoding that ran inside it, 0 with workers)."""
+    return _DECODE_CLOCK[0]
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path} line {number} is not valid JSON: {err}") from err
-    return rows
-
-
-def load_png(path: str | Path) -> torch.Tensor:
-    """A PNG as (3, H, W) float32 in [0, 1] (exactly ``uint8 / 255``)."""
+def decode_image(data: bytes) -> np.ndarray:
+    """Encoded image bytes (PNG, JPEG) as an (H, W, 3) uint8 RGB array."""
     from PIL import Image
 
-    with Image.open(path) as img:
-        array = np.asarray(img.convert("RGB"))  # (H, W, 3) uint8
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div_(255.0)
+    with Image.open(io.BytesIO(data)) as img:
+        return np.array(img.convert("RGB"))  # a writable copy: torch.from_numpy needs one
 
 
 class RobotDataset(Dataset):
-    """Frames of a LeRobot-style dataset, with action chunks (see the module docstring).
+    """Frames of a LeRobot v3.0 dataset, with action chunks (see the module docstring).
 
     Args:
         root: dataset folder (with ``meta/info.json``).
         chunk_size: actions per sample.
 
+    Attributes:
+        decoder: what decodes the camera frames: ``pyav`` (MP4) and / or ``pil`` (image bytes).
+
     Raises:
-        FileNotFoundError: a metadata or parquet file is missing (the error names it).
-        ValueError: a file is malformed or inconsistent with ``meta/info.json``.
+        FileNotFoundError: a metadata, parquet or video file is missing (the error names it).
+        ValueError: a file is malformed, of another format version, or inconsistent with
+            ``meta/info.json`` or with the rows (named).
     """
 
     def __init__(self, root: str | Path, chunk_size: int) -> None:
-        import pyarrow.parquet as pq
+        from scopebench.policy.video import DECODER, VideoFrames
 
         integer("chunk_size", chunk_size, low=1)
         self.root = Path(root)
         self.chunk_size = chunk_size
-        info_path = self.root / "meta" / "info.json"
-        self.info = info = _read_json(info_path)
-        missing = [k for k in INFO_KEYS if k not in info]
-        if missing:
-            raise ValueError(f"{info_path} lacks key(s) {missing}; expected all of {INFO_KEYS}")
-        features = info["features"]
-        for key in (STATE_KEY, ACTION_KEY):
-            if not isinstance(features.get(key), dict) or "shape" not in features[key]:
-                raise ValueError(f"{info_path}: features[{key!r}] with a 'shape' is required")
-        self.cameras = sorted(k for k, f in features.items() if f.get("dtype") in ("image", "video"))
-        if not self.cameras:
-            raise ValueError(f"{info_path}: no feature with dtype 'image'")
-        self.fps = info["fps"]
-        self.stats = _read_json(self.root / "meta" / "stats.json")
-        self.tasks = {t["task_index"]: t["task"] for t in _read_jsonl(self.root / "meta" / "tasks.jsonl")}
-
-        self._episodes, states, actions, tasks, indices = [], [], [], [], []
-        for e in range(int(info["total_episodes"])):
-            path = self.root / info["data_path"].format(
-                episode_chunk=e // info.get("chunks_size", CHUNKS_SIZE), episode_index=e
-            )
-            if not path.is_file():
-                raise FileNotFoundError(f"dataset file not found: {path}")
-            table = pq.read_table(path).to_pydict()
-            absent = {STATE_KEY, ACTION_KEY, "task_index", "index", "frame_index"} - set(table)
-            if absent:
-                raise ValueError(f"{path} lacks column(s) {sorted(absent)}")
-            self._episodes.append((e, len(table["index"])))
-            states.append(np.asarray(table[STATE_KEY], dtype=np.float32))
-            actions.append(np.asarray(table[ACTION_KEY], dtype=np.float32))
-            tasks.append(np.asarray(table["task_index"], dtype=np.int64))
-            indices.append(np.asarray(table["index"], dtype=np.int64))
-        for key, arrays in ((STATE_KEY, states), (ACTION_KEY, actions)):
-            want = tuple(features[key]["shape"])
-            for (e, _), a in zip(self._episodes, arrays):
-                if a.ndim != 2 or a.shape[1:] != want:
-                    raise ValueError(
-                        f"episode {e} column {key!r} has shape {a.shape}, " f"but {info_path} declares (T, {want[0]})"
-                    )
-        self._state, self._actions = states, actions
-        self._task, self._global_index = tasks, indices
-        lengths = np.array([n for _, n in self._episodes], dtype=np.int64)
-        self._starts = np.concatenate([[0], np.cumsum(lengths)])  # frame offsets per episode
+        self.folder = folder = LeRobotFolder(self.root)
+        folder.check_videos()
+        self.info, self.stats, self.tasks = folder.info, folder.stats, folder.tasks
+        self.cameras, self.fps = folder.cameras, folder.fps
+        self.decoder = "+".join(([DECODER] if folder.videos else []) + (["pil"] if folder.images else []))
+        self._frames = VideoFrames()
 
     @property
     def state_dim(self) -> int:
@@ -141,34 +97,42 @@ class RobotDataset(Dataset):
     @property
     def image_shape(self) -> tuple[int, int, int]:
         """(H, W, 3) of the first camera."""
-        return tuple(self.info["features"][self.cameras[0]]["shape"])
+        return (*camera_shape(self.info["features"][self.cameras[0]]), 3)
 
     def __len__(self) -> int:
-        return int(self._starts[-1])
+        return len(self.folder.index)
+
+    def camera_frame(self, camera: str, i: int) -> np.ndarray:
+        """Frame ``i``'s image of ``camera`` as (H, W, 3) uint8."""
+        folder = self.folder
+        if camera in folder.image_bytes:
+            return decode_image(folder.image_bytes[camera][i].as_py())
+        path, start = folder.episodes[folder.episode_of_row[i]].videos[camera]
+        return self._frames.frame_at(path, start + float(folder.timestamp[i]))
 
     def __getitem__(self, i: int) -> dict:
         if not 0 <= i < len(self):
             raise IndexError(f"index {i} out of range for a dataset of {len(self)} frames")
-        pos = int(np.searchsorted(self._starts, i, side="right")) - 1
-        episode, length = self._episodes[pos]
-        frame = i - int(self._starts[pos])
-        steps = frame + np.arange(self.chunk_size)
-        is_pad = steps >= length
-        actions = self._actions[pos][np.minimum(steps, length - 1)]  # (chunk, a)
+        folder = self.folder
+        stop = folder.episodes[folder.episode_of_row[i]].stop
+        steps = i + np.arange(self.chunk_size)
+        is_pad = steps >= stop
         sample = {}
+        start = time.perf_counter()
         for c, cam in enumerate(self.cameras):
-            rel = self.info["image_path"].format(image_key=cam, episode_index=episode, frame_index=frame)
-            sample[f"camera{c}"] = load_png(self.root / rel)
-        task = int(self._task[pos][frame])
+            sample[f"camera{c}"] = torch.from_numpy(self.camera_frame(cam, i)).permute(2, 0, 1).float().div_(255.0)
+        decode = time.perf_counter() - start
+        _DECODE_CLOCK[0] += decode
         sample.update(
-            state=torch.from_numpy(self._state[pos][frame]),
-            actions=torch.from_numpy(actions),
+            state=torch.from_numpy(folder.state[i]),
+            actions=torch.from_numpy(folder.action[np.minimum(steps, stop - 1)]),  # (chunk, a)
             action_is_pad=torch.from_numpy(is_pad),
-            prompt=self.tasks.get(task, ""),
-            index=int(self._global_index[pos][frame]),
-            episode_index=episode,
-            frame_index=frame,
-            timestamp=float(frame) / self.fps,
+            prompt=self.tasks[int(folder.task_index[i])],
+            index=int(folder.index[i]),
+            episode_index=int(folder.episode_index[i]),
+            frame_index=int(folder.frame_index[i]),
+            timestamp=float(folder.timestamp[i]),
+            decode_time_sec=decode,
         )
         return sample
 
@@ -189,7 +153,7 @@ def dataset_samples(root: str | Path) -> int | None:
     info_path = Path(root) / "meta" / "info.json"
     if not info_path.is_file():
         return None
-    frames = _read_json(info_path).get("total_frames")
+    frames = read_json(info_path).get("total_frames")
     return frames if isinstance(frames, int) and not isinstance(frames, bool) else None
 
 

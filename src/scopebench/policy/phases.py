@@ -16,6 +16,12 @@ Training phases (the upstream ``profile_step`` breakdown):
 * ``sync_gather``: the per-step gathers of loss terms and memory peaks across ranks and
   their ``.tolist()`` (every ``gather_every`` steps; the region is empty otherwise).
 
+Dataloader phases (``Pi05Dataloader``, ``profile-dataloader``): ``fetch`` (waiting for the
+next batch), ``h2d`` (what ``dataload_wait`` adds to it: preprocessing and the copy), and,
+when the camera frames are decoded in the process itself (``num_workers: 0``), ``decode``:
+that decoding (MP4 or PNG), measured by the dataset and taken out of ``fetch``'s time. With
+workers the decoding runs in them, off this process's clock, and ``decode`` is absent.
+
 ``backward_step`` (derived) is ``bwd`` through ``zero_grad_sched``. With gradient
 accumulation, ``dataload_wait``, ``forward`` and ``bwd`` cover all the micro-batches of the
 step. Under DeepSpeed ZeRO and FSDP2 the backend does more inside some phases:
@@ -28,6 +34,7 @@ __all__ = [
     "BACKEND_NAMES",
     "BACKWARD_STEP_PHASES",
     "DATALOADER_PHASES",
+    "DECODE_PHASE",
     "INFERENCE_PHASES",
     "PHASE_CONTENTS",
     "TRAIN_PHASES",
@@ -38,6 +45,8 @@ TRAIN_PHASES = ("dataload_wait", "forward", "bwd", "unscale_clip", "optim_step",
 #: Phases summed into the derived ``backward_step``.
 BACKWARD_STEP_PHASES = ("bwd", "unscale_clip", "optim_step", "zero_grad_sched")
 DATALOADER_PHASES = ("fetch", "h2d")
+#: The dataloader phase present only when the frames are decoded in the process (0 workers).
+DECODE_PHASE = "decode"
 INFERENCE_PHASES = ("preprocess", "prefill", "denoise", "postprocess")
 
 #: Training backend -> its name in prose.

@@ -240,7 +240,8 @@ class InferenceSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class DatasetSettings:
-    """The synthetic robot dataset a run reads (written once, then cached)."""
+    """The robot dataset a run reads: a LeRobot v3.0 folder (``lerobot``), or the synthetic
+    dataset of the other fields (written once, then cached)."""
 
     num_episodes: int = 4
     """Episodes."""
@@ -254,8 +255,15 @@ class DatasetSettings:
     """Actions per training sample (the policy's chunk size in training)."""
     seed: int = 0
     """Seed of the trajectories."""
+    video: bool = True
+    """Synthetic camera frames as MP4 video (true) or as PNG images (false, for comparison)."""
+    codec: str = "h264"
+    """Codec of the synthetic videos: ``h264`` (libx264) or ``av1`` (libsvtav1)."""
     cache_dir: str = "outputs/datasets"
     """Folder of the cached datasets (relative to the working directory)."""
+    lerobot: str | None = None
+    """A local LeRobot v3.0 dataset folder to read instead of the synthetic dataset (nothing is
+    downloaded; the synthetic fields are then unused, ``chunk_size`` still applies)."""
 
     key_prefix: InitVar[str] = "dataset."
     """How errors name this section's keys (``dataset.num_episodes``); the benchopt dataset,
@@ -266,6 +274,8 @@ class DatasetSettings:
         integer(f"{self.key_prefix}chunk_size", self.chunk_size, low=1)
         if not isinstance(self.cache_dir, str) or not self.cache_dir:
             raise ValueError(f"{self.key_prefix}cache_dir must be a folder path, got {self.cache_dir!r}")
+        if self.lerobot is not None and (not isinstance(self.lerobot, str) or not self.lerobot):
+            raise ValueError(f"{self.key_prefix}lerobot must be a dataset folder path or null, got {self.lerobot!r}")
         self.synthetic()  # validates the rest
 
     def synthetic(self) -> SyntheticRobotConfig:
@@ -276,14 +286,26 @@ class DatasetSettings:
             image_size=self.image_size,
             num_cameras=self.num_cameras,
             seed=self.seed,
+            video=self.video,
+            codec=self.codec,
             key_prefix=self.key_prefix,
         )
 
     def materialize(self) -> Path:
-        """Write the dataset if it is not cached yet; returns its folder."""
+        """The dataset's folder: the ``lerobot`` folder, checked whole (every file, no frame
+        decoded) so that a broken one is refused before any run starts; or the synthetic
+        dataset, written if it is not cached yet."""
         from scopebench.policy.data import cached_synthetic_dataset
 
-        return cached_synthetic_dataset(self.cache_dir, self.synthetic())
+        if self.lerobot is None:
+            return cached_synthetic_dataset(self.cache_dir, self.synthetic())
+        from scopebench.policy.lerobot import LeRobotFolder
+
+        root = Path(self.lerobot).expanduser()
+        if not root.is_dir():
+            raise FileNotFoundError(f"{self.key_prefix}lerobot: no dataset folder at {root}")
+        LeRobotFolder(root).check_videos()
+        return root
 
 
 @dataclass(frozen=True, kw_only=True)

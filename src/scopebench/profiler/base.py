@@ -209,6 +209,19 @@ class Profiler:
         """Metrics of the last finished iteration; ``{}`` when it was not recorded."""
         return dict(self._current)
 
+    def split_region(self, region: str, part: str, seconds: float) -> None:
+        """Count ``seconds`` of the current iteration's ``region`` as region ``part`` instead: work
+        measured inside the region by its own clock (the frame decoding a dataloader fetch ran).
+        At most the region's time moves, so the regions still add up to the iteration's wall
+        time. Nothing happens outside the recording window.
+        """
+        if not self._recording:
+            return
+        wall = self._region_wall
+        moved = min(max(seconds, 0.0), wall.get(region, 0.0))
+        wall[region] = wall.get(region, 0.0) - moved
+        wall[part] = wall.get(part, 0.0) + moved
+
     def iterate(
         self, callback: Callable[[], bool] | None = None, before_callback: Callable[[], None] | None = None
     ) -> Iterator[int]:

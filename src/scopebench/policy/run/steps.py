@@ -212,19 +212,39 @@ def _mean_over_micro_batches(losses):
 
 
 class DataloaderStep:
-    """One batch of the training dataloader, without a model: ``fetch`` then ``h2d``.
+    """One batch of the training dataloader, without a model: ``fetch``, ``decode``, ``h2d``.
 
     ``h2d`` is the host preprocessing and the copy to the device, exactly what
-    ``dataload_wait`` adds to the fetch in :class:`TrainStep`.
+    ``dataload_wait`` adds to the fetch in :class:`TrainStep`. ``decode`` is the camera-frame
+    decoding that ran in this process during the fetch (with 0 workers), taken out of
+    ``fetch``'s time; with workers it runs in them and the region is absent.
+    :attr:`decode_sec` and :attr:`decoded_frames` add up the decoding of every batch so far,
+    wherever it ran (the samples' ``decode_time_sec``), and the camera frames decoded.
     """
 
-    def __init__(self, batches: Iterator, preprocessor: Preprocessor) -> None:
+    def __init__(self, batches: Iterator, preprocessor: Preprocessor, decoder: str | None = None) -> None:
         self.batches = batches
         self.preprocessor = preprocessor
+        #: What decodes the frames (the dataset's ``decoder``: ``pyav``, ``pil``), for the reports.
+        self.decoder = decoder
+        self.decode_sec = 0.0
+        self.decoded_frames = 0
+        #: Whether the loader decodes in this process (no workers): then ``decode`` is measured.
+        self.decodes_here = getattr(getattr(batches, "loader", None), "num_workers", None) == 0
 
     def __call__(self, prof) -> None:
+        from scopebench.policy.dataset import decode_seconds
+        from scopebench.policy.phases import DECODE_PHASE
+
+        before = decode_seconds()
         with prof.track_step("fetch"):
             batch = next(self.batches)
+        if self.decodes_here:
+            prof.split_region("fetch", DECODE_PHASE, decode_seconds() - before)
+        per_sample = batch.pop("decode_time_sec", None)
+        if per_sample is not None:
+            self.decode_sec += float(per_sample.sum())
+            self.decoded_frames += per_sample.numel() * self.preprocessor.config.num_cameras
         with prof.track_step("h2d"):
             self.preprocessor.preprocess(batch)
 

@@ -303,7 +303,9 @@ class PolicyTrainRun(RankRun):
         overrides = model_overrides(s)
         preprocessor = Preprocessor(config_for_dataset(s.preset, dataset, **overrides), dataset.stats, self.device)
         if self.task == "dataloader":
-            self.work = DataloaderStep(BatchStream(acc.prepare(loader)), preprocessor)
+            self.work = DataloaderStep(
+                BatchStream(acc.prepare(loader)), preprocessor, decoder=getattr(dataset, "decoder", None)
+            )
             return
         model = policy_for_dataset(s.preset, dataset, **overrides).to(self.device)
         self._sampler = loader.sampler

@@ -1,0 +1,268 @@
+"""LeRobot v3.0 folders: the synthetic writer's MP4 frames come back (PSNR, the right frame),
+a folder built from LeRobot's published format reads right, broken folders are refused
+naming the file, and training on a LeRobot folder resumes at the same data position."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from scopebench.policy import RobotDataset, SyntheticRobotConfig, generate_episode, write_synthetic_dataset
+from scopebench.policy.data import TASKS
+from scopebench.policy.settings import DatasetSettings
+
+from . import lerobot_fixture as fx
+
+CHUNK = 6
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255**2 / mse)
+
+
+@pytest.mark.parametrize("codec", ["h264", "av1"])
+def test_video_frames_come_back_at_40_db_and_state_and_actions_exactly(tmp_path, codec):
+    """224 x 224, two cameras, three episodes over two video files (the third starts a new file,
+    the second starts 1.0 s into the first): every frame is the source frame it should be."""
+    cfg = SyntheticRobotConfig(
+        num_episodes=3, episode_length=10, image_size=224, state_dim=5, action_dim=4, codec=codec
+    )
+    ds = RobotDataset(write_synthetic_dataset(tmp_path / "ds", cfg), chunk_size=CHUNK)
+    assert len(ds) == 30 and ds.decoder == "pyav"
+    worst = float("inf")
+    for e in range(3):
+        episode = generate_episode(cfg, e)
+        for f in range(10):
+            sample = ds[10 * e + f]
+            assert sample["prompt"] == TASKS[e % cfg.num_tasks][0] and sample["frame_index"] == f
+            assert torch.equal(sample["state"], torch.from_numpy(episode.state[f]))
+            steps = np.minimum(np.arange(f, f + CHUNK), 9)
+            assert torch.equal(sample["actions"], torch.from_numpy(episode.actions[steps]))
+            assert sample["action_is_pad"].tolist() == [f + k > 9 for k in range(CHUNK)]
+            assert sample["decode_time_sec"] > 0
+            for c, cam in enumerate(ds.cameras):
+                got = (sample[f"camera{c}"].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+                scores = [_psnr(got, source) for source in episode.frames[cam]]
+                assert int(np.argmax(scores)) == f, (e, f, cam)  # the frame itself, not a neighbour
+                worst = min(worst, scores[f])
+    assert worst >= 40.0, f"{codec}: worst frame at {worst:.1f} dB"
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    return fx.write_fixture(tmp_path_factory.mktemp("lerobot") / "pusht_like")
+
+
+def test_a_folder_written_from_the_published_format_reads_right(published):
+    ds = RobotDataset(published, chunk_size=CHUNK)
+    assert sum(p.stat().st_size for p in published.rglob("*") if p.is_file()) < 1_000_000
+    assert ds.cameras == sorted(fx.CAMERAS) and ds.image_shape == (fx.HEIGHT, fx.WIDTH, 3)
+    assert len(ds) == sum(fx.LENGTHS) and (ds.state_dim, ds.action_dim) == (3, 2)
+    starts = np.cumsum((0, *fx.LENGTHS))
+    for e, length in enumerate(fx.LENGTHS):
+        for k in range(length):
+            i = int(starts[e]) + k
+            sample = ds[i]
+            assert (sample["episode_index"], sample["frame_index"], sample["index"]) == (e, k, i)
+            assert sample["prompt"] == fx.TASKS[fx.TASK_OF_EPISODE[e]]
+            assert torch.equal(sample["state"], torch.from_numpy(fx.state(i)))
+            last = int(starts[e + 1]) - 1
+            want = np.stack([fx.action(min(i + j, last)) for j in range(CHUNK)])
+            assert torch.equal(sample["actions"], torch.from_numpy(want))
+            assert sample["action_is_pad"].tolist() == [i + j > last for j in range(CHUNK)]
+            for c in range(2):
+                image = sample[f"camera{c}"]
+                assert image.shape == (3, fx.HEIGHT, fx.WIDTH)
+                assert abs(float(image.mean()) * 255 - fx.level(i)) < 3, (i, c)  # levels are 13 apart
+    assert ds.stats["action"]["max"] == pytest.approx(fx.action(sum(fx.LENGTHS) - 1).tolist())
+
+
+# -- broken folders: each refused naming the file, before any run ------------------------------------
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A 32 x 32 H.264 dataset: 3 episodes of 6 frames, files 000 (episodes 0, 1) and 001."""
+    cfg = SyntheticRobotConfig(num_episodes=3, episode_length=6, image_size=32)
+    return write_synthetic_dataset(tmp_path_factory.mktemp("small") / "ds", cfg), cfg
+
+
+def _video(root, camera=0, file=0):
+    return root / f"videos/observation.images.camera{camera}/chunk-000/file-{file:03d}.mp4"
+
+
+def _shorter(root, cfg):
+    from scopebench.policy.video import encode_video
+
+    frames = [f for e in (0, 1) for f in generate_episode(cfg, e).frames["observation.images.camera0"]]
+    encode_video(_video(root), frames[:-2], cfg.fps, "h264")
+
+
+def _late_episode(root, cfg):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = root / "meta/episodes/chunk-000/file-000.parquet"
+    rows = pq.read_table(path).to_pylist()
+    rows[1]["videos/observation.images.camera0/from_timestamp"] += 0.5  # 5 frames later than it is
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def _unknown_codec(root, cfg):
+    path = _video(root)
+    path.write_bytes(path.read_bytes().replace(b"avc1", b"zzzz"))
+
+
+def _version_2(root, cfg):
+    info = json.loads((root / "meta/info.json").read_text())
+    info["codebase_version"] = "v2.1"
+    info["data_path"] = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
+    (root / "meta/info.json").write_text(json.dumps(info))
+
+
+def _rewrite_data(root, column, change):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = root / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    values = table.column(column).to_numpy().copy()
+    change(values)
+    pq.write_table(table.set_column(table.column_names.index(column), column, pa.array(values)), path)
+
+
+def _late_row(values):
+    values[3] += 0.05  # episode 0, frame 3: half a frame late at 10 fps
+
+
+def _unknown_task(values):
+    values[:] = 5  # tasks.parquet holds task_index 0 to 3
+
+
+BROKEN = {
+    "missing video": (
+        lambda root, cfg: _video(root, 1, 1).unlink(),
+        FileNotFoundError,
+        r"not found: .*camera1/chunk-000/file-001\.mp4",
+    ),
+    "unreadable video": (
+        lambda root, cfg: _video(root).write_bytes(b"\x00not an mp4" * 50),
+        ValueError,
+        r"camera0/chunk-000/file-000\.mp4 is not a readable video",
+    ),
+    "video shorter than rows": (_shorter, ValueError, r"file-000\.mp4 holds 10 frames, fewer than the 12 rows"),
+    "timestamp beyond the video": (
+        _late_episode,
+        ValueError,
+        r"file-000\.mp4: episode 1 needs a frame at 1\.6000 s .*beyond the video's last frame at 1\.1000 s",
+    ),
+    "v2.1 folder": (
+        _version_2,
+        ValueError,
+        r"info\.json: codebase_version 'v2\.1' is a LeRobot v2 dataset.*reads LeRobot v3\.0",
+    ),
+    "unknown codec": (_unknown_codec, ValueError, r"file-000\.mp4: unknown video codec 'zzzz'"),
+    "timestamps out of step": (
+        lambda root, cfg: _rewrite_data(root, "timestamp", _late_row),
+        ValueError,
+        r"data/chunk-000/file-000\.parquet: episode 0 frame 3 has timestamp 0\.35.*at fps 10 frames are 0\.100000 s apart",
+    ),
+    "task index without a task": (
+        lambda root, cfg: _rewrite_data(root, "task_index", _unknown_task),
+        ValueError,
+        r"meta/tasks\.parquet has no task for task_index \[5\]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_broken_folder_is_refused_naming_the_file(small, tmp_path, case):
+    damage, error, message = BROKEN[case]
+    root = shutil.copytree(small[0], tmp_path / "ds")
+    damage(root, small[1])
+    with pytest.raises(error, match=message):
+        RobotDataset(root, chunk_size=CHUNK)
+    with pytest.raises(error, match=message):  # what every tool calls before it starts a run
+        DatasetSettings(lerobot=str(root)).materialize()
+
+
+def test_a_tool_refuses_a_broken_folder_in_one_line_before_any_run(small, tmp_path, capsys, started):
+    from scopebench.cli import main
+
+    from .conftest import TINY
+
+    root = shutil.copytree(small[0], tmp_path / "ds")
+    _shorter(root, small[1])
+    code = main(["profile-dataloader", "--config", TINY, f"--dataset.lerobot={root}", "--batches", "2"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("scopebench profile-dataloader:")]
+    assert code == 2 and len(lines) == 1 and "file-000.mp4 holds 10 frames" in lines[0], err
+    assert "Traceback" not in err and started == []
+
+
+def test_a_frame_past_the_end_of_a_video_names_the_file(small):
+    from scopebench.policy.video import VideoFrames
+
+    frames = VideoFrames()
+    assert frames.frame_at(_video(small[0]), 1.1).shape == (32, 32, 3)  # the last of 12 frames at 10 fps
+    with pytest.raises(ValueError, match=r"file-000\.mp4: no frame at timestamp 1\.2000 s .*last decoded at 1\.1"):
+        frames.frame_at(_video(small[0]), 1.2)
+
+
+@pytest.mark.slow
+def test_training_on_a_lerobot_folder_resumes_at_the_same_data_position(published, tmp_path, capsys, monkeypatch):
+    """4 steps straight, and 2 steps then ``--resume`` to 4: the resumed run reads the frames the
+    straight one read after its second step, in the same order."""
+    from .conftest import TINY
+    from .helpers import train_tool as train
+
+    read: list[int] = []
+    original = RobotDataset.__getitem__
+    monkeypatch.setattr(RobotDataset, "__getitem__", lambda self, i: read.append(int(i)) or original(self, i))
+
+    def run(folder, steps, *extra):
+        read.clear()
+        args = ["--config", TINY, f"--dataset.lerobot={published}", "--dataset.chunk_size=4", "--batch_size=2"]
+        args += ["--output_dir", str(tmp_path / folder), "--steps", str(steps), "--save_freq", "2", *extra]
+        code, out, err = train(args, capsys)
+        assert code == 0, err
+        return list(read), out
+
+    straight, _ = run("a", 4)
+    run("b", 2)
+    resumed, out = run("b", 4, "--resume", "true")
+    assert "at step 2 (epoch 0, batch 2" in out
+    assert len(straight) >= 8 and resumed == straight[4:]  # 2 steps x 2 samples skipped, never decoded
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_dataloader_run_reports_decode_apart_from_fetch_when_it_runs_in_the_process(robot_data, workers):
+    """0 workers: ``decode`` is taken out of ``fetch`` (the regions still add up to the step);
+    1 worker: the decoding runs there, no ``decode`` region, but the step still counts it."""
+    from scopebench.policy.run.train import PolicyTrainRun
+    from scopebench.policy.settings import TrainSettings
+    from scopebench.profiler import ProfilerConfig
+
+    calls = iter([True] * 5 + [False])
+    run = PolicyTrainRun(
+        TrainSettings(num_workers=workers),
+        dataset_root=robot_data[1],
+        chunk_size=8,
+        task="dataloader",
+        profiler=ProfilerConfig(warmup=1),
+        keep_rows=True,
+    )
+    with run:
+        run.loop(lambda: next(calls))
+    rows = run.rank_rows[0]
+    assert len(rows) == 4 and run.work.decoder == "pyav"
+    for row in rows:
+        regions = row["fetch_time_sec"] + row.get("decode_time_sec", 0.0) + row["h2d_time_sec"]
+        assert regions <= row["step_time_sec"] + 1e-9
+        assert ("decode_time_sec" in row) == (workers == 0)
+        if workers == 0:
+            assert row["decode_time_sec"] > 0 and row["fetch_time_sec"] >= 0
+    assert run.work.decoded_frames == 5 * 4 * 2 and run.work.decode_sec > 0  # 5 batches of 4 samples x 2 cameras
