@@ -4,6 +4,7 @@ paths with a recorder standing in for ``pynvml``."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -19,21 +20,35 @@ from scopebench.profiler.sampler import GPU_COLUMNS, THREAD_NAME, HostSampler, s
 HOUR = 3600.0  # a period the thread never reaches: the test takes every sample itself
 
 
-def sampler_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+def sampler_threads(exclude: frozenset = frozenset()) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME and t not in exclude]
 
 
 def run_loop(mode: str, n: int = 6, warmup: int = 1, active: int = 2) -> list[int]:
-    """Run a profiler loop; return how many sampler threads existed in each iteration."""
+    """Run a profiler loop; return how many sampler threads it had in each iteration (threads
+    of profilers that other tests dropped, not yet collected, are not counted)."""
+    before = frozenset(sampler_threads())
     prof = create_profiler(mode, "cpu", "sampler", warmup=warmup, active=active)
     seen = []
     calls = iter(range(n + 1))
     for _ in prof.iterate(lambda: next(calls) < n):
         with prof.track_step("work"):
-            seen.append(len(sampler_threads()))
+            seen.append(len(sampler_threads(before)))
     prof.finalize()
-    seen.append(len(sampler_threads()))
+    seen.append(len(sampler_threads(before)))
     return seen
+
+
+def test_a_profiler_dropped_inside_its_window_stops_its_thread():
+    before = frozenset(sampler_threads())
+    prof = create_profiler("custom", "cpu", "sampler", warmup=0, active=0)
+    loop = prof.iterate(None)
+    next(loop)  # the window is open: its thread runs
+    (thread,) = sampler_threads(before)
+    del loop, prof  # never finalized
+    gc.collect()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
 
 
 # --- the thread and the window ----------------------------------------------------------

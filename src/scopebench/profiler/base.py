@@ -40,6 +40,7 @@ import os
 import socket
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -324,6 +325,9 @@ class Profiler:
         if period > 0:
             self.sampler = HostSampler(self.device, period, pgids=self._rank_pgids, cuda=self.ops.is_cuda)
             self.sampler.start()
+            # A profiler dropped without finalize() (a loop left early, an error in a caller
+            # that does not close it) must not leave its thread sampling for the process's life.
+            weakref.finalize(self, self.sampler.stop)
 
     def _abandon_iteration(self) -> None:
         """The loop stopped before the body ran: discard the begun iteration."""
