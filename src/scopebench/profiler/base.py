@@ -98,14 +98,20 @@ class _Region:
         prof = self.prof
         if prof._recording:
             self.token = prof._enter_region(self.name)
+            if prof._memory is not None:
+                prof._memory.enter_region(self.name)
             self.start = time.perf_counter()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self.start is not None:
             prof = self.prof
             prof._exit_region(self.name, self.token)  # on CUDA: the synchronisation the region waits for
             wall = prof._region_wall
             wall[self.name] = wall.get(self.name, 0.0) + time.perf_counter() - self.start
+            if prof._memory is not None:
+                if exc is not None:
+                    prof._memory.fail(self.name, exc)  # an OOM: the snapshot, then a named error
+                prof._memory.exit_region(self.name)
 
 
 class Profiler:
@@ -151,6 +157,9 @@ class Profiler:
         self._callback_sec = 0.0
         self._region_wall: dict[str, float] = {}
         self._overhead_sec = 0.0
+        #: ``profiler_memory``: the per-region breakdown (:mod:`scopebench.profiler.memory`),
+        #: once :meth:`track_memory` was told what is trained.
+        self._memory: Any = None
 
     # -- public API ----------------------------------------------------------------
     @property
@@ -174,6 +183,21 @@ class Profiler:
             self._ensure_begun()
         return _Region(self, name)
 
+    def track_memory(self, model: Any, optimizer: Any = None, engine: Any = None) -> None:
+        """What the step trains, for ``profiler_memory`` (called once, after building; a no-op
+        when ``profiler_memory`` is off). ``engine``: DeepSpeed's engine under ZeRO."""
+        if not self.config.memory or self._memory is not None:
+            return
+        from scopebench.profiler.memory import MemoryTracking
+
+        self._memory = MemoryTracking(
+            self.device, model, optimizer, engine, cuda=self.ops.cuda_module(), run_name=self._memory_file_stem
+        )
+
+    def _memory_file_stem(self) -> tuple[Path, str]:
+        """Folder (the traces' when set, else the CSV files') and stem of this rank's memory snapshot."""
+        return Path(self.config.trace_dir or self.output_dir), run_name(self.name, self._run_id, self.rank)
+
     def end_iteration(self) -> None:
         """Close the current iteration; its metrics become :meth:`get_current_metrics`."""
         if not self._begun:
@@ -191,6 +215,8 @@ class Profiler:
         # The one place step time is derived: consumers read it rather than subtract.
         metrics = {"total_time_sec": total, "step_time_sec": total - self._callback_sec}
         metrics.update(self._iteration_metrics(i, total))
+        if self._memory is not None:
+            metrics.update(self._memory.iteration_metrics())
         if self.reports_overhead:
             metrics["profiler_overhead_sec"] = self._overhead_sec + (time.perf_counter() - stop)
         self.recorded += 1
@@ -241,6 +267,8 @@ class Profiler:
         if self._begun:
             self._abandon_iteration()
         self._finish()
+        if self._memory is not None:
+            self.files.extend(self._memory.close())
         if self.config.save_file and self.rows:
             stem = run_name(self.name, self._run_id, self.rank)
             path = self.output_dir / METRICS_FILE.format(run_name=stem)
@@ -277,6 +305,8 @@ class Profiler:
             self._region_wall = {}
             start = time.perf_counter()
             self._start_iteration(self.iteration)
+            if self._memory is not None:
+                self._memory.start_iteration()
             ops = self.ops
             if ops.is_cuda:
                 ops.synchronize()
@@ -288,6 +318,8 @@ class Profiler:
         """The loop stopped before the body ran: discard the begun iteration."""
         if self._begun and self._recording:
             self._discard_iteration(self.iteration)
+            if self._memory is not None:
+                self._memory.stop()
         self._begun = False
 
     def _record(self, i: int, metrics: dict[str, Any]) -> None:
@@ -308,6 +340,10 @@ class Profiler:
             time_keys += [self.region_time_key.format(r) for r in self._region_wall]
         current = reduce_across_ranks(per_rank, time_keys)
         current.update(self._cross_rank_metrics(per_rank))
+        if self._memory is not None:
+            from scopebench.profiler.memory import cross_rank_memory
+
+            current.update(cross_rank_memory(per_rank))
         if self.reports_overhead:
             # The slowest rank's own overhead, plus the gather and reduction rank 0 waited for.
             current["profiler_overhead_sec"] += time.perf_counter() - start
