@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from scopebench import stats
+from scopebench.report import memory_rules
 from scopebench.report.backend_comparison import backend_comparisons, config_backend
 from scopebench.report.results import LAYOUT_PARAMS, Configuration
 from scopebench.report.tables import config_kind, throughput
@@ -333,6 +334,9 @@ RULES: tuple[Callable[[Configuration, list[Configuration]], list[Finding]], ...]
     communication_bound,
     backend_comparison,
 )
+# profiler_memory's rules (scopebench.report.memory_rules).
+RULES += (memory_rules.fragmentation, memory_rules.memory_creep, memory_rules.memory_rank_imbalance)
+RULES += (memory_rules.sharding_does_not_pay,)
 
 
 def diagnose(config: Configuration, others: list[Configuration]) -> list[Finding]:
