@@ -11,7 +11,9 @@ inference run object compiles prefill and denoise with ``reduce-overhead`` (CUDA
 and the first call is at least 5x a steady one; (8) with two GPUs, ``scopebench train``
 on two ranks under DeepSpeed ZeRO-2 in bf16, and ``convert-checkpoint``; (9) one FSDP2 step
 in bf16 on one GPU (fp32 ``DTensor`` shards, bf16 compute); (10) with two GPUs, ``scopebench
-train`` under FSDP2 in bf16 on NCCL and ``convert-checkpoint`` of its DCP shards. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
+train`` under FSDP2 in bf16 on NCCL and ``convert-checkpoint`` of its DCP shards; (11)
+``profiler_memory``: categories against the allocator's peak, a memory snapshot, and an OOM
+that writes its snapshot and names it. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
 status is 1 if any check failed, 77 if CUDA is absent.
 
 Run: ``bash scripts/gpu_check.sh`` (under five minutes on one GPU).
@@ -235,6 +237,58 @@ def policy_fsdp2_train():
     return {"ok": ok, "log_tail": (proc.stdout + proc.stderr)[-800:], "convert": convert.stdout.strip()[-200:]}
 
 
+def policy_memory_by_category():
+    """``profiler_memory`` on CUDA: categories add up to the allocator's peak, reserved >=
+    allocated, a snapshot per rank at the end; then an OOM inside a region (a 10 TB tensor)
+    writes the snapshot and is raised naming it and the last good step's breakdown."""
+    import tempfile
+    from pathlib import Path
+
+    from scopebench.policy.run.train import PolicyTrainRun
+    from scopebench.policy.settings import TrainSettings
+    from scopebench.profiler import ProfilerConfig
+    from scopebench.profiler.memory import CATEGORIES
+
+    data, root = _policy_data()
+    out = Path(tempfile.mkdtemp(prefix="gpu_check_memory_"))
+    settings = TrainSettings(device="cuda", precision="bf16", find_unused_params=False)
+    profiler = ProfilerConfig(mode="custom", warmup=1, memory=True)
+    calls = [0]
+
+    def callback():
+        calls[0] += 1
+        return calls[0] <= 3
+
+    run = PolicyTrainRun(settings, dataset_root=root, chunk_size=data.chunk_size, profiler=profiler, output_dir=out)
+    with run:
+        run.loop(callback)
+        m = run.metrics()
+    snapshots = sorted(p.name for p in out.glob("*_memory_snapshot.pickle"))
+    parts = sum(m[f"mem_{c}_mb"] for c in CATEGORIES)
+    ok = abs(parts / m["mem_allocated_peak_mb"] - 1) < 0.05 and m["mem_reserved_peak_mb"] >= m["mem_allocated_peak_mb"]
+    ok = ok and len(snapshots) == 1 and m["profiler_memory_overhead_sec"] > 0
+    # An OOM inside the window: the snapshot is written before the error propagates.
+    oom_out = Path(tempfile.mkdtemp(prefix="gpu_check_oom_"))
+    from scopebench.profiler import create_profiler
+
+    model = torch.nn.Linear(256, 256, device="cuda")
+    prof = create_profiler("custom", "cuda", "oom", memory=True, output_dir=oom_out)
+    prof.track_memory(model, torch.optim.AdamW(model.parameters()))
+    message = ""
+    try:
+        for i in prof.iterate(lambda: True):
+            with prof.track_step("forward"):
+                model(torch.ones(8, 256, device="cuda")).sum().backward()
+                if i == 1:
+                    torch.empty(10**13, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as err:
+        message = str(err)
+    oom_ok = "memory snapshot:" in message and "last good step's peak by category" in message
+    oom_ok = oom_ok and len(list(oom_out.glob("*_memory_snapshot.pickle"))) == 1
+    keys = ("mem_peak_mb", "mem_other_mb", "mem_allocated_peak_mb", "mem_reserved_peak_mb", "mem_fragmentation_pct")
+    return {"ok": ok and oom_ok, "categories_mb": parts, **{k: m.get(k) for k in keys}, "oom": message[:300]}
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"check": "cuda", "ok": False, "error": "CUDA is not available"}))
@@ -254,6 +308,7 @@ def main() -> int:
         policy_zero2_train,
         policy_fsdp2_one_gpu,
         policy_fsdp2_train,
+        policy_memory_by_category,
     ]
     results = [_report(fn.__name__, fn) for fn in checks]
     return 0 if all(results) else 1

@@ -46,6 +46,7 @@ from scopebench.distributed.reduce import broadcast_flag, gather_objects, world
 from scopebench.profiler.config import ProfilerConfig
 from scopebench.profiler.device import DeviceOps
 from scopebench.profiler.files import METRICS_FILE, new_run_id, run_name, write_csv
+from scopebench.profiler.memory import cross_rank_memory
 
 __all__ = ["Profiler", "reduce_across_ranks"]
 
@@ -108,10 +109,8 @@ class _Region:
             prof._exit_region(self.name, self.token)  # on CUDA: the synchronisation the region waits for
             wall = prof._region_wall
             wall[self.name] = wall.get(self.name, 0.0) + time.perf_counter() - self.start
-            if prof._memory is not None:
-                if exc is not None:
-                    prof._memory.fail(self.name, exc)  # an OOM: the snapshot, then a named error
-                prof._memory.exit_region(self.name)
+            if prof._memory is not None:  # an OOM (exc): the snapshot, then a named error
+                prof._memory.exit_region(self.name, exc)
 
 
 class Profiler:
@@ -157,8 +156,7 @@ class Profiler:
         self._callback_sec = 0.0
         self._region_wall: dict[str, float] = {}
         self._overhead_sec = 0.0
-        #: ``profiler_memory``: the per-region breakdown (:mod:`scopebench.profiler.memory`),
-        #: once :meth:`track_memory` was told what is trained.
+        #: ``profiler_memory``'s per-region breakdown, once :meth:`track_memory` was called.
         self._memory: Any = None
 
     # -- public API ----------------------------------------------------------------
@@ -190,13 +188,10 @@ class Profiler:
             return
         from scopebench.profiler.memory import MemoryTracking
 
-        self._memory = MemoryTracking(
-            self.device, model, optimizer, engine, cuda=self.ops.cuda_module(), run_name=self._memory_file_stem
-        )
+        def where():  # the snapshot's folder (the traces' when set, else the CSV files') and stem
+            return Path(self.config.trace_dir or self.output_dir), run_name(self.name, self._run_id, self.rank)
 
-    def _memory_file_stem(self) -> tuple[Path, str]:
-        """Folder (the traces' when set, else the CSV files') and stem of this rank's memory snapshot."""
-        return Path(self.config.trace_dir or self.output_dir), run_name(self.name, self._run_id, self.rank)
+        self._memory = MemoryTracking(self.device, model, optimizer, engine, self.ops.cuda_module(), where)
 
     def end_iteration(self) -> None:
         """Close the current iteration; its metrics become :meth:`get_current_metrics`."""
@@ -341,8 +336,6 @@ class Profiler:
         current = reduce_across_ranks(per_rank, time_keys)
         current.update(self._cross_rank_metrics(per_rank))
         if self._memory is not None:
-            from scopebench.profiler.memory import cross_rank_memory
-
             current.update(cross_rank_memory(per_rank))
         if self.reports_overhead:
             # The slowest rank's own overhead, plus the gather and reduction rank 0 waited for.

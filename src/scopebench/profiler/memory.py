@@ -184,7 +184,9 @@ class MemoryTracking:
             self.cuda.reset_peak_memory_stats(self.device)
         self._outside_sec += time.perf_counter() - start
 
-    def exit_region(self, name: str) -> None:
+    def exit_region(self, name: str, error: BaseException | None = None) -> None:
+        if error is not None:
+            self.fail(name, error)
         start = time.perf_counter()
         peak = by_category(self.tracker.get_tracker_snapshot("peak").get(self.device))
         row: dict[str, float] = dict(peak)
