@@ -14,7 +14,8 @@ Categories (:data:`CATEGORIES`, bytes alive at the peak):
 * ``gradients`` (ZeRO: the gradient partitions; FSDP2: the sharded gradients),
 * ``optimizer_state`` (AdamW's moments; ZeRO-2's fp32 master partition),
 * ``activations`` (what the forward creates, the inputs included),
-* ``temporaries`` (created in the backward, or after it outside any module),
+* ``temporaries`` (created in the backward, after it outside any module, or inside the
+  optimizer's step and not kept in its state),
 * ``buffers`` (module buffers),
 * ``gather_buffers`` (communication buffers: FSDP2's and ZeRO-3's gathered parameters,
   all-gather and reduce-scatter buffers, ZeRO's and DDP's gradient buckets),

@@ -165,6 +165,10 @@ def make_tracker(model: Any, optimizer: Any):
                 reftype = self.forced[t.untyped_storage()]
             elif self.ddp and self._mod_tracker.is_bw and self._made_before(t):
                 reftype = self._gather_ref
+            elif category_of(value) == "optimizer_state":
+                # Made inside the optimizer's step: its intermediates, unless the step keeps them
+                # (the post-step hook files what ``optimizer.state`` holds as optimizer state).
+                reftype = self.ref_of("temporaries")
             elif value == "Activation" and self.seen_backward and not self._mod_tracker.is_bw:
                 if self._mod_tracker.parents <= {"Global"}:  # after the backward, outside any module
                     reftype = self.ref_of("temporaries")
