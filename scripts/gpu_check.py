@@ -13,7 +13,7 @@ on two ranks under DeepSpeed ZeRO-2 in bf16, and ``convert-checkpoint``; (9) one
 in bf16 on one GPU (fp32 ``DTensor`` shards, bf16 compute); (10) with two GPUs, ``scopebench
 train`` under FSDP2 in bf16 on NCCL and ``convert-checkpoint`` of its DCP shards; (11)
 ``profiler_memory``: categories against the allocator's peak, a memory snapshot, and an OOM
-that writes its snapshot and names it. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
+that writes its snapshot and names it; (12) ``find-max-batch`` on the GPU. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
 status is 1 if any check failed, 77 if CUDA is absent.
 
 Run: ``bash scripts/gpu_check.sh`` (under five minutes on one GPU).
@@ -289,6 +289,35 @@ def policy_memory_by_category():
     return {"ok": ok and oom_ok, "categories_mb": parts, **{k: m.get(k) for k in keys}, "oom": message[:300]}
 
 
+def find_max_batch_cuda():
+    """``scopebench find-max-batch`` on the GPU: real trials (doubling, bisecting), every one
+    freed before the next; with a 0.05 GB budget the answer fits and its double does not."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = Path(tempfile.mkdtemp(prefix="gpu_check_max_batch_"))
+    command = [
+        sys.executable,
+        "-m",
+        "scopebench.cli",
+        "find-max-batch",
+        "--config",
+        str(repo / "configs/policy/tiny.yml"),
+    ]
+    command += ["--device=cuda", "--memory-gb", "0.05", "--json", str(out / "max_batch.json")]
+    proc = subprocess.run(
+        [*command, f"--dataset.cache_dir={out / 'data'}"], capture_output=True, text=True, timeout=240
+    )
+    report = json.loads((out / "max_batch.json").read_text()) if proc.returncode == 0 else {}
+    trials = {t["batch"]: t for t in report.get("trials", [])}
+    best = report.get("largest_batch", 0)
+    double = trials.get(2 * best)
+    ok = best >= 1 and trials[best]["fits"] and (double is None or not double["fits"])
+    return {"ok": ok, "largest_batch": best, "margin_mb": report.get("margin_mb"), "log_tail": proc.stdout[-600:]}
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"check": "cuda", "ok": False, "error": "CUDA is not available"}))
@@ -309,6 +338,7 @@ def main() -> int:
         policy_fsdp2_one_gpu,
         policy_fsdp2_train,
         policy_memory_by_category,
+        find_max_batch_cuda,
     ]
     results = [_report(fn.__name__, fn) for fn in checks]
     return 0 if all(results) else 1
