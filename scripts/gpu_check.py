@@ -15,7 +15,9 @@ train`` under FSDP2 in bf16 on NCCL and ``convert-checkpoint`` of its DCP shards
 sampler reads the GPU through NVML (``nvidia-ml-py``) during a window of matmuls:
 utilisation, SM clock and its max, power, temperature, memory used, throttle reasons,
 energy per step and other processes, each present or absent with NVML's reason, and the
-GPU rules of the diagnosis read them. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
+GPU rules of the diagnosis read them; (12)
+``profiler_memory``: categories against the allocator's peak, a memory snapshot, and an OOM
+that writes its snapshot and names it; (13) ``find-max-batch`` on the GPU. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
 status is 1 if any check failed, 77 if CUDA is absent.
 
 Run: ``bash scripts/gpu_check.sh`` (under five minutes on one GPU).
@@ -277,6 +279,87 @@ def host_sampler_nvml():
     }
 
 
+def policy_memory_by_category():
+    """``profiler_memory`` on CUDA: categories add up to the allocator's peak, reserved >=
+    allocated, a snapshot per rank at the end; then an OOM inside a region (a 10 TB tensor)
+    writes the snapshot and is raised naming it and the last good step's breakdown."""
+    import tempfile
+    from pathlib import Path
+
+    from scopebench.policy.run.train import PolicyTrainRun
+    from scopebench.policy.settings import TrainSettings
+    from scopebench.profiler import ProfilerConfig
+    from scopebench.profiler.memory import CATEGORIES
+
+    data, root = _policy_data()
+    out = Path(tempfile.mkdtemp(prefix="gpu_check_memory_"))
+    settings = TrainSettings(device="cuda", precision="bf16", find_unused_params=False)
+    profiler = ProfilerConfig(mode="custom", warmup=1, memory=True)
+    calls = [0]
+
+    def callback():
+        calls[0] += 1
+        return calls[0] <= 3
+
+    run = PolicyTrainRun(settings, dataset_root=root, chunk_size=data.chunk_size, profiler=profiler, output_dir=out)
+    with run:
+        run.loop(callback)
+        m = run.metrics()
+    snapshots = sorted(p.name for p in out.glob("*_memory_snapshot.pickle"))
+    parts = sum(m[f"mem_{c}_mb"] for c in CATEGORIES)
+    ok = abs(parts / m["mem_allocated_peak_mb"] - 1) < 0.05 and m["mem_reserved_peak_mb"] >= m["mem_allocated_peak_mb"]
+    ok = ok and len(snapshots) == 1 and m["profiler_memory_overhead_sec"] > 0
+    # An OOM inside the window: the snapshot is written before the error propagates.
+    oom_out = Path(tempfile.mkdtemp(prefix="gpu_check_oom_"))
+    from scopebench.profiler import create_profiler
+
+    model = torch.nn.Linear(256, 256, device="cuda")
+    prof = create_profiler("custom", "cuda", "oom", memory=True, output_dir=oom_out)
+    prof.track_memory(model, torch.optim.AdamW(model.parameters()))
+    message = ""
+    try:
+        for i in prof.iterate(lambda: True):
+            with prof.track_step("forward"):
+                model(torch.ones(8, 256, device="cuda")).sum().backward()
+                if i == 1:
+                    torch.empty(10**13, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as err:
+        message = str(err)
+    oom_ok = "memory snapshot:" in message and "last good step's peak by category" in message
+    oom_ok = oom_ok and len(list(oom_out.glob("*_memory_snapshot.pickle"))) == 1
+    keys = ("mem_peak_mb", "mem_other_mb", "mem_allocated_peak_mb", "mem_reserved_peak_mb", "mem_fragmentation_pct")
+    return {"ok": ok and oom_ok, "categories_mb": parts, **{k: m.get(k) for k in keys}, "oom": message[:300]}
+
+
+def find_max_batch_cuda():
+    """``scopebench find-max-batch`` on the GPU: real trials (doubling, bisecting), every one
+    freed before the next; with a 0.05 GB budget the answer fits and its double does not."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = Path(tempfile.mkdtemp(prefix="gpu_check_max_batch_"))
+    command = [
+        sys.executable,
+        "-m",
+        "scopebench.cli",
+        "find-max-batch",
+        "--config",
+        str(repo / "configs/policy/tiny.yml"),
+    ]
+    command += ["--device=cuda", "--memory-gb", "0.05", "--json", str(out / "max_batch.json")]
+    proc = subprocess.run(
+        [*command, f"--dataset.cache_dir={out / 'data'}"], capture_output=True, text=True, timeout=240
+    )
+    report = json.loads((out / "max_batch.json").read_text()) if proc.returncode == 0 else {}
+    trials = {t["batch"]: t for t in report.get("trials", [])}
+    best = report.get("largest_batch", 0)
+    double = trials.get(2 * best)
+    ok = best >= 1 and trials[best]["fits"] and (double is None or not double["fits"])
+    return {"ok": ok, "largest_batch": best, "margin_mb": report.get("margin_mb"), "log_tail": proc.stdout[-600:]}
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"check": "cuda", "ok": False, "error": "CUDA is not available"}))
@@ -297,6 +380,8 @@ def main() -> int:
         policy_fsdp2_one_gpu,
         policy_fsdp2_train,
         host_sampler_nvml,
+        policy_memory_by_category,
+        find_max_batch_cuda,
     ]
     results = [_report(fn.__name__, fn) for fn in checks]
     return 0 if all(results) else 1

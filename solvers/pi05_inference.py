@@ -23,7 +23,7 @@ class Solver(InferenceSolverMixin, BaseSolver):
     stopping_criterion = NoCriterion(strategy="callback")
     output_dir = Path(__file__).resolve().parents[1] / "outputs"
     parameters = {
-        **InferenceSolverMixin.parameters,  # the seven profiler_*
+        **InferenceSolverMixin.parameters,  # the eight profiler_*
         # every run setting, with its default, from scopebench.policy.settings (seed: the dataset's)
         **solver_parameters(InferenceSettings),
     }

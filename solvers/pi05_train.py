@@ -28,7 +28,7 @@ class Solver(TrainSolverMixin, BaseSolver):
     output_dir = Path(__file__).resolve().parents[1] / "outputs"
     task = "train"
     parameters = {
-        **TrainSolverMixin.parameters,  # the seven profiler_*
+        **TrainSolverMixin.parameters,  # the eight profiler_*
         # every run setting, with its default, from scopebench.policy.settings (seed: the dataset's)
         **solver_parameters(TrainSettings),
         # The cell's SLURM job under the submitit backend (its tasks are the ranks); not run settings.

@@ -22,7 +22,7 @@ class Solver(PnPSolverMixin, BaseSolver):
     task = "denoise"
     output_dir = Path(__file__).resolve().parents[1] / "outputs"
     parameters = {
-        **PnPSolverMixin.parameters,  # profiler_mode, profiler_warmup, ... (the seven profiler_*)
+        **PnPSolverMixin.parameters,  # profiler_mode, profiler_warmup, ... (the eight profiler_*)
         # the denoiser
         "denoiser": ["tv"],
         "denoiser_sigma": [0.01],

@@ -24,7 +24,7 @@ class Solver(UnrolledSolverMixin, BaseSolver):
     stopping_criterion = NoCriterion(strategy="callback")
     output_dir = Path(__file__).resolve().parents[1] / "outputs"
     parameters = {
-        **UnrolledSolverMixin.parameters,  # profiler_mode, profiler_warmup, ... (the seven profiler_*)
+        **UnrolledSolverMixin.parameters,  # profiler_mode, profiler_warmup, ... (the eight profiler_*)
         # the network
         "n_unrolled": [3],
         "denoiser": ["dncnn"],

@@ -28,6 +28,7 @@ COMMANDS = (
     "train",
     "convert-checkpoint",
     "estimate-memory",
+    "find-max-batch",
 )
 
 

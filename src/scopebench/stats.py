@@ -35,6 +35,7 @@ __all__ = [
     "confidence_interval",
     "median_ratio_ci",
     "linear_fit",
+    "r_squared",
     "samples_per_sec",
     "summarize",
 ]
@@ -260,3 +261,21 @@ def linear_fit(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
         raise ValueError(f"expected at least two distinct x values, got {sorted(set(xs))}")
     slope = math.fsum((u - mx) * (v - my) for u, v in zip(xs, ys)) / sxx
     return my - slope * mx, slope
+
+
+def r_squared(x: Sequence[float], y: Sequence[float]) -> float:
+    """Coefficient of determination of :func:`linear_fit`'s line: ``1 - SS_res / SS_tot``
+    (1.0 when every ``y`` is equal and the line passes through them).
+
+    :Examples:
+        >>> r_squared([1, 2, 3], [2.0, 4.0, 6.0])
+        1.0
+        >>> round(r_squared([1, 2, 3], [1.0, 3.0, 2.0]), 2)
+        0.25
+    """
+    intercept, slope = linear_fit(x, y)
+    ys = _as_list(y)
+    my = mean(ys)
+    total = math.fsum((v - my) ** 2 for v in ys)
+    residual = math.fsum((v - (intercept + slope * u)) ** 2 for u, v in zip(_as_list(x), ys))
+    return 1.0 if total == 0.0 else 1.0 - residual / total

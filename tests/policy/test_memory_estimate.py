@@ -82,13 +82,17 @@ def test_model_states_follow_each_backends_sharding():
         "gradients": 4e6,
         "optimizer_state": 8e6,
     }
-    assert model_state_bytes(n, backend="zero2", world_size=4)["optimizer_state"] == 2e6
+    # DeepSpeed: gradients sharded from ZeRO-2 on, and an fp32 master copy beside AdamW's moments.
+    assert model_state_bytes(n, backend="zero2", world_size=4) == {
+        "parameters": 4e6,
+        "gradients": 1e6,
+        "optimizer_state": 3e6,
+    }
+    assert model_state_bytes(n, backend="zero3", world_size=4)["optimizer_state"] == 3e6
     for backend in ("zero3", "fsdp2"):
-        assert model_state_bytes(n, backend=backend, world_size=4) == {
-            "parameters": 1e6,
-            "gradients": 1e6,
-            "optimizer_state": 2e6,
-        }
+        states = model_state_bytes(n, backend=backend, world_size=4)
+        assert states["parameters"] == states["gradients"] == 1e6
+    assert model_state_bytes(n, backend="fsdp2", world_size=4)["optimizer_state"] == 2e6
 
 
 def test_a_batch_that_cannot_fit_is_refused_naming_batch_size(monkeypatch):

@@ -67,6 +67,7 @@ def test_solver_mixin_defaults_and_validation():
         "profiler_per_step": [True],
         "profiler_repeat": [1],
         "profiler_trace_dir": [None],
+        "profiler_memory": [False],
     }
     assert PROFILER_DEFAULTS["profiler_mode"] == "custom"
 

@@ -170,6 +170,32 @@ CASES = {
         [train(extra={**GPU, "gpu_sm_clock_mhz": 1900.0})],
         "no throttle reason reported but SM clock < 80% of max; SM clock median 1200 MHz = 61% of its max",
     ),
+    "fragmentation": (
+        "fragmentation",
+        [train(extra={"mem_fragmentation_pct": 25.0, "mem_reserved_peak_mb": 1250.0, "mem_allocated_peak_mb": 1000.0})],
+        [train(extra={"mem_fragmentation_pct": 4.0, "mem_reserved_peak_mb": 1040.0, "mem_allocated_peak_mb": 1000.0})],
+        "25.0% of the allocated peak (reserved 1250 MB, allocated 1000 MB) (> 10%)",
+    ),
+    "memory-creep": (
+        "memory-creep",
+        [train(extra={"mem_peak_mb": lambda k: 100.0 + 2.0 * k})],
+        [train(extra={"mem_peak_mb": lambda k: 100.0 + 0.01 * (k % 2)})],
+        "the step peak grew from 105.0 MB to 135.0 MB over 19 recorded iterations (+28.6%, > 5%)",
+    ),
+    "memory-rank-imbalance": (
+        "memory-rank-imbalance",
+        [train(extra={"mem_rank_imbalance_pct": 30.0, "mem_worst_rank": 1, "world_size": 2})],
+        [train(extra={"mem_rank_imbalance_pct": 2.0, "mem_worst_rank": 1, "world_size": 2})],
+        "step peaks differ by 30.0% between ranks (> 10%); rank 1 holds the most",
+    ),
+    "sharding-does-not-pay": (
+        "sharding-does-not-pay",
+        [train(params={"backend": "ddp"}, extra={"mem_parameters_mb": 0.88, "mem_gather_buffers_mb": 0.88}),
+         train(params={"backend": "zero3"}, extra={"mem_parameters_mb": 0.44, "mem_gather_buffers_mb": 1908.2})],
+        [train(params={"backend": "ddp"}, extra={"mem_parameters_mb": 8000.0, "mem_gather_buffers_mb": 8000.0}),
+         train(params={"backend": "zero3"}, extra={"mem_parameters_mb": 1000.0, "mem_gather_buffers_mb": 2500.0})],
+        "zero3 holds 0.4 MB less of parameters than ddp (0.4 vs 0.9 MB) but its gather buffers take 1908.2 MB",
+    ),
 }  # fmt: skip
 
 

@@ -3,13 +3,15 @@
 What it estimates: for the config's preset (``pi05`` at its real size included), backend,
 number of ranks and per-rank batch, the bytes per rank at the step's peak by category —
 ``parameters``, ``gradients``, ``optimizer_state`` (each backend's sharding: DDP holds all,
-ZeRO-2 shards the AdamW state, ZeRO-3 and FSDP2 shard all three) and ``activations``
+ZeRO-2 shards gradients and optimizer state, ZeRO-3 and FSDP2 shard all three; DeepSpeed's
+optimizer state holds an fp32 master copy), ``gather_buffers`` (DDP's gradient buckets,
+ZeRO's gradient bucket, ZeRO-3's and FSDP2's gathered parameters) and ``activations``
 (measured by one fake forward of the model's own code: ``FakeTensorMode`` on a meta-device
 model, every tensor autograd saves counted once) — then whether it fits in
 ``--device-memory-gb`` and the largest per-rank batch that does (activations are linear in
 the batch: measured at batch 1 and 2). What it leaves out (docs/distributed.md,
-"Memory before launch"): one operation's temporaries, allocator fragmentation, ZeRO's and
-FSDP2's gather buffers, DataLoader workers and the process's libraries.
+"Memory before launch"): one operation's temporaries, allocator fragmentation, DataLoader
+workers and the process's libraries.
 
 How to run::
 
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _estimate(config, world: int, limit_gb: float | None, json_path: str | None) -> int:
     from scopebench.policy.config import make_config
-    from scopebench.policy.memory import largest_batch, training_memory
+    from scopebench.policy.memory import largest_batch, run_memory
     from scopebench.policy.run.train import model_overrides
     from scopebench.policy.tools import write_json
     from scopebench.train.memory import GB
@@ -75,22 +77,16 @@ def _estimate(config, world: int, limit_gb: float | None, json_path: str | None)
     # The dataset's cameras and chunk; state and action as the preset pads them (the
     # synthetic data's 7 dims are below every preset's).
     model_config = make_config(s.preset, num_cameras=d.num_cameras, chunk_size=d.chunk_size, **model_overrides(s))
-    memory = training_memory(
-        model_config,
-        batch_size=s.batch_size,
-        backend=s.backend,
-        world_size=world,
-        optimizer=not s.no_optim,
-        precision=s.precision,
-    )
+    memory = run_memory(s, model_config, world)
     print(
         f"scopebench estimate-memory: preset={s.preset} ({memory['num_params'] / 1e9:.2f} B parameters) "
         f"backend={s.backend} ranks={world} batch_size={s.batch_size} per rank precision={s.precision}"
     )
-    for key in ("parameters", "gradients", "optimizer_state", "activations"):
+    for key in ("parameters", "gradients", "optimizer_state", "gather_buffers", "activations"):
         print(f"  {key:<16} {memory[key] / GB:10.3f} GB per rank")
     print(
-        f"  {'peak':<16} {memory['peak'] / GB:10.3f} GB per rank (parameters + optimizer_state + max(activations, gradients))"
+        f"  {'peak':<16} {memory['peak'] / GB:10.3f} GB per rank "
+        "(parameters + optimizer_state + gather_buffers + max(activations, gradients))"
     )
     print(f"  activations per sample: {memory['activations_per_sample'] / GB:.4f} GB")
     fits = best = None
@@ -99,9 +95,9 @@ def _estimate(config, world: int, limit_gb: float | None, json_path: str | None)
         best = largest_batch(memory, limit_gb * GB)
         verdict = "fits" if fits else "does NOT fit"
         print(f"  on a {limit_gb:g} GB device: {verdict}; largest per-rank batch that fits: {best}")
-    print("  not counted: temporaries, fragmentation, gather buffers (zero3/fsdp2), workers, libraries")
+    print("  not counted: temporaries, fragmentation, workers, libraries")
     if json_path:
-        keys = ("parameters", "gradients", "optimizer_state", "activations", "peak")
+        keys = ("parameters", "gradients", "optimizer_state", "gather_buffers", "activations", "peak")
         write_json(
             json_path,
             {

@@ -121,6 +121,11 @@ class RankRun:
     def teardown(self) -> None:
         """Release what :meth:`build` made; called on every exit, also after a partial build."""
 
+    def memory_subjects(self) -> dict[str, Any] | None:
+        """What the step trains, for ``profiler_memory``: ``{"model", "optimizer", "engine"}``
+        (:meth:`scopebench.profiler.Profiler.track_memory`); None: nothing to attribute."""
+        return None
+
     def worker_kwargs(self) -> dict[str, Any]:
         """JSON-serialisable keyword arguments that rebuild this run on a spawned rank."""
         return {
@@ -179,6 +184,9 @@ class RankRun:
                 self.profiler_config, device=self.device, name=self.name, output_dir=self.output_dir
             )
             self.profiler.keep_rows |= self.keep_rows
+            subjects = self.memory_subjects() if self.profiler_config.memory else None
+            if subjects:
+                self.profiler.track_memory(**subjects)
             self._stack.callback(self._finalize_profiler)
             barrier()
             self.setup_time_sec = time.perf_counter() - begin

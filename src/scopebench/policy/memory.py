@@ -17,7 +17,7 @@ import torch
 
 from scopebench.policy.config import Pi05Config
 
-__all__ = ["activations_per_sample", "full_batch", "largest_batch", "training_memory"]
+__all__ = ["activations_per_sample", "full_batch", "largest_batch", "run_memory", "training_memory"]
 
 
 def full_batch(config: Pi05Config, batch_size: int) -> dict[str, torch.Tensor]:
@@ -73,15 +73,33 @@ def training_memory(
     world_size: int = 1,
     optimizer: bool = True,
     precision: str = "fp32",
+    units: tuple[str, ...] | None = None,
+    zero: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Per-rank bytes at a training step's peak: ``parameters``, ``gradients``,
-    ``optimizer_state``, ``activations`` and ``peak`` (:func:`scopebench.train.memory.step_peak_bytes`)."""
+    ``optimizer_state``, ``gather_buffers``, ``activations`` and ``peak``
+    (:func:`scopebench.train.memory.step_peak_bytes`).
+
+    Args:
+        units: FSDP2's unit classes (default: :data:`scopebench.train.fsdp.DEFAULT_UNITS`).
+        zero: DeepSpeed settings over :data:`scopebench.train.memory.ZERO_DEFAULTS`.
+    """
     from scopebench.policy.model import Pi05Policy
-    from scopebench.train.memory import model_state_bytes, step_peak_bytes
+    from scopebench.train.fsdp import DEFAULT_UNITS
+    from scopebench.train.memory import gather_buffer_bytes, model_state_bytes, step_peak_bytes
 
     with torch.device("meta"):
-        params = sum(p.numel() for p in Pi05Policy(config).parameters())
-    states = model_state_bytes(params, backend=backend, world_size=world_size, optimizer=optimizer)
+        model = Pi05Policy(config)
+    params = sum(p.numel() for p in model.parameters())
+    states = model_state_bytes(params, backend=backend, world_size=world_size, optimizer=optimizer, precision=precision)
+    states["gather_buffers"] = gather_buffer_bytes(
+        model,
+        backend=backend,
+        world_size=world_size,
+        precision=precision,
+        units=tuple(units or DEFAULT_UNITS),
+        zero=zero,
+    )
     slope, intercept = activations_per_sample(config, precision)
     activations = intercept + slope * batch_size
     return {
@@ -92,6 +110,23 @@ def training_memory(
         "activations_fixed": intercept,
         "peak": step_peak_bytes(states, activations),
     }
+
+
+def run_memory(settings: Any, config: Pi05Config, world_size: int, batch_size: int | None = None) -> dict[str, Any]:
+    """:func:`training_memory` of a run's :class:`~scopebench.policy.settings.TrainSettings`
+    (backend, precision, optimizer, FSDP2 units of its accelerate file) on ``world_size`` ranks."""
+    from scopebench.policy.run.train import resolve_accelerate_file
+
+    file = resolve_accelerate_file(settings)
+    return training_memory(
+        config,
+        batch_size=settings.batch_size if batch_size is None else batch_size,
+        backend=settings.backend,
+        world_size=world_size,
+        optimizer=not settings.no_optim,
+        precision=settings.precision,
+        units=file.fsdp.units if file.fsdp is not None else None,
+    )
 
 
 def largest_batch(memory: dict[str, Any], limit_bytes: float) -> int:
@@ -107,7 +142,7 @@ def largest_batch(memory: dict[str, Any], limit_bytes: float) -> int:
     >>> largest_batch(m, 15.0)  # weights, AdamW state and gradients alone do not fit
     0
     """
-    fixed = memory["parameters"] + memory["optimizer_state"]
+    fixed = memory["parameters"] + memory["optimizer_state"] + memory.get("gather_buffers", 0.0)
     slope = memory["activations_per_sample"]
     if fixed + memory["gradients"] > limit_bytes or slope <= 0:
         return 0

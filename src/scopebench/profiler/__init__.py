@@ -57,6 +57,7 @@ def create_profiler(
     per_step: bool = True,
     repeat: int = 1,
     trace_dir: str | Path | None = None,
+    memory: bool = False,
     *,
     output_dir: str | Path = "outputs",
 ) -> Profiler:
@@ -72,6 +73,8 @@ def create_profiler(
         per_step: torch backend: a profiler cycle per iteration (else one scheduled cycle).
         repeat: torch scheduled mode: number of cycles (0: forever).
         trace_dir: torch scheduled mode: directory of the Chrome trace.
+        memory: Memory by category per region (:mod:`scopebench.profiler.memory`), once told
+            the model and optimizer (:meth:`Profiler.track_memory`).
         output_dir: Directory of the per-rank CSV files (a benchmark's ``outputs/``).
     """
     config = ProfilerConfig(
@@ -82,5 +85,6 @@ def create_profiler(
         per_step=per_step,
         repeat=repeat,
         trace_dir=trace_dir,
+        memory=memory,
     )
     return profiler_from_config(config, device=device, name=name, output_dir=output_dir)

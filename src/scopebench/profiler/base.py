@@ -49,6 +49,7 @@ from scopebench.distributed.reduce import broadcast_flag, gather_objects, world
 from scopebench.profiler.config import ProfilerConfig
 from scopebench.profiler.device import DeviceOps
 from scopebench.profiler.files import METRICS_FILE, new_run_id, run_name, write_csv
+from scopebench.profiler.memory import cross_rank_memory
 
 __all__ = ["Profiler", "reduce_across_ranks"]
 
@@ -101,14 +102,18 @@ class _Region:
         prof = self.prof
         if prof._recording:
             self.token = prof._enter_region(self.name)
+            if prof._memory is not None:
+                prof._memory.enter_region(self.name)
             self.start = time.perf_counter()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self.start is not None:
             prof = self.prof
             prof._exit_region(self.name, self.token)  # on CUDA: the synchronisation the region waits for
             wall = prof._region_wall
             wall[self.name] = wall.get(self.name, 0.0) + time.perf_counter() - self.start
+            if prof._memory is not None:  # an OOM (exc): the snapshot, then a named error
+                prof._memory.exit_region(self.name, exc)
 
 
 class Profiler:
@@ -159,6 +164,8 @@ class Profiler:
         self.sampler: Any = None
         self._sample_mark = 0
         self._rank_pgids: set[int] | None = None
+        #: ``profiler_memory``'s per-region breakdown, once :meth:`track_memory` was called.
+        self._memory: Any = None
 
     # -- public API ----------------------------------------------------------------
     @property
@@ -182,6 +189,18 @@ class Profiler:
             self._ensure_begun()
         return _Region(self, name)
 
+    def track_memory(self, model: Any, optimizer: Any = None, engine: Any = None) -> None:
+        """What the step trains, for ``profiler_memory`` (called once, after building; a no-op
+        when ``profiler_memory`` is off). ``engine``: DeepSpeed's engine under ZeRO."""
+        if not self.config.memory or self._memory is not None:
+            return
+        from scopebench.profiler.memory import MemoryTracking
+
+        def where():  # the snapshot's folder (the traces' when set, else the CSV files') and stem
+            return Path(self.config.trace_dir or self.output_dir), run_name(self.name, self._run_id, self.rank)
+
+        self._memory = MemoryTracking(self.device, model, optimizer, engine, self.ops.cuda_module(), where)
+
     def end_iteration(self) -> None:
         """Close the current iteration; its metrics become :meth:`get_current_metrics`."""
         if not self._begun:
@@ -201,6 +220,8 @@ class Profiler:
         metrics.update(self._iteration_metrics(i, total))
         if self.sampler is not None:
             metrics.update(self.sampler.window(self._sample_mark, total))
+        if self._memory is not None:
+            metrics.update(self._memory.iteration_metrics())
         if self.reports_overhead:
             metrics["profiler_overhead_sec"] = self._overhead_sec + (time.perf_counter() - stop)
         self.recorded += 1
@@ -266,6 +287,8 @@ class Profiler:
         if self.sampler is not None:
             self.sampler.stop()
         self._finish()
+        if self._memory is not None:
+            self.files.extend(self._memory.close())
         if self.config.save_file and self.rows:
             stem = run_name(self.name, self._run_id, self.rank)
             path = self.output_dir / METRICS_FILE.format(run_name=stem)
@@ -306,6 +329,8 @@ class Profiler:
             if self.sampler is None:
                 self._start_sampler()
             self._start_iteration(self.iteration)
+            if self._memory is not None:
+                self._memory.start_iteration()
             ops = self.ops
             if ops.is_cuda:
                 ops.synchronize()
@@ -333,6 +358,8 @@ class Profiler:
         """The loop stopped before the body ran: discard the begun iteration."""
         if self._begun and self._recording:
             self._discard_iteration(self.iteration)
+            if self._memory is not None:
+                self._memory.stop()
         self._begun = False
 
     def _record(self, i: int, metrics: dict[str, Any]) -> None:
@@ -355,6 +382,8 @@ class Profiler:
         current.update(self._cross_rank_metrics(per_rank))
         if self.sampler is not None:
             current.update(self.sampler.cross_rank(per_rank))
+        if self._memory is not None:
+            current.update(cross_rank_memory(per_rank))
         if self.reports_overhead:
             # The slowest rank's own overhead, plus the gather and reduction rank 0 waited for.
             current["profiler_overhead_sec"] += time.perf_counter() - start

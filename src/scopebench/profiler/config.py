@@ -1,4 +1,4 @@
-"""Validated profiler settings and the seven ``profiler_*`` solver parameters."""
+"""Validated profiler settings and the eight ``profiler_*`` solver parameters."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ PROFILER_DEFAULTS: dict[str, Any] = {
     "profiler_per_step": True,
     "profiler_repeat": 1,
     "profiler_trace_dir": None,
+    "profiler_memory": False,
 }
 
 
@@ -86,6 +87,10 @@ class ProfilerConfig:
     trace_dir: Path | None = field(default=None)
     """torch scheduled mode: directory of the Chrome traces ``<run-name>.pt.trace.json``
     (``<run-name>`` as in the CSV names: unique per run and rank)."""
+    memory: bool = False
+    """Memory by category at each region's peak, per rank (:mod:`scopebench.profiler.memory`);
+    on CUDA also the allocator's peaks and a memory snapshot per rank. Off by default: the
+    tracking has a cost, reported as ``profiler_memory_overhead_sec``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", normalize_mode(self.mode))
@@ -98,6 +103,11 @@ class ProfilerConfig:
             from scopebench.profiler.sampler import sampler_period
 
             sampler_period()
+        flag("profiler_memory", self.memory)
+        if self.memory and self.mode == "null":
+            raise ValueError(
+                "profiler_memory=true needs a recording profiler_mode (custom, torch or nvidia), got profiler_mode='null'"
+            )
         if self.trace_dir is not None:
             if self.mode != "torch":
                 raise ValueError(

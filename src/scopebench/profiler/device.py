@@ -37,6 +37,15 @@ class DeviceOps:
         self.device = torch.device(device) if not isinstance(device, torch.device) else device
         self.is_cuda = self.device.type == "cuda" and torch.cuda.is_available()
 
+    def cuda_module(self) -> Any:
+        """``torch.cuda`` when this device is a CUDA device, else None (what memory tracking
+        reads allocator statistics from)."""
+        if not self.is_cuda:
+            return None
+        import torch
+
+        return torch.cuda
+
     def synchronize(self) -> None:
         if self.is_cuda:
             import torch

@@ -1,4 +1,4 @@
-"""Solver-side glue: the seven ``profiler_*`` parameters and the profiler handle, without importing benchopt.
+"""Solver-side glue: the eight ``profiler_*`` parameters and the profiler handle, without importing benchopt.
 
 Every solver of the suite mixes in :class:`ProfiledSolverMixin`, drives a run object
 (:class:`scopebench.distributed.run.RankRun`) started by
@@ -87,7 +87,7 @@ class ProfiledSolverMixin:
         return (True, str(reason)) if reason else (False, None)
 
     def profiler_kwargs(self) -> dict[str, Any]:
-        """The seven ``profiler_*`` values of this solver, as plain keyword arguments."""
+        """The eight ``profiler_*`` values of this solver, as plain keyword arguments."""
         return {key: getattr(self, key, default) for key, default in PROFILER_DEFAULTS.items()}
 
     def validate_profiler(self, output_dir: str | Path | None = None) -> ProfilerConfig:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from scopebench import stats
+from scopebench.report import memory_rules
 from scopebench.report.backend_comparison import backend_comparisons, config_backend
 from scopebench.report.host_rules import contended, gpu_throttled, low_gpu_utilisation
 from scopebench.report.results import LAYOUT_PARAMS, Configuration
@@ -337,6 +338,9 @@ RULES: tuple[Callable[[Configuration, list[Configuration]], list[Finding]], ...]
     low_gpu_utilisation,
     gpu_throttled,
 )
+# profiler_memory's rules (scopebench.report.memory_rules).
+RULES += (memory_rules.fragmentation, memory_rules.memory_creep, memory_rules.memory_rank_imbalance)
+RULES += (memory_rules.sharding_does_not_pay,)
 
 
 def diagnose(config: Configuration, others: list[Configuration]) -> list[Finding]:

@@ -77,7 +77,9 @@ def training_memory_check(settings: TrainSettings, processes: int = 1, world_siz
         return
     with torch.device("meta"):
         params = make_policy(settings.preset).num_params()
-    states = model_state_bytes(params, backend=settings.backend, world_size=world_size, optimizer=not settings.no_optim)
+    states = model_state_bytes(
+        params, backend=settings.backend, world_size=world_size, optimizer=not settings.no_optim, precision="fp32"
+    )
     what = f"{params / 1e9:.2f} B parameters x {sum(states.values()) / params:g} bytes: fp32 weights, gradients"
     what += "" if settings.no_optim else " and AdamW state"
     what += "" if settings.backend == "ddp" else f" ({settings.backend} over {world_size} rank(s))"
@@ -86,17 +88,12 @@ def training_memory_check(settings: TrainSettings, processes: int = 1, world_siz
     check_memory_fits("preset", settings.preset, needed_bytes=int(sum(states.values())), what=what, **check)
     if config is None:
         return
-    from scopebench.policy.memory import training_memory
+    from scopebench.policy.memory import run_memory
 
-    peak = training_memory(
-        config,
-        batch_size=settings.batch_size,
-        backend=settings.backend,
-        world_size=world_size,
-        optimizer=not settings.no_optim,
-    )
+    peak = run_memory(settings, config, world_size)
+    held = peak["parameters"] + peak["optimizer_state"] + peak["gather_buffers"]
     what = (
-        f"the step's peak: {(peak['parameters'] + peak['optimizer_state']) / GB:.1f} GB of weights and AdamW state "
+        f"the step's peak: {held / GB:.1f} GB of weights, optimizer state and gather buffers "
         f"and {peak['activations'] / GB:.1f} GB of activations for {settings.batch_size} samples per rank, "
         "measured by a fake forward"
     )
@@ -320,6 +317,12 @@ class PolicyTrainRun(RankRun):
 
     def step(self, profiler: Any) -> None:
         self.work(profiler)
+
+    def memory_subjects(self) -> dict[str, Any] | None:
+        """The prepared model, its optimizer and DeepSpeed's engine (``profiler_memory``)."""
+        if self.task != "train":
+            return None
+        return {"model": self.work.model, "optimizer": self.work.optimizer, "engine": self.work.engine}
 
     def teardown(self) -> None:
         from scopebench.train import release_accelerator

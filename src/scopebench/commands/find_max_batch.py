@@ -1,0 +1,112 @@
+"""The largest per-rank batch that runs a full training step (forward, backward, optimizer).
+
+What it does: real trials of the config's training step (:mod:`scopebench.policy.max_batch`)
+at batches 1, 2, 4... then bisecting, each trial two steps with ``profiler_memory`` and
+everything freed after it. On CUDA a batch fits unless it raises ``torch.OutOfMemoryError``
+(with ``--memory-gb``, also when its peak exceeds that); on a CPU, which swaps instead of
+raising, ``--memory-gb`` is required and a batch fits when its measured step peak (worst rank)
+is within it. The dataset caps the batch (every rank needs a full batch).
+
+How to run::
+
+    scopebench find-max-batch --config configs/policy/small.yml --backend fsdp2 --nproc 2
+    scopebench find-max-batch --config configs/policy/tiny.yml --memory-gb 0.006 --json outputs/max_batch.json
+
+Output: one line per trial (batch, peak by category in MiB, fits or not), then the largest
+batch and its margin. JSON (``--json``): ``tool`` ("find-max-batch"), ``config``, ``preset``,
+``backend``, ``world_size``, ``device``, ``memory_gb``, ``limit``, ``largest_batch``,
+``margin_mb``, ``trials`` (``batch``, ``fits``, ``peak_mb``, ``categories_mb``,
+``reserved_mb``, ``note``).
+
+Exit status: 2 with one line for a refused input, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "largest per-rank batch whose training step fits (real trials: doubling, then bisecting)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from scopebench.commands._policy_options import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--backend", default=None, help="ddp, zero2, zero3 or fsdp2 (default: the config's)")
+    parser.add_argument("--nproc", type=int, default=None, help="ranks (default: the config's nproc_per_node)")
+    parser.add_argument("--memory-gb", type=float, default=None, help="memory of one rank (GB, 1e9 bytes)")
+    parser.add_argument("--max-batch", type=int, default=None, help="largest batch to try (default: the dataset's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from scopebench.policy.tools import check_json_path, load_config
+    from scopebench.validate import integer, number, optional
+
+    try:
+        flags = {"backend": args.backend, "nproc_per_node": args.nproc}
+        config = load_config(args, flags=flags)
+        memory_gb = optional(number, "--memory-gb", args.memory_gb, low=0, low_open=True)
+        max_batch = optional(integer, "--max-batch", args.max_batch, low=1)
+        check_json_path("--json", args.json)
+        from scopebench.distributed.device import resolve_device
+
+        device = resolve_device(config.train.device)
+        if device.type != "cuda" and memory_gb is None:
+            raise ValueError(
+                f"--memory-gb is required on {device.type}: a CPU swaps instead of raising an out-of-memory error, "
+                "so a batch fits when its measured peak is within --memory-gb"
+            )
+        return _search(config, device, memory_gb, max_batch, args.json)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"scopebench find-max-batch: {err}", file=sys.stderr)
+        return 2
+
+
+def _search(config, device, memory_gb, max_batch, json_path) -> int:
+    import tempfile
+
+    import torch
+
+    from scopebench.policy.dataset import RobotDataset
+    from scopebench.policy.max_batch import StepTrial, run_steps, search
+    from scopebench.policy.tools import write_json
+
+    s, d = config.train, config.dataset
+    root = d.materialize()
+    world = s.nproc_per_node
+    limit = len(RobotDataset(root, chunk_size=d.chunk_size)) // world
+    limit = min(limit, max_batch) if max_batch else limit
+    budget = None if memory_gb is None else memory_gb * 1e9 / 2**20
+    print(
+        f"scopebench find-max-batch: preset={s.preset} backend={s.backend} ranks={world} device={device.type} "
+        + (f"budget {memory_gb:g} GB per rank" if memory_gb else "until torch.OutOfMemoryError")
+        + f"; batches up to {limit}"
+    )
+    with tempfile.TemporaryDirectory(prefix="scopebench_max_batch_") as tmp:
+        steps = run_steps(s, dataset_root=str(root), chunk_size=d.chunk_size, output_dir=tmp)
+        trial = StepTrial(steps, budget, torch.cuda if device.type == "cuda" else None)
+        best, trials = search(trial, limit=limit, report=lambda t: print("  " + t.line(), flush=True))
+    last = next((t for t in reversed(trials) if t.batch == best and t.fits), None)
+    margin = trial.margin_mb(last) if last else None
+    margin_text = "" if margin is None else f" (margin {margin:.1f} MiB)"
+    print(f"largest per-rank batch: {best}{margin_text}" + (" (the dataset's limit)" if best == limit else ""))
+    if json_path:
+        write_json(
+            json_path,
+            {
+                "tool": "find-max-batch",
+                "config": config.source,
+                "preset": s.preset,
+                "backend": s.backend,
+                "world_size": world,
+                "device": device.type,
+                "memory_gb": memory_gb,
+                "limit": limit,
+                "largest_batch": best,
+                "margin_mb": margin,
+                "trials": [t.__dict__ for t in trials],
+            },
+        )
+        print(f"wrote {json_path}")
+    return 0

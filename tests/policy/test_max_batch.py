@@ -1,0 +1,92 @@
+"""``find-max-batch``: real trials on the CPU against a budget; the CUDA path with injected OOMs."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from scopebench.cli import main
+from scopebench.policy.max_batch import StepTrial, run_steps, search
+from scopebench.profiler.device import MB
+
+from .conftest import TINY
+
+BUDGET_GB = 0.006  # tiny, one process: batch 3 peaks at about 5.7 MiB, batch 4 at 6.7 MiB
+
+
+def test_on_cpu_the_batch_found_fits_and_its_double_does_not(tmp_path, robot_data, capsys):
+    out = tmp_path / "max_batch.json"
+    args = ["find-max-batch", "--config", TINY, "--memory-gb", str(BUDGET_GB), "--json", str(out)]
+    assert main([*args, f"--dataset.cache_dir={robot_data[0].cache_dir}", "--find_unused_params=false"]) == 0
+    text = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    best, budget_mb = report["largest_batch"], BUDGET_GB * 1e9 / MB
+    assert best >= 1 and f"largest per-rank batch: {best}" in text
+    trials = {t["batch"]: t for t in report["trials"]}
+    assert trials[best]["fits"] and trials[best]["peak_mb"] <= budget_mb
+    assert all(f"batch {b}: peak" in text for b in trials)  # every trial printed
+    double = trials.get(2 * best)
+    if double is None:  # the search stopped below it: measure it the same way
+        from scopebench.policy.settings import load_run_config
+
+        config = load_run_config(TINY, [("find_unused_params", False), ("dataset.cache_dir", robot_data[0].cache_dir)])
+        steps = run_steps(config.train, dataset_root=str(robot_data[1]), chunk_size=8, output_dir=str(tmp_path))
+        double = StepTrial(steps, budget_mb)(2 * best).__dict__
+    assert not double["fits"] and double["peak_mb"] > budget_mb
+
+
+def test_on_cpu_a_budget_is_required(capsys):
+    assert main(["find-max-batch", "--config", TINY]) == 2
+    assert "--memory-gb is required on cpu" in capsys.readouterr().err
+
+
+class Cuda:
+    """``torch.cuda`` as a trial uses it: the cache emptied after each trial, the device's memory."""
+
+    def __init__(self) -> None:
+        self.emptied = 0
+
+    def empty_cache(self) -> None:
+        self.emptied += 1
+
+    def current_device(self) -> int:
+        return 0
+
+    def get_device_properties(self, index: int):
+        return SimpleNamespace(total_memory=200 * 2**20)
+
+
+def test_on_cuda_trials_double_then_bisect_until_out_of_memory():
+    """A step that allocates 10 MiB per sample on a 200 MiB device raises above batch 13."""
+    seen = []
+
+    def steps(batch: int) -> dict:
+        seen.append(batch)
+        if batch > 13:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {batch * 10} MiB")
+        return {
+            "mem_peak_mb": 10.0 * batch,
+            "mem_reserved_peak_mb": 10.0 * batch + 5,
+            "mem_activations_mb": 8.0 * batch,
+        }
+
+    cuda = Cuda()
+    trial = StepTrial(steps, cuda=cuda)
+    lines = []
+    best, trials = search(trial, limit=1000, report=lambda t: lines.append(t.line()))
+    assert best == 13 and seen == [1, 2, 4, 8, 16, 12, 14, 13]
+    assert cuda.emptied == len(seen)  # everything freed between trials, after an OOM too
+    assert [t.fits for t in trials] == [True, True, True, True, False, True, False, True]
+    assert "batch 16: no peak does NOT fit (out of memory: CUDA out of memory" in lines[4]
+    assert trial.margin_mb(trials[-1]) == pytest.approx(200 - 135)  # the device less the reserved peak
+
+
+def test_an_error_other_than_out_of_memory_propagates():
+    def steps(batch: int) -> dict:
+        raise RuntimeError("NCCL error: unhandled system error")
+
+    with pytest.raises(RuntimeError, match="NCCL error"):
+        StepTrial(steps, cuda=Cuda())(4)
