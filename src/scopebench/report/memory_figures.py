@@ -188,7 +188,9 @@ def trials_fit(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _line_name(f: dict[str, Any]) -> str:
-    return f"{f['fixed_mb']:.1f} + {f['per_sample_mb']:.2f} MiB x batch (R² {f['r2']:.3f})"
+    return (
+        f"{f['fixed_mb']:.1f} + {f['per_sample_mb']:.2f} MiB x batch (R² {f['r2']:.3f}, {len(set(f['batch']))} batches)"
+    )
 
 
 def _line_end(f: dict[str, Any]) -> float:
