@@ -18,13 +18,15 @@ BUDGET_GB = 0.006  # tiny, one process: batch 3 peaks at about 5.7 MiB, batch 4 
 
 
 def test_on_cpu_the_batch_found_fits_and_its_double_does_not(tmp_path, robot_data, capsys):
-    out = tmp_path / "max_batch.json"
-    args = ["find-max-batch", "--config", TINY, "--memory-gb", str(BUDGET_GB), "--json", str(out)]
+    out, png = tmp_path / "max_batch.json", tmp_path / "max_batch.png"
+    args = ["find-max-batch", "--config", TINY, "--memory-gb", str(BUDGET_GB), "--json", str(out), "--png", str(png)]
     assert main([*args, f"--dataset.cache_dir={robot_data[0].cache_dir}", "--find_unused_params=false"]) == 0
     text = capsys.readouterr().out
     report = json.loads(out.read_text())
     best, budget_mb = report["largest_batch"], BUDGET_GB * 1e9 / MB
     assert best >= 1 and f"largest per-rank batch: {best}" in text
+    assert report["limit_mb"] == pytest.approx(budget_mb)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in text
     trials = {t["batch"]: t for t in report["trials"]}
     assert trials[best]["fits"] and trials[best]["peak_mb"] <= budget_mb
     assert all(f"batch {b}: peak" in text for b in trials)  # every trial printed
@@ -82,6 +84,29 @@ def test_on_cuda_trials_double_then_bisect_until_out_of_memory():
     assert [t.fits for t in trials] == [True, True, True, True, False, True, False, True]
     assert "batch 16: no peak does NOT fit (out of memory: CUDA out of memory" in lines[4]
     assert trial.margin_mb(trials[-1]) == pytest.approx(200 - 135)  # the device less the reserved peak
+
+
+def test_the_trials_picture_reads_the_largest_batch_off_their_line(tmp_path, capsys):
+    """The trials of the search above as find-max-batch's JSON: line, limit, OOM trials, found batch."""
+    from scopebench.commands.find_max_batch import write_png
+    from scopebench.report.memory_figures import trials_fit
+
+    def steps(batch: int) -> dict:
+        if batch > 13:  # the real device runs out of memory before the line reaches the limit
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return {"mem_peak_mb": 20.0 + 10.0 * batch, "mem_reserved_peak_mb": 25.0 + 10.0 * batch}
+
+    trial = StepTrial(steps, cuda=Cuda())
+    best, trials = search(trial, limit=1000, report=lambda t: None)
+    payload = {"preset": "tiny", "backend": "ddp", "world_size": 1, "device": "cuda", "largest_batch": best,
+               "limit_mb": trial.limit_mb(), "trials": [t.__dict__ for t in trials]}  # fmt: skip
+    fit = trials_fit(payload)
+    assert fit["limit_mb"] == 200.0 and fit["batch"] == [1, 2, 4, 8, 12, 13] and fit["oom_batches"] == [16, 14]
+    assert fit["fixed_mb"] == pytest.approx(20.0) and fit["per_sample_mb"] == pytest.approx(10.0)
+    assert fit["largest_batch"] == 18 and fit["found_batch"] == 13  # 20 + 10 x 18 = 200
+    png = write_png(payload, tmp_path / "trials.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert "keeps batch 18 within the limit" in capsys.readouterr().out
 
 
 def test_an_error_other_than_out_of_memory_propagates():

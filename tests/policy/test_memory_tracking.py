@@ -143,6 +143,9 @@ def test_rank_zero_reports_the_worst_rank(two_ranks):
     peaks = [rank_facts["fsdp2/4"]["local"]["mem_peak_mb"] for rank_facts in two_ranks]
     assert reduced["mem_peak_mb"] == max(peaks) and reduced["mem_worst_rank"] == peaks.index(max(peaks))
     assert [reduced["mem_peak_mb_rank0"], reduced["mem_peak_mb_rank1"]] == peaks
+    for rank, rank_facts in enumerate(two_ranks):  # each rank's breakdown, for the report's bars per rank
+        local = rank_facts["fsdp2/4"]["local"]
+        assert [reduced[f"mem_{c}_mb_rank{rank}"] for c in CATEGORIES] == [local[f"mem_{c}_mb"] for c in CATEGORIES]
     assert reduced["mem_rank_imbalance_pct"] == pytest.approx((max(peaks) - min(peaks)) / max(peaks) * 100)
 
 

@@ -10,13 +10,17 @@ is within it. The dataset caps the batch (every rank needs a full batch).
 How to run::
 
     scopebench find-max-batch --config configs/policy/small.yml --backend fsdp2 --nproc 2
-    scopebench find-max-batch --config configs/policy/tiny.yml --memory-gb 0.006 --json outputs/max_batch.json
+    scopebench find-max-batch --config configs/policy/tiny.yml --memory-gb 0.006 --json outputs/max_batch.json \
+        --png outputs/max_batch.png
 
 Output: one line per trial (batch, peak by category in MiB, fits or not), then the largest
 batch and its margin. JSON (``--json``): ``tool`` ("find-max-batch"), ``config``, ``preset``,
-``backend``, ``world_size``, ``device``, ``memory_gb``, ``limit``, ``largest_batch``,
-``margin_mb``, ``trials`` (``batch``, ``fits``, ``peak_mb``, ``categories_mb``,
-``reserved_mb``, ``note``).
+``backend``, ``world_size``, ``device``, ``memory_gb``, ``limit``, ``limit_mb`` (the budget,
+else the CUDA device's memory, MiB), ``largest_batch``, ``margin_mb``, ``trials`` (``batch``,
+``fits``, ``peak_mb``, ``categories_mb``, ``reserved_mb``, ``note``). PNG (``--png``): the
+trials' peaks against the batch, their least-squares line, the limit and the largest batch
+read off the line beside the one the trials found (the report's memory-against-batch
+picture, :func:`scopebench.report.memory_figures.batch_figure`).
 
 Exit status: 2 with one line for a refused input, else 0.
 """
@@ -37,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, default=None, help="ranks (default: the config's nproc_per_node)")
     parser.add_argument("--memory-gb", type=float, default=None, help="memory of one rank (GB, 1e9 bytes)")
     parser.add_argument("--max-batch", type=int, default=None, help="largest batch to try (default: the dataset's)")
+    parser.add_argument("--png", default=None, help="also draw the trials, their line and the limit into this PNG")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         memory_gb = optional(number, "--memory-gb", args.memory_gb, low=0, low_open=True)
         max_batch = optional(integer, "--max-batch", args.max_batch, low=1)
         check_json_path("--json", args.json)
+        check_json_path("--png", args.png)
         from scopebench.distributed.device import resolve_device
 
         device = resolve_device(config.train.device)
@@ -57,13 +63,13 @@ def run(args: argparse.Namespace) -> int:
                 f"--memory-gb is required on {device.type}: a CPU swaps instead of raising an out-of-memory error, "
                 "so a batch fits when its measured peak is within --memory-gb"
             )
-        return _search(config, device, memory_gb, max_batch, args.json)
+        return _search(config, device, memory_gb, max_batch, args.json, args.png)
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench find-max-batch: {err}", file=sys.stderr)
         return 2
 
 
-def _search(config, device, memory_gb, max_batch, json_path) -> int:
+def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
     import tempfile
 
     import torch
@@ -91,22 +97,35 @@ def _search(config, device, memory_gb, max_batch, json_path) -> int:
     margin = trial.margin_mb(last) if last else None
     margin_text = "" if margin is None else f" (margin {margin:.1f} MiB)"
     print(f"largest per-rank batch: {best}{margin_text}" + (" (the dataset's limit)" if best == limit else ""))
+    payload = {
+        "tool": "find-max-batch",
+        "config": config.source,
+        "preset": s.preset,
+        "backend": s.backend,
+        "world_size": world,
+        "device": device.type,
+        "memory_gb": memory_gb,
+        "limit": limit,
+        "limit_mb": trial.limit_mb(),
+        "largest_batch": best,
+        "margin_mb": margin,
+        "trials": [t.__dict__ for t in trials],
+    }
     if json_path:
-        write_json(
-            json_path,
-            {
-                "tool": "find-max-batch",
-                "config": config.source,
-                "preset": s.preset,
-                "backend": s.backend,
-                "world_size": world,
-                "device": device.type,
-                "memory_gb": memory_gb,
-                "limit": limit,
-                "largest_batch": best,
-                "margin_mb": margin,
-                "trials": [t.__dict__ for t in trials],
-            },
-        )
+        write_json(json_path, payload)
         print(f"wrote {json_path}")
+    if png_path:
+        print(f"wrote {write_png(payload, png_path)}")
     return 0
+
+
+def write_png(payload: dict, path: str):
+    """Draw a find-max-batch result (its JSON ``payload``) into the PNG ``path``; returns it."""
+    from scopebench.report.memory_figures import batch_figure, trials_fit
+    from scopebench.report.plots import save_png
+
+    fit = trials_fit(payload)
+    if fit["largest_batch"] is not None:
+        print(f"the line through the trials (R² {fit['r2']:.3f}) keeps batch {fit['largest_batch']} within the limit")
+    title = f"find-max-batch {payload['preset']} {payload['backend']} x{payload['world_size']} ({payload['device']})"
+    return save_png(batch_figure([fit], title), path)

@@ -126,17 +126,19 @@ class StepTrial:
         note = "" if self.budget_mb is None else f"budget {self.budget_mb:.1f} MiB"
         return Trial(batch, fits, peak, categories, reserved, note)
 
-    def margin_mb(self, trial: Trial) -> float | None:
-        """What is left at ``trial``'s peak: the budget, else the device's memory, minus the
-        peak (reserved on CUDA)."""
-        used = trial.reserved_mb if trial.reserved_mb is not None else trial.peak_mb
-        if used is None:
-            return None
+    def limit_mb(self) -> float | None:
+        """The memory a trial must fit in (MiB): the budget, else the CUDA device's, else None."""
         if self.budget_mb is not None:
-            return self.budget_mb - used
+            return self.budget_mb
         if self.cuda is not None:
-            return self.cuda.get_device_properties(self.cuda.current_device()).total_memory / 2**20 - used
+            return self.cuda.get_device_properties(self.cuda.current_device()).total_memory / 2**20
         return None
+
+    def margin_mb(self, trial: Trial) -> float | None:
+        """What is left at ``trial``'s peak: :meth:`limit_mb` minus the peak (reserved on CUDA)."""
+        used = trial.reserved_mb if trial.reserved_mb is not None else trial.peak_mb
+        limit = self.limit_mb()
+        return None if used is None or limit is None else limit - used
 
 
 def run_steps(settings: Any, *, dataset_root: str, chunk_size: int, output_dir: str) -> Callable[[int], dict]:

@@ -34,7 +34,8 @@ allocated over the allocated peak), ``num_alloc_retries`` and ``num_ooms`` (the 
 counters since the process started); and ``profiler_memory_overhead_sec``: the tracker's own
 bookkeeping during the step (every operation's accounting, every module hook, entering and
 leaving), timed inside it. Across ranks (:func:`cross_rank_memory`) rank 0 reports the worst
-rank's breakdown, each rank's ``mem_peak_mb_rank<r>`` and ``mem_rank_imbalance_pct``.
+rank's breakdown, each rank's ``mem_peak_mb_rank<r>`` and ``mem_<category>_mb_rank<r>`` (at
+that rank's step peak: the report's bars per rank) and ``mem_rank_imbalance_pct``.
 """
 
 from __future__ import annotations
@@ -274,14 +275,17 @@ class MemoryTracking:
 
 def cross_rank_memory(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """Rank 0's memory columns from every rank's: the worst rank's breakdown (so its categories
-    add up), ``mem_worst_rank``, ``mem_peak_mb_rank<r>`` and ``mem_rank_imbalance_pct``
-    (``(max - min) / max x 100`` of the ranks' step peaks).
+    add up), ``mem_worst_rank``, ``mem_peak_mb_rank<r>``, each rank's step breakdown
+    ``mem_<category>_mb_rank<r>`` and ``mem_rank_imbalance_pct`` (``(max - min) / max x 100``
+    of the ranks' step peaks).
 
     :Examples:
         >>> out = cross_rank_memory([{"mem_peak_mb": 8.0, "mem_activations_mb": 5.0},
         ...                          {"mem_peak_mb": 10.0, "mem_activations_mb": 4.0}])
         >>> out["mem_worst_rank"], out["mem_activations_mb"], out["mem_rank_imbalance_pct"]
         (1, 4.0, 20.0)
+        >>> out["mem_activations_mb_rank0"], out["mem_activations_mb_rank1"]
+        (5.0, 4.0)
     """
     peaks = [row.get("mem_peak_mb") for row in per_rank]
     if any(p is None for p in peaks):
@@ -291,6 +295,9 @@ def cross_rank_memory(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     out["mem_worst_rank"] = worst
     for rank, peak in enumerate(peaks):
         out[f"mem_peak_mb_rank{rank}"] = peak
+        for key in CATEGORIES:
+            if f"mem_{key}_mb" in per_rank[rank]:
+                out[f"mem_{key}_mb_rank{rank}"] = per_rank[rank][f"mem_{key}_mb"]
     top = max(peaks)
     out["mem_rank_imbalance_pct"] = (top - min(peaks)) / top * 100.0 if top > 0 else 0.0
     return out

@@ -116,15 +116,20 @@ def _remove_previous(out_dir: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def build_report(paths: list[str | Path], out_dir: str | Path | None = None) -> Report:
+def build_report(paths: list[str | Path], out_dir: str | Path | None = None, memory_gb: float | None = None) -> Report:
     """Write the PNGs, ``report.html``, ``report.txt`` and ``report.json`` of some results.
 
     Args:
         paths: Parquet files or folders of them.
         out_dir: Output folder; default ``report/`` beside the first results file.
+        memory_gb: One rank's device memory (GB, 1e9 bytes): the limit drawn on memory against
+            batch size, and the largest batch its line keeps within it.
     """
     from scopebench.report.html import render_html
+    from scopebench.report.memory_figures import batch_fits
     from scopebench.report.plots import write_pngs
+
+    limit_mb = None if memory_gb is None else memory_gb * 1e9 / 2**20
 
     results = read(paths)
     out = Path(out_dir) if out_dir is not None else results.files[0].parent / "report"
@@ -135,7 +140,7 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None) -> 
     text = summarize_results(results, findings)
     pngs = []
     for title, configs in results.groups.items():
-        pngs += write_pngs(configs, title, out)
+        pngs += write_pngs(configs, title, out, limit_mb)
     comparisons = {title: backend_comparisons(configs) for title, configs in results.groups.items()}
     sections = [
         {
@@ -148,7 +153,7 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None) -> 
         for title, configs in results.groups.items()
     ]
     unmatched = [text for group, text in results.timeouts if group is None]
-    page = render_html(sections, [str(f) for f in results.files], unmatched)
+    page = render_html(sections, [str(f) for f in results.files], unmatched, limit_mb)
     html_path = out / "report.html"
     with atomic_write(html_path, "w", encoding="utf-8") as fh:
         fh.write(page)
@@ -162,6 +167,11 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None) -> 
         "findings": [asdict(f) for f in findings],
         "backend_comparisons": [c.as_dict() for group in comparisons.values() for c in group],
         "phase_rows": [row for c in results.configs for row in phase_rows(c)],
+        "memory_batch_fits": [
+            {"benchmark": title, **fit}
+            for title, configs in results.groups.items()
+            for fit in batch_fits(configs, limit_mb)
+        ],
     }
     with atomic_write(out / MANIFEST, "w", encoding="utf-8") as fh:
         json.dump(manifest, fh, indent=1)

@@ -12,7 +12,7 @@ import html
 from datetime import datetime
 from typing import Any
 
-from scopebench.report import figures
+from scopebench.report import figures, memory_figures
 from scopebench.report.backend_comparison import BackendComparison
 from scopebench.report.plots import slug
 from scopebench.report.results import Configuration
@@ -238,7 +238,9 @@ def _memory(groups: list[dict[str, Any]], title: str) -> dict[str, Any]:
     return {"data": traces, "layout": layout}
 
 
-def _figures_html(configs: list[Configuration], title: str, to_html: _Figures) -> list[str]:
+def _figures_html(
+    configs: list[Configuration], title: str, to_html: _Figures, memory_limit_mb: float | None = None
+) -> list[str]:
     parts = []
     stacked = figures.stacked_regions(configs)
     if stacked:
@@ -255,6 +257,12 @@ def _figures_html(configs: list[Configuration], title: str, to_html: _Figures) -
         found = compute(configs)
         if found:
             parts.append(to_html(draw(found, title)))
+    categories = memory_figures.category_bars(configs)
+    if categories:
+        parts.append(to_html(memory_figures.category_plotly(categories, title)))
+    fits = memory_figures.batch_fits(configs, memory_limit_mb)
+    if fits:
+        parts.append(to_html(memory_figures.batch_plotly(fits, title)))
     return parts
 
 
@@ -300,7 +308,9 @@ def _comparison_table(comparison: BackendComparison) -> str:
     )
 
 
-def render_html(sections: list[dict[str, Any]], sources: list[str], warnings: list[str] = ()) -> str:
+def render_html(
+    sections: list[dict[str, Any]], sources: list[str], warnings: list[str] = (), memory_limit_mb: float | None = None
+) -> str:
     """The whole page.
 
     Args:
@@ -308,6 +318,7 @@ def render_html(sections: list[dict[str, Any]], sources: list[str], warnings: li
             optionally ``comparisons`` (:class:`~scopebench.report.backend_comparison.BackendComparison`).
         sources: The results files, listed at the top.
         warnings: Warnings that belong to no benchmark section.
+        memory_limit_mb: The device limit drawn on memory against batch size (None: none drawn).
     """
     to_html = _Figures()
     out = [
@@ -342,7 +353,7 @@ def render_html(sections: list[dict[str, Any]], sources: list[str], warnings: li
         for comparison in section.get("comparisons", []):
             out.append(_comparison_table(comparison))
         out.append("<h3>Figures</h3>")
-        out.extend(_figures_html(configs, title, to_html))
+        out.extend(_figures_html(configs, title, to_html, memory_limit_mb))
         out.append("<h3>Phase tables</h3>")
         for c in configs:
             out.append(f"<h4>{html.escape(c.label)}</h4><p><small>{html.escape(c.solver)}</small></p>{_table(c)}")

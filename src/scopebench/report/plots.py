@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from scopebench.atomic import atomic_write
-from scopebench.report import figures
+from scopebench.report import figures, memory_figures
 from scopebench.report.results import Configuration
 
-__all__ = ["PICTURES", "figure_to_rgb", "stacked_figure", "write_pngs"]
+__all__ = ["PICTURES", "figure_to_rgb", "save_png", "stacked_figure", "write_pngs"]
 
 #: Picture name -> what it shows (the PNG is ``<benchmark>_<name>.png``).
 PICTURES = {
@@ -26,6 +26,8 @@ PICTURES = {
     "latency": "latency histogram and empirical CDF per inference configuration",
     "latency_fit": "median latency against num_steps with the fit L(N) = F + N*s",
     "memory": "peak memory against batch size or image size",
+    "memory_categories": "profiler_memory: the step's peak by category, stacked, per configuration and rank",
+    "memory_batch": "profiler_memory: step peak against batch size, its line, the device limit and the largest batch",
 }
 _LABEL_CHARS = 70
 
@@ -183,8 +185,9 @@ def _memory_figure(groups: list[dict[str, Any]], title: str):
     return fig
 
 
-def benchmark_figures(configs: list[Configuration], title: str) -> dict[str, Any]:
-    """Picture name -> matplotlib figure, for the pictures that apply to these configurations."""
+def benchmark_figures(configs: list[Configuration], title: str, memory_limit_mb: float | None = None) -> dict[str, Any]:
+    """Picture name -> matplotlib figure, for the pictures that apply to these configurations
+    (``memory_limit_mb``: the device limit drawn on memory against batch size)."""
     out = {}
     data = figures.stacked_regions(configs)
     if data:
@@ -205,18 +208,31 @@ def benchmark_figures(configs: list[Configuration], title: str) -> dict[str, Any
         found = compute(configs)
         if found:
             out[name] = draw(found, title)
+    categories = memory_figures.category_bars(configs)
+    if categories:
+        out["memory_categories"] = memory_figures.category_figure(categories, title)
+    fits = memory_figures.batch_fits(configs, memory_limit_mb)
+    if fits:
+        out["memory_batch"] = memory_figures.batch_figure(fits, title)
     return out
 
 
-def write_pngs(configs: list[Configuration], title: str, out_dir: str | Path) -> list[Path]:
-    """Write one benchmark's PNGs into ``out_dir``; returns their paths."""
+def save_png(fig, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG at ``path`` (atomically) and close it."""
     plt = _pyplot()
+    path = Path(path)
+    with atomic_write(path, "wb") as fh:
+        fig.savefig(fh, format="png", dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write_pngs(
+    configs: list[Configuration], title: str, out_dir: str | Path, memory_limit_mb: float | None = None
+) -> list[Path]:
+    """Write one benchmark's PNGs into ``out_dir``; returns their paths."""
     out_dir = Path(out_dir)
     paths = []
-    for name, fig in benchmark_figures(configs, title).items():
-        path = out_dir / f"{slug(title)}_{name}.png"
-        with atomic_write(path, "wb") as fh:
-            fig.savefig(fh, format="png", dpi=90)
-        plt.close(fig)
-        paths.append(path)
+    for name, fig in benchmark_figures(configs, title, memory_limit_mb).items():
+        paths.append(save_png(fig, out_dir / f"{slug(title)}_{name}.png"))
     return paths
