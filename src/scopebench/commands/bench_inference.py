@@ -111,7 +111,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         with progress_bar(n_timed, "bench-inference") as bar:
             run.loop(StepCounter(n_timed, lambda: per_call.append(run.metrics()), bar))
         rows = list(run.profiler.rows)
-        num_params = run.model.num_params()
+        num_params = sum(p.numel() for p in run.model.parameters())
         warm = next(iter(run.warmup_sec.values()), [])
         compile_info = run.compile_metrics()
     calls = [row["step_time_sec"] for row in rows]
@@ -120,7 +120,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         "tool": "bench-inference",
         "config": config.source,
         "settings": settings_dict(s),
-        "policy": s.preset,
+        "policy": s.preset if s.policy == "pi05" else s.policy,
         "compile_mode": s.compile_mode,
         "num_params": num_params,
         "n_warmup": s.n_warmup,
@@ -136,7 +136,11 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
             "min": stats.min,
             "max": stats.max,
         },
-        "phases": {p: summary_sec([row[f"{p}_time_sec"] for row in rows]) for p in INFERENCE_PHASES},
+        "phases": {  # a policy without prefill has no prefill phase
+            p: summary_sec([row[f"{p}_time_sec"] for row in rows])
+            for p in INFERENCE_PHASES
+            if f"{p}_time_sec" in rows[0]
+        },
         "compile_time_sec": compile_info.get("compile_time_sec"),
         "first_call_ratio": compile_info.get("first_call_ratio"),
         "peak_memory": {
@@ -146,7 +150,8 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         "environment": environment_info(run.device),
     }
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
-    path = Path(out_dir) / f"{socket.gethostname()}_{s.preset}_{stamp}.json"
+    label = s.preset if s.policy == "pi05" else s.policy.rpartition(":")[2]
+    path = Path(out_dir) / f"{socket.gethostname()}_{label}_{stamp}.json"
     write_json(path, report)
     if json_path:
         write_json(json_path, report)

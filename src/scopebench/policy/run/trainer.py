@@ -98,7 +98,7 @@ def check_resume(config: RunConfig, checkpoint: str | Path, world_size: int) -> 
 
     :func:`scopebench.train.checkpoint.verify_checkpoint` (step file, manifest, the settings
     of :func:`resume_settings`), then the model config of ``policy_config.json`` against the
-    one the preset gives on this dataset now.
+    one the preset gives on this dataset now (a user policy: its factory and arguments).
 
     Raises:
         ValueError: in one line, naming the file, the key or the settings that differ.
@@ -115,6 +115,13 @@ def check_resume(config: RunConfig, checkpoint: str | Path, world_size: int) -> 
     verify_checkpoint(checkpoint, settings=resume_settings(config, world_size))
     path = checkpoint / POLICY_CONFIG_FILE
     saved = json.loads(path.read_text())  # listed in the manifest: present and as written
+    if config.train.policy != "pi05":  # a user policy: rebuilt by the same factory and arguments
+        now = {"policy": config.train.policy, "policy_args": config.train.policy_args}
+        if saved != now:
+            raise ValueError(
+                f"{path}: the checkpoint holds policy {saved}, not {now}: an exact resume needs the same model"
+            )
+        return
     dataset = RobotDataset(config.dataset.materialize(), chunk_size=config.dataset.chunk_size)
     model = config_for_dataset(config.train.preset, dataset, **model_overrides(config.train))
     now = {"preset": config.train.preset, "config": json.loads(json.dumps(dataclasses.asdict(model)))}
@@ -263,13 +270,18 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
         }
 
 
+def _policy_label(settings: Any) -> str:
+    """``preset=tiny`` for pi05, ``policy=<factory>`` otherwise."""
+    return f"preset={settings.preset}" if settings.policy == "pi05" else f"policy={settings.policy}"
+
+
 def _print_header(run: Any, config: RunConfig, start: int, resume_from: Any, out: TextIO) -> None:
     from scopebench.train import settings_in_force
 
     s = run.settings
     file = run.accelerate_file
     lines = [
-        f"scopebench train: preset={s.preset} ranks={run.world_size} backend={s.backend} "
+        f"scopebench train: {_policy_label(s)} ranks={run.world_size} backend={s.backend} "
         f"(accelerate config {file.path})",
         f"phases: {describe_phases(s.backend)}",
         "in force: " + "; ".join(settings_in_force(file, s)),
