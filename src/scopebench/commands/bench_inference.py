@@ -89,6 +89,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
     from scopebench.policy.run.inference import InferenceRun
     from scopebench.policy.tools import (
         StepCounter,
+        data_root,
         environment_info,
         progress_bar,
         settings_dict,
@@ -99,7 +100,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
     from scopebench.stats import summarize
 
     s = config.inference
-    root = config.dataset.materialize()
+    root = data_root(config)
     per_call: list[dict] = []
     with InferenceRun(
         s,
@@ -107,6 +108,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         chunk_size=config.dataset.chunk_size,
         profiler=ProfilerConfig(mode="custom", active=n_timed),
         keep_rows=True,
+        tool="bench-inference",
     ) as run:
         with progress_bar(n_timed, "bench-inference") as bar:
             run.loop(StepCounter(n_timed, lambda: per_call.append(run.metrics()), bar))
@@ -161,9 +163,11 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
 
 
 def format_report(report: dict) -> str:
+    from scopebench.policy.tools import policy_label
+
     s, m = report["settings"], report["summary"]
     lines = [
-        f"bench-inference: preset={report['policy']} compile_mode={report['compile_mode']} batch=1 "
+        f"bench-inference: {policy_label(s)} compile_mode={report['compile_mode']} batch=1 "
         f"num_steps={s['num_steps']} prompt_words={s['prompt_words']} precision={s['precision']} "
         f"params={report['num_params'] / 1e6:.2f}M",
         "warm-up calls (ms): " + " ".join(f"{t * 1e3:.1f}" for t in report["warmup_sec"]),

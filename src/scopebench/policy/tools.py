@@ -29,8 +29,10 @@ __all__ = [
     "env_bool",
     "env_int",
     "environment_info",
+    "data_root",
     "format_ms_stats",
     "load_config",
+    "policy_label",
     "progress_bar",
     "summary_sec",
     "write_json",
@@ -121,6 +123,24 @@ def policy_flags(policy: str | None, policy_args: list[str]) -> list[tuple[str, 
             raise ValueError(f"--policy-arg expects key=value with an identifier key, got {text!r}")
         pairs += [(f"policy_args.{k}", v) for k, v in parse_overrides([f"--{key}={value}"])]
     return pairs
+
+
+def data_root(config) -> str:
+    """The folder of the synthetic robot dataset, written if not cached, when the policy is pi05;
+    ``""`` for a user policy, which reads its own dataset (nothing is written)."""
+    return str(config.dataset.materialize()) if config.train.policy == "pi05" else ""
+
+
+def policy_label(settings: Any) -> str:
+    """``preset=tiny`` for pi05, ``policy=<factory>`` for a user policy (a settings object or its dict).
+
+    :Examples:
+
+    >>> policy_label({"policy": "mypkg:make", "preset": "tiny"})
+    'policy=mypkg:make'
+    """
+    get = settings.get if isinstance(settings, dict) else lambda key: getattr(settings, key)
+    return f"preset={get('preset')}" if get("policy") == "pi05" else f"policy={get('policy')}"
 
 
 def progress_bar(total: int, desc: str, enabled: bool = True, stream=None):

@@ -288,6 +288,11 @@ class PolicyTrainRun(RankRun):
         from scopebench.train import AcceleratorSettings, build_accelerator, peak_flops
 
         s = self.settings
+        # Before the accelerator: under ZeRO-3 it announces DeepSpeed's config to transformers, whose
+        # models would then be built already partitioned (zero.Init), which the policy's checks and
+        # FLOP count cannot read; DeepSpeed partitions the built model itself when it is prepared.
+        self.policy = policy = run_policy(s, dataset_root=self.dataset_root, chunk_size=self.chunk_size, task=self.task)
+        self._check_policy()
         if self.task == "train" and s.backend == "fsdp2":
             from scopebench.train.fsdp import join_single_rank_group
 
@@ -307,8 +312,6 @@ class PolicyTrainRun(RankRun):
             self.info,
             self.device,
         )
-        self.policy = policy = run_policy(s, dataset_root=self.dataset_root, chunk_size=self.chunk_size, task=self.task)
-        self._check_policy()
         loader = make_policy_loader(
             policy, s.batch_size, seed=s.seed, num_workers=s.num_workers, prefetch_factor=s.prefetch_factor
         )

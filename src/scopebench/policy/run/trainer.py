@@ -214,12 +214,12 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
         ``log`` (rank 0's log records).
     """
     from scopebench.policy.run.train import PolicyTrainRun
-    from scopebench.policy.tools import progress_bar
+    from scopebench.policy.tools import data_root, progress_bar
     from scopebench.profiler import ProfilerConfig
 
     out = sys.stdout if out is None else out
     loop = config.training
-    root = config.dataset.materialize()
+    root = data_root(config)
     run = PolicyTrainRun(
         config.train,
         dataset_root=root,
@@ -270,18 +270,14 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
         }
 
 
-def _policy_label(settings: Any) -> str:
-    """``preset=tiny`` for pi05, ``policy=<factory>`` otherwise."""
-    return f"preset={settings.preset}" if settings.policy == "pi05" else f"policy={settings.policy}"
-
-
 def _print_header(run: Any, config: RunConfig, start: int, resume_from: Any, out: TextIO) -> None:
+    from scopebench.policy.tools import policy_label
     from scopebench.train import settings_in_force
 
     s = run.settings
     file = run.accelerate_file
     lines = [
-        f"scopebench train: {_policy_label(s)} ranks={run.world_size} backend={s.backend} "
+        f"scopebench train: {policy_label(s)} ranks={run.world_size} backend={s.backend} "
         f"(accelerate config {file.path})",
         f"phases: {describe_phases(s.backend)}",
         "in force: " + "; ".join(settings_in_force(file, s)),
