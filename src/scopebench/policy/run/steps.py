@@ -147,7 +147,8 @@ class TrainStep:
 
     def __call__(self, prof) -> None:
         acc, engine = self.accelerator, self.engine
-        self.model.train()
+        if not self.model.training:  # train() walks every module: 0.4 ms a step on PaliGemma, 2.5 % of it
+            self.model.train()
         losses: list[tuple[torch.Tensor, Mapping[str, torch.Tensor]]] = []
         for micro in range(self.accumulation):
             last = micro == self.accumulation - 1
@@ -278,7 +279,8 @@ class InferenceStep:
     @torch.inference_mode()
     def __call__(self, prof, num_steps: int | None = None) -> Any:
         """One call: the postprocessed output (pi05: the action chunk in dataset units, on the CPU)."""
-        self.model.eval()
+        if self.model.training:  # eval() walks every module
+            self.model.eval()
         if self.compiled:
             torch.compiler.cudagraph_mark_step_begin()
         with prof.track_step("preprocess"):
