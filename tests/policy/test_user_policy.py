@@ -124,6 +124,36 @@ def test_policy_args_and_names_are_validated_before_any_work(capsys):
     assert code == 2 and "gradient_checkpointing=true applies to policy pi05 only" in err
 
 
+def test_fsdp2_default_units_are_the_children_with_parameters_of_their_own():
+    from torch import nn
+
+    from scopebench.train.fsdp import _default_units, _given_units
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.body, self.norm = nn.Embedding(10, 4), nn.Sequential(nn.Linear(4, 4)), nn.Identity()
+            self.head = nn.Linear(4, 10, bias=False)
+            self.head.weight = self.embed.weight  # tied: both stay in the root
+
+    model = Tied()
+    assert [name for name, _ in _default_units(model)] == ["body"]
+    assert [name for name, _ in _given_units(model, [model.body, model.body[0]])] == ["body.0", "body"]
+
+
+def test_one_rank_fsdp2_shards_a_user_policy_by_default():
+    from torch.distributed.tensor import DTensor
+
+    from scopebench.policy.run.train import PolicyTrainRun
+    from scopebench.policy.settings import TrainSettings
+
+    run = PolicyTrainRun(TrainSettings(policy=EXAMPLE, backend="fsdp2"), dataset_root="", chunk_size=8)
+    with run:
+        run.loop(lambda: run.work.steps < 2)
+        assert run.fsdp_units == ["net"] and all(isinstance(p, DTensor) for p in run.work.model.parameters())
+        assert math.isfinite(run.metrics()["train_loss"])
+
+
 # -- the examples/ policy, one rank -----------------------------------------------------------
 
 
