@@ -124,6 +124,26 @@ def test_policy_args_and_names_are_validated_before_any_work(capsys):
     assert code == 2 and "gradient_checkpointing=true applies to policy pi05 only" in err
 
 
+def test_the_policy_key_is_a_factory_or_the_inference_section_naming_one(tmp_path):
+    from scopebench.policy.settings import load_run_config
+
+    (tmp_path / "a.yml").write_text("policy: mypkg.policies:make\npolicy_args: {hidden: 8}\n")
+    (tmp_path / "b.yml").write_text("policy: {factory: mypkg.policies:make, num_steps: 3}\n")
+    a, b = load_run_config(tmp_path / "a.yml"), load_run_config(tmp_path / "b.yml")
+    assert (a.train.policy, a.train.policy_args, a.inference.policy) == (
+        "mypkg.policies:make",
+        {"hidden": 8},
+        a.train.policy,
+    )
+    assert (b.train.policy, b.inference.num_steps) == ("mypkg.policies:make", 3)
+    (tmp_path / "c.yml").write_text(a.to_yaml())  # train_config.yaml: the factory inside the section
+    c = load_run_config(tmp_path / "c.yml", [("policy_args.layers", 2)])
+    assert (c.train.policy, c.train.policy_args) == ("mypkg.policies:make", {"hidden": 8, "layers": 2})
+    assert load_run_config(TINY).train.policy == "pi05"
+    with pytest.raises(ValueError, match="policy_args must be empty with policy pi05"):
+        load_run_config(TINY, [("policy_args.hidden", 8)])
+
+
 def test_fsdp2_default_units_are_the_children_with_parameters_of_their_own():
     from torch import nn
 
