@@ -9,9 +9,11 @@ One process group (created here, reused by every run) keeps start-up to one laun
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -51,12 +53,23 @@ def _train(policy: str, backend: str, steps: int = 1) -> dict:
     return seen
 
 
+def _log(rank: int, what: str) -> None:
+    print(f"[rank {rank} {time.strftime('%H:%M:%S')}] {what}", flush=True)
+
+
 def main(out: str) -> None:
+    # A hang prints every thread's stack and ends the rank, before the test's own timeout.
+    faulthandler.dump_traceback_later(480, exit=True)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    facts: dict = {"paligemma": {backend: _train(PALIGEMMA, backend) for backend in BACKENDS}}
+    facts: dict = {"paligemma": {}}
+    for backend in BACKENDS:
+        _log(rank, f"paligemma {backend}")
+        facts["paligemma"][backend] = _train(PALIGEMMA, backend)
+    _log(rank, "example ddp")
     facts["example"] = _train(EXAMPLE, "ddp")
+    _log(rank, "example train and resume")
     config = load_run_config(
         TINY,
         [("policy", EXAMPLE), ("policy_args.hidden", 16), ("training.output_dir", f"{out}/train/full")]
