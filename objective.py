@@ -1,12 +1,13 @@
 """Policy benchmark: a pi05-architecture vision-language-action policy.
 
-Training solvers are scored by the flow-matching loss on a fixed held-out batch (fixed
-noise and times, so values are comparable across steps; under ZeRO-3 the solver runs the
-same function on every rank, since a forward needs every rank's parameter shard), next to
-the step's own loss terms (``train_loss``, ``mse_loss``, ``ce_loss``, averaged over ranks); the inference
-solver by the mean squared error of its action chunk against the recorded actions of the
-same frame (random weights: the number checks the pipeline, not the policy); the
-dataloader solver by the seconds per batch. Every metric of the solver is forwarded, so
+Training solvers are scored by the policy's loss on a fixed held-out batch of its dataset
+(pi05: the flow-matching loss with fixed noise and times, so values are comparable across
+steps; every rank computes it, since under ZeRO-3 and FSDP2 a forward needs every rank's
+parameter shard), next to the step's own loss terms (``train_loss``, pi05's ``mse_loss`` and
+``ce_loss``, averaged over ranks); the inference solver by the mean squared error of pi05's
+action chunk against the recorded actions of the same frame (random weights: the number
+checks the pipeline, not the policy), or a user policy's seconds per call; the dataloader
+solver by the seconds per batch. Every metric of the solver is forwarded, so
 the parquet holds ``objective_<phase>_time_sec`` etc.
 """
 
@@ -36,23 +37,18 @@ class Objective(BaseObjective):
             chunk_size=self.chunk_size,
         )
 
-    def evaluate_result(self, model=None, actions=None, dataloader=False, **metrics):
-        from scopebench.policy.run.steps import validation_loss
-
+    def evaluate_result(self, actions=None, dataloader=False, sampled=False, val_loss=None, **metrics):
         if actions is not None:
             b, t, a = actions.shape
             target = self.eval_batch["actions"][:b, :t, :a]
             keep = ~self.eval_batch["action_is_pad"][:b, : target.shape[1]]
             err = ((actions[:, : target.shape[1]] - target) ** 2).mean(-1)[keep].mean()
             return dict(value=float(err), action_mse=float(err), **metrics)
-        if dataloader:
+        if dataloader or sampled:  # the dataloader ceiling, or a user policy's inference call
             step = metrics.get("step_time_sec", float("nan"))  # the profiler's total without the callback
             return dict(value=step, **metrics)
-        if model is None:  # ZeRO-3: the solver ran validation_loss on every rank (a forward needs them all)
-            loss = metrics.pop("val_loss")
-        else:
-            loss = validation_loss(model, self.eval_batch, self.dataset.stats, seed=self.seed)
-        return dict(value=loss, val_loss=loss, **metrics)
+        # every rank of the run computed it before this callback (ZeRO-3, FSDP2: a forward needs them all)
+        return dict(value=val_loss, val_loss=val_loss, **metrics)
 
     def get_one_result(self):
         import torch

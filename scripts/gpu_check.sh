@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU code paths that CPU CI cannot run: profiler memory/CUDA time/NVTX, pi05 and PnP on
 # CUDA, the policy's training run (accelerate, fused AdamW, bf16) and compiled inference
-# (reduce-overhead / CUDA graphs), one FSDP2 step in bf16 on one GPU, with two GPUs `scopebench train` under ZeRO-2 and under
+# (reduce-overhead / CUDA graphs), one FSDP2 step in bf16 on one GPU, user policies (examples/ and
+# PaliGemma) training and sampling on CUDA, with two GPUs `scopebench train` under ZeRO-2 and under
 # FSDP2 (bf16, NCCL). Under five minutes. Prints one JSON line per
 # check (scripts/gpu_check.py), then runs the tests marked `gpu` (the ones pytest skips on
 # a machine without CUDA).

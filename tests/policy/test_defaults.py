@@ -16,7 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def defaults(cls) -> dict:
-    return {f.name: f.default for f in dataclasses.fields(cls)}
+    return {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # policy_args: {}
+        for f in dataclasses.fields(cls)
+    }
 
 
 @pytest.fixture(scope="module")

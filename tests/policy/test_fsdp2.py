@@ -24,7 +24,7 @@ from scopebench.policy.run.train import PolicyTrainRun
 from scopebench.policy.settings import TrainSettings, backend_conflict, load_run_config
 from scopebench.policy.tools import StepCounter
 from scopebench.train import load_accelerate_file, shipped_accelerate_file
-from scopebench.train.fsdp import DEFAULT_UNITS, FSDPSettings, consolidated_model_state, shard_model
+from scopebench.train.fsdp import FSDPSettings, consolidated_model_state, shard_model
 
 from .conftest import TINY
 
@@ -48,7 +48,8 @@ def _run(config, **kwargs):
 def test_the_shipped_file_selects_fsdp2_with_its_knobs():
     file = load_accelerate_file(shipped_accelerate_file("fsdp2"))
     assert file.backend == "fsdp2" and file.zero == {}
-    assert file.fsdp == FSDPSettings(units=DEFAULT_UNITS, reshard_after_forward=True, offload_params=False)
+    # units None: the policy's shard_modules (pi05: DEFAULT_UNITS, see test_one_rank_shards_into_dtensors_and_leaves_no_group)
+    assert file.fsdp == FSDPSettings(units=None, reshard_after_forward=True, offload_params=False)
     assert file.activation_checkpointing is False
 
 

@@ -37,3 +37,24 @@ def test_inference_run_on_cuda(robot_data):
 
     with InferenceRun(InferenceSettings(device="cuda", n_warmup=1), dataset_root=robot_data[1], chunk_size=8) as run:
         assert run.timed_call() > 0 and run.actions.device.type == "cpu"
+
+
+def test_user_policies_train_and_sample_on_cuda():
+    """A user policy's batches (dicts of tensors, pinned) reach the GPU inside dataload_wait, its
+    FLOPs are counted there (FlopCounterMode, CUDA RNG forked), and PaliGemma generates on it."""
+    from pathlib import Path
+
+    from scopebench.policy.run.inference import InferenceRun
+    from scopebench.policy.run.train import PolicyTrainRun
+    from scopebench.policy.settings import InferenceSettings, TrainSettings
+
+    example = f"{Path(__file__).resolve().parents[2]}/examples/flow_policy.py:make_policy"
+    for policy in (example, "scopebench.policy.paligemma:make_paligemma_policy"):
+        run = PolicyTrainRun(TrainSettings(policy=policy, device="cuda"), dataset_root="", chunk_size=8)
+        with run:
+            run.loop(lambda: run.work.steps < 2)
+            m = run.metrics()
+        assert m["forward_max_gpu_mb"] > 0 and run.flops_per_sample > 0 and m["train_loss"] == m["train_loss"]
+    settings = InferenceSettings(policy="scopebench.policy.paligemma:make_paligemma_policy", device="cuda", n_warmup=1)
+    with InferenceRun(settings, dataset_root="", chunk_size=8) as run:
+        assert run.timed_call(3) > 0 and run.actions.device.type == "cpu" and run.actions.shape == (1, 3)

@@ -41,7 +41,7 @@ def test_observation_has_the_prompt_words_and_cycled_cameras(robot_data):
     with InferenceRun(
         InferenceSettings(n_warmup=0, num_cameras=3, prompt_words=24), dataset_root=robot_data[1], chunk_size=8
     ) as run:
-        batch = run.work.batch
+        batch = run.work.observation
     assert len(batch["prompt"][0].split()) == 24
     assert torch.equal(batch["camera2"], batch["camera0"]) and not torch.equal(batch["camera1"], batch["camera0"])
 

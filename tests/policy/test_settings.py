@@ -58,7 +58,9 @@ def test_run_config_reads_overrides_and_shares_top_level_keys():
 def test_missing_file_unknown_keys_and_bad_override_values(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"policy config file not found: .*nope\.yml"):
         load_run_config(tmp_path / "nope.yml")
-    with pytest.raises(ValueError, match=r"unknown override key 'batch_sise'; expected one of \['preset', "):
+    with pytest.raises(
+        ValueError, match=r"unknown override key 'batch_sise'; expected one of \['policy', 'policy_args', 'preset', "
+    ):
         load_run_config(TINY, parse_overrides(["--batch_sise=3"]))
     with pytest.raises(ValueError, match=r"unknown override key 'policy.steps'"):
         load_run_config(TINY, parse_overrides(["--policy.steps=3"]))

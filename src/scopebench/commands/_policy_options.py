@@ -16,5 +16,14 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """``--config`` and free-form ``--key=value`` overrides (collected by ``scopebench.cli``)."""
     parser.add_argument("--config", required=True, help="policy run config (YAML), e.g. configs/policy/tiny.yml")
     parser.add_argument("--json", default=None, help="also write the JSON summary to this path")
+    parser.add_argument(
+        "--policy", default=None,
+        help="the policy: pi05 (default) or a factory module:function (or path/to/file.py:function) "
+        "returning a scopebench.policy.UserPolicy (docs/policies.md)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--policy-arg", "--policy_arg", dest="policy_arg", action="append", default=[], metavar="KEY=VALUE",
+        help="a keyword argument of the policy factory (repeatable; values are YAML scalars)",
+    )  # fmt: skip
     parser.set_defaults(overrides=[])
     parser.epilog = OVERRIDES_HELP

@@ -89,6 +89,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
     from scopebench.policy.run.inference import InferenceRun
     from scopebench.policy.tools import (
         StepCounter,
+        data_root,
         environment_info,
         progress_bar,
         settings_dict,
@@ -99,7 +100,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
     from scopebench.stats import summarize
 
     s = config.inference
-    root = config.dataset.materialize()
+    root = data_root(config)
     per_call: list[dict] = []
     with InferenceRun(
         s,
@@ -107,11 +108,12 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         chunk_size=config.dataset.chunk_size,
         profiler=ProfilerConfig(mode="custom", active=n_timed),
         keep_rows=True,
+        tool="bench-inference",
     ) as run:
         with progress_bar(n_timed, "bench-inference") as bar:
             run.loop(StepCounter(n_timed, lambda: per_call.append(run.metrics()), bar))
         rows = list(run.profiler.rows)
-        num_params = run.model.num_params()
+        num_params = sum(p.numel() for p in run.model.parameters())
         warm = next(iter(run.warmup_sec.values()), [])
         compile_info = run.compile_metrics()
     calls = [row["step_time_sec"] for row in rows]
@@ -120,7 +122,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         "tool": "bench-inference",
         "config": config.source,
         "settings": settings_dict(s),
-        "policy": s.preset,
+        "policy": s.preset if s.policy == "pi05" else s.policy,
         "compile_mode": s.compile_mode,
         "num_params": num_params,
         "n_warmup": s.n_warmup,
@@ -136,7 +138,11 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
             "min": stats.min,
             "max": stats.max,
         },
-        "phases": {p: summary_sec([row[f"{p}_time_sec"] for row in rows]) for p in INFERENCE_PHASES},
+        "phases": {  # a policy without prefill has no prefill phase
+            p: summary_sec([row[f"{p}_time_sec"] for row in rows])
+            for p in INFERENCE_PHASES
+            if f"{p}_time_sec" in rows[0]
+        },
         "compile_time_sec": compile_info.get("compile_time_sec"),
         "first_call_ratio": compile_info.get("first_call_ratio"),
         "peak_memory": {
@@ -146,7 +152,8 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         "environment": environment_info(run.device),
     }
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
-    path = Path(out_dir) / f"{socket.gethostname()}_{s.preset}_{stamp}.json"
+    label = s.preset if s.policy == "pi05" else s.policy.rpartition(":")[2]
+    path = Path(out_dir) / f"{socket.gethostname()}_{label}_{stamp}.json"
     write_json(path, report)
     if json_path:
         write_json(json_path, report)
@@ -156,9 +163,11 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
 
 
 def format_report(report: dict) -> str:
+    from scopebench.policy.tools import policy_label
+
     s, m = report["settings"], report["summary"]
     lines = [
-        f"bench-inference: preset={report['policy']} compile_mode={report['compile_mode']} batch=1 "
+        f"bench-inference: {policy_label(s)} compile_mode={report['compile_mode']} batch=1 "
         f"num_steps={s['num_steps']} prompt_words={s['prompt_words']} precision={s['precision']} "
         f"params={report['num_params'] / 1e6:.2f}M",
         "warm-up calls (ms): " + " ".join(f"{t * 1e3:.1f}" for t in report["warmup_sec"]),

@@ -66,18 +66,26 @@ def run(args: argparse.Namespace) -> int:
 
 def _decompose(config, steps: list[int], repeats: int, json_path: str | None) -> int:
     from scopebench.policy.run.inference import InferenceRun, fit_latency
-    from scopebench.policy.tools import StepCounter, environment_info, progress_bar, settings_dict, write_json
+    from scopebench.policy.tools import (
+        StepCounter,
+        data_root,
+        environment_info,
+        progress_bar,
+        settings_dict,
+        write_json,
+    )
     from scopebench.profiler import ProfilerConfig
     from scopebench.stats import median, percentile
 
     total = repeats * len(steps)
     run = InferenceRun(
         config.inference,
-        dataset_root=config.dataset.materialize(),
+        dataset_root=data_root(config),
         chunk_size=config.dataset.chunk_size,
         schedule=steps,  # every N is warmed up before the first timed call (compilation happens per N)
         profiler=ProfilerConfig(mode="custom", active=total),
         keep_rows=True,
+        tool="decompose-latency",
     )
     with run:
         with progress_bar(total, "decompose-latency") as bar:
@@ -120,10 +128,12 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
 
 
 def format_report(report: dict) -> str:
+    from scopebench.policy.tools import policy_label
+
     s = report["settings"]
     f, k = report["fixed_sec"], report["per_step_sec"]
     lines = [
-        f"decompose-latency: preset={s['preset']} compile_mode={s['compile_mode']} batch=1 "
+        f"decompose-latency: {policy_label(s)} compile_mode={s['compile_mode']} batch=1 "
         f"{report['repeats']} calls per num_steps, interleaved",
         f"{'num_steps':>9}  {'median_ms':>9}  {'p95_ms':>8}  {'fit_ms':>8}",
     ]

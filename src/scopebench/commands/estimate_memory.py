@@ -55,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
         flags = {"backend": args.backend, "batch_size": args.batch_size, "precision": args.precision}
         # The estimate is for --nproc ranks; nothing is started, so no cores check applies.
         config = load_config(args, flags=flags)
+        if config.train.policy != "pi05":  # the estimate reads the preset's config, without building
+            raise ValueError(
+                f"estimate-memory estimates policy pi05 from its preset, got policy={config.train.policy}; "
+                "run profile-step on it (its max_rss_mb / max_gpu_mb columns)"
+            )
         world = config.train.nproc_per_node if args.nproc is None else args.nproc
         if type(world) is not int or world < 1:
             raise ValueError(f"--nproc must be an integer >= 1, got {world!r}")

@@ -50,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _audit(config, include_zero_grad: bool, json_path: str | None) -> int:
     from scopebench.policy.run.train import audit_parameters
-    from scopebench.policy.tools import settings_dict, write_json
+    from scopebench.policy.tools import data_root, settings_dict, write_json
 
-    root = config.dataset.materialize()
+    root = data_root(config)
     audit = audit_parameters(
         config.train, dataset_root=root, chunk_size=config.dataset.chunk_size, include_zero_grad=include_zero_grad
     )

@@ -68,10 +68,17 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
 
     from scopebench.distributed import writes_reports
     from scopebench.policy.run.train import PolicyTrainRun
-    from scopebench.policy.tools import StepCounter, environment_info, progress_bar, settings_dict, summary_sec
+    from scopebench.policy.tools import (
+        StepCounter,
+        data_root,
+        environment_info,
+        progress_bar,
+        settings_dict,
+        summary_sec,
+    )
     from scopebench.profiler import ProfilerConfig
 
-    root = config.dataset.materialize()
+    root = data_root(config)
     run = PolicyTrainRun(
         config.train,
         dataset_root=root,

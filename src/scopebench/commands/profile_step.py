@@ -117,10 +117,10 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
 
     from scopebench.distributed import writes_reports
     from scopebench.policy.run.train import PolicyTrainRun
-    from scopebench.policy.tools import StepCounter, progress_bar
+    from scopebench.policy.tools import StepCounter, data_root, progress_bar
     from scopebench.profiler import ProfilerConfig
 
-    root = config.dataset.materialize()
+    root = data_root(config)
     run = PolicyTrainRun(
         config.train,
         dataset_root=root,

@@ -52,7 +52,7 @@ import signal
 import sys
 from pathlib import Path
 
-HELP = "train the policy with checkpoints and resume (DDP, DeepSpeed ZeRO-2/3)"
+HELP = "train the policy (pi05 or yours) with checkpoints and resume (DDP, DeepSpeed ZeRO-2/3, FSDP2)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -219,6 +219,10 @@ def _relaunch(args: argparse.Namespace, config, env: dict[str, str]) -> int:
     ):
         if value is not None:
             command += [flag, str(value)]
+    if args.policy is not None:
+        command += ["--policy", args.policy]
+    for arg in args.policy_arg or []:
+        command += ["--policy-arg", arg]
     command += list(args.overrides or [])
     nproc = config.train.nproc_per_node
     timeout = config.train.group_timeout_sec or LAUNCHER_TIMEOUT_SEC

@@ -1,4 +1,7 @@
-"""The pi05 policy: model, inference stages, cost accounting and synthetic robot data.
+"""The policy benchmark's library: the policy interface, pi05, cost accounting and robot data.
+
+Any PyTorch model is a policy through :class:`UserPolicy` (``user``: a factory named by
+``module:function`` returns one; docs/policies.md); pi05 is one (``pi05``).
 
 Quick start::
 
@@ -29,17 +32,20 @@ from scopebench.policy.dataset import (
 from scopebench.policy.model import Pi05Policy, PrefixCache
 from scopebench.policy.runner import PolicyRunner
 from scopebench.policy.tokenizer import PromptTokenizer
+from scopebench.policy.user import PolicyError, UserPolicy
 
 __all__ = [
     "PRESETS",
     "ParameterAudit",
     "Pi05Config",
     "Pi05Policy",
+    "PolicyError",
     "PolicyRunner",
     "PrefixCache",
     "PromptTokenizer",
     "RobotDataset",
     "SyntheticRobotConfig",
+    "UserPolicy",
     "VisionConfig",
     "WeightedMixtureSampler",
     "collate_robot_batch",

@@ -3,15 +3,17 @@
 DDP with ``find_unused_parameters=False`` fails on a parameter that requires a gradient
 but gets none; with ``True`` it walks the autograd graph every step to find them. Run
 this audit once on a real batch: if ``unused`` is empty, the flag can be turned off.
-Typical finding on pi05: with ``ce_weight=0`` the discrete head, the prefix's final norm
+Typical findings: on pi05, with ``ce_weight=0`` the discrete head, the prefix's final norm
 and the last prefix layer's output path are unused, because only the prefix keys and
-values feed the action expert.
+values feed the action expert; on Hugging Face's PaliGemma, the SigLIP vision tower's pooling
+head (``vision_tower.head``), which PaliGemma never calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -68,7 +70,7 @@ class ParameterAudit:
         }
         lines = [
             "#" + "=" * 78,
-            "# pi05 parameter audit - single forward + backward, single device",
+            "# parameter audit - single forward + backward, single device",
             f"# include_zero_grad={self.include_zero_grad}",
             "#" + "=" * 78,
         ]
@@ -94,7 +96,9 @@ class ParameterAudit:
         return "\n".join(lines)
 
 
-def find_unused_parameters(model: nn.Module, batch: Mapping, include_zero_grad: bool = False) -> ParameterAudit:
+def find_unused_parameters(
+    model: nn.Module, batch: Any, include_zero_grad: bool = False, loss: Callable | None = None
+) -> ParameterAudit:
     """Run one forward+backward of ``model(batch)`` and sort parameters by gradient.
 
     Args:
@@ -102,12 +106,13 @@ def find_unused_parameters(model: nn.Module, batch: Mapping, include_zero_grad: 
         batch: a preprocessed training batch.
         include_zero_grad: also list used parameters whose gradient is all zeros
             (reached by the graph but given no learning signal on this batch).
+        loss: ``loss(model, batch) -> scalar`` in place of ``model(batch)`` (a policy's loss).
 
     Returns:
         A :class:`ParameterAudit`. Gradients are cleared again afterwards.
     """
     model.zero_grad(set_to_none=True)
-    out = model(batch)
+    out = model(batch) if loss is None else loss(model, batch)
     loss = out[0] if isinstance(out, (tuple, list)) else out
     if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
         raise TypeError(f"expected model(batch) to return a scalar loss, got {type(loss).__name__}")

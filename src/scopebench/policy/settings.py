@@ -14,8 +14,9 @@ A run config is YAML (see ``configs/policy/tiny.yml``)::
 
     preset: tiny            # top level: TrainSettings fields
     batch_size: 4
-    policy:                 # InferenceSettings fields (preset, precision, attention,
+    policy:                 # InferenceSettings fields (policy_args, preset, precision, attention,
       num_steps: 10         #   seed, device and check_memory come from the top level)
+      factory: pi05         # the policy (or a top-level ``policy: mypkg.policies:make_policy``)
     dataset:                # DatasetSettings fields
       num_episodes: 4
 
@@ -55,7 +56,16 @@ __all__ = [
 ]
 
 #: Top-level keys a policy section inherits from the top level of a run config.
-SHARED_KEYS = ("preset", "precision", "attention_implementation", "seed", "device", "check_memory")
+SHARED_KEYS = (
+    "policy",
+    "policy_args",
+    "preset",
+    "precision",
+    "attention_implementation",
+    "seed",
+    "device",
+    "check_memory",
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,8 +80,13 @@ def compile_modes() -> tuple[str, ...]:
 class TrainSettings:
     """One training (or dataloader) run of the policy, on every rank."""
 
+    policy: str = "pi05"
+    """The policy: ``pi05`` (the suite's re-implementation) or a factory ``module:function`` (or
+    ``path/to/file.py:function``) returning a :class:`scopebench.policy.UserPolicy` (docs/policies.md)."""
+    policy_args: dict = field(default_factory=dict)
+    """Keyword arguments of the factory (``--policy-arg key=value``); pi05's come from the settings."""
     preset: str = "tiny"
-    """Model size: ``tiny``, ``small`` or ``pi05``."""
+    """pi05's model size: ``tiny``, ``small`` or ``pi05`` (a user policy sizes its own model)."""
     batch_size: int = 4
     """Samples per step and rank (global batch = ``batch_size x ranks``)."""
     num_workers: int = 0
@@ -127,6 +142,7 @@ class TrainSettings:
     """``auto`` (this rank's GPU if any, else CPU), ``cpu``, ``cuda`` or ``cuda:<index>``."""
 
     def __post_init__(self) -> None:
+        check_policy(self.policy, self.policy_args)
         choice("preset", self.preset, PRESETS)
         integer("batch_size", self.batch_size, low=1)
         integer("num_workers", self.num_workers, low=0)
@@ -157,6 +173,34 @@ class TrainSettings:
         conflict = backend_conflict(self.backend, self.gradient_checkpointing, self.no_optim)
         if conflict:
             raise ValueError(conflict)
+        if self.policy != "pi05" and self.gradient_checkpointing:
+            raise ValueError(
+                f"gradient_checkpointing=true applies to policy pi05 only, got policy={self.policy}: a user policy "
+                "turns checkpointing on in its own model (a policy_args key of its factory)"
+            )
+
+
+def check_policy(policy: Any, policy_args: Any) -> None:
+    """``policy`` (its form: nothing is imported) and ``policy_args`` (a mapping of identifiers to
+    YAML values), refused naming the key.
+
+    :Examples:
+
+    >>> check_policy("mypkg:make", {"hidden": 8})
+    >>> check_policy("pi05", {"hidden": 8})
+    Traceback (most recent call last):
+    ...
+    ValueError: policy_args must be empty with policy pi05 (its arguments come from the run's settings), got {'hidden': 8}
+    """
+    from scopebench.policy.user import check_policy_name
+
+    check_policy_name("policy", policy)
+    if not isinstance(policy_args, dict) or not all(isinstance(k, str) and k.isidentifier() for k in policy_args):
+        raise ValueError(f"policy_args must be a mapping of argument names to values, got {policy_args!r}")
+    if policy == "pi05" and policy_args:
+        raise ValueError(
+            f"policy_args must be empty with policy pi05 (its arguments come from the run's settings), got {policy_args!r}"
+        )
 
 
 def backend_conflict(
@@ -191,18 +235,22 @@ def backend_conflict(
 
 @dataclass(frozen=True, kw_only=True)
 class InferenceSettings:
-    """One ``sample_actions`` benchmark at batch 1."""
+    """One inference call benchmark at batch 1 (pi05: ``sample_actions``; a user policy: its ``sample``)."""
 
+    policy: str = "pi05"
+    """The policy: ``pi05`` or a factory ``module:function`` (see :class:`TrainSettings`)."""
+    policy_args: dict = field(default_factory=dict)
+    """Keyword arguments of the factory."""
     preset: str = "tiny"
-    """Model size: ``tiny``, ``small`` or ``pi05``."""
+    """pi05's model size: ``tiny``, ``small`` or ``pi05``."""
     num_cameras: int | None = None
-    """Camera images per observation (None: the dataset's)."""
+    """pi05: camera images per observation (None: the dataset's)."""
     num_steps: int = 10
-    """Euler steps of the action expert per call."""
+    """Steps per call: pi05's Euler steps of the action expert; a user policy's ``sample`` argument."""
     chunk_size: int | None = None
-    """Actions predicted per call (None: the dataset's chunk size)."""
+    """pi05: actions predicted per call (None: the dataset's chunk size)."""
     n_action_steps: int | None = None
-    """Actions returned per call, at most ``chunk_size`` (None: all of them)."""
+    """pi05: actions returned per call, at most ``chunk_size`` (None: all of them)."""
     compile_mode: str = "none"
     """``none`` (eager) or a ``torch.compile`` mode, applied to prefill and denoise only."""
     precision: str = "fp32"
@@ -212,7 +260,7 @@ class InferenceSettings:
     n_warmup: int = 5
     """Calls before timing (the first pays for compilation)."""
     prompt_words: int = 24
-    """Words of the prompt (bounded by the model's ``prompt_max_length`` tokens)."""
+    """pi05: words of the prompt (bounded by the model's ``prompt_max_length`` tokens)."""
     seed: int = 0
     """Seed of the weights and the noise."""
     check_memory: bool = True
@@ -221,6 +269,7 @@ class InferenceSettings:
     """``auto`` (the GPU if any, else CPU), ``cpu``, ``cuda`` or ``cuda:<index>``."""
 
     def __post_init__(self) -> None:
+        check_policy(self.policy, self.policy_args)
         choice("preset", self.preset, PRESETS)
         optional(integer, "num_cameras", self.num_cameras, low=1)
         integer("num_steps", self.num_steps, low=1)
@@ -346,7 +395,8 @@ class RunConfig:
         import yaml
 
         top = dataclasses.asdict(self.train)
-        policy = {k: v for k, v in dataclasses.asdict(self.inference).items() if k not in SHARED_KEYS}
+        policy = {"factory": top.pop("policy")}  # the policy: key is the inference section
+        policy.update((k, v) for k, v in dataclasses.asdict(self.inference).items() if k not in SHARED_KEYS)
         sections = {"policy": policy, "dataset": dataclasses.asdict(self.dataset)}
         sections["training"] = dataclasses.asdict(self.training)
         return yaml.safe_dump({**top, **sections}, sort_keys=False)
@@ -368,7 +418,10 @@ def solver_parameters(cls, *names: str, exclude: tuple[str, ...] = ("seed",)) ->
     >>> solver_parameters(InferenceSettings, "num_steps", "n_warmup")
     {'num_steps': [10], 'n_warmup': [5]}
     """
-    fields = {f.name: f.default for f in dataclasses.fields(cls)}
+    fields = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(cls)
+    }
     unknown = sorted(set(names) - set(fields))
     if unknown:
         raise ValueError(f"{cls.__name__} has no field(s) {unknown}")
@@ -431,8 +484,13 @@ def load_run_config(path: str | Path, overrides: list[tuple[str, Any]] | None = 
     """
     path = Path(path)
     raw = yaml_mapping(path, "policy config")
+    factory = raw.pop("policy", None)
+    if isinstance(factory, dict):  # the inference section, which may name the factory too
+        raw["policy"], factory = factory, factory.pop("factory", None)
     sections = {name: dict(raw.pop(name, None) or {}) for name in ("policy", "dataset", "training")}
     top = dict(raw)
+    if factory is not None:
+        top["policy"] = factory
     known = {
         "": _fields(TrainSettings),
         "policy": [k for k in _fields(InferenceSettings) if k not in SHARED_KEYS],
@@ -446,9 +504,12 @@ def load_run_config(path: str | Path, overrides: list[tuple[str, Any]] | None = 
             raise ValueError(f"unknown key(s) {unknown} in {where}; expected some of {known[section]}")
     for key, value in overrides or []:
         section, _, name = key.rpartition(".")
+        if section == "policy_args" and name.isidentifier():  # --policy_args.hidden=64
+            top["policy_args"] = {**(top.get("policy_args") or {}), name: value}
+            continue
         if section not in known or name not in known[section]:
             allowed = [k for k in known[""]] + [f"{s}.{k}" for s in ("policy", "dataset", "training") for k in known[s]]
-            raise ValueError(f"unknown override key {key!r}; expected one of {allowed}")
+            raise ValueError(f"unknown override key {key!r}; expected one of {allowed} or policy_args.<name>")
         (sections[section] if section else top)[name] = value
     train = TrainSettings(**top)
     shared = {k: getattr(train, k) for k in SHARED_KEYS}

@@ -29,8 +29,10 @@ __all__ = [
     "env_bool",
     "env_int",
     "environment_info",
+    "data_root",
     "format_ms_stats",
     "load_config",
+    "policy_label",
     "progress_bar",
     "summary_sec",
     "write_json",
@@ -100,7 +102,45 @@ def load_config(args: argparse.Namespace, *, env: dict[str, Any] | None = None, 
     given = [(key, value) for key, value in (env or {}).items() if value is not None]
     given += parse_overrides(list(args.overrides or []))
     given += [(key, value) for key, value in (flags or {}).items() if value is not None]
+    given += policy_flags(getattr(args, "policy", None), getattr(args, "policy_arg", None) or [])
     return load_run_config(args.config, given)
+
+
+def policy_flags(policy: str | None, policy_args: list[str]) -> list[tuple[str, Any]]:
+    """``--policy`` and ``--policy-arg key=value`` as overrides (``policy``, ``policy_args.<key>``).
+
+    :Examples:
+
+    >>> policy_flags("mypkg:make", ["hidden=64", "name=big"])
+    [('policy', 'mypkg:make'), ('policy_args.hidden', 64), ('policy_args.name', 'big')]
+    """
+    from scopebench.policy.settings import parse_overrides
+
+    pairs = [] if policy is None else [("policy", policy)]
+    for text in policy_args:
+        key, sep, value = text.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--policy-arg expects key=value with an identifier key, got {text!r}")
+        pairs += [(f"policy_args.{k}", v) for k, v in parse_overrides([f"--{key}={value}"])]
+    return pairs
+
+
+def data_root(config) -> str:
+    """The folder of the synthetic robot dataset, written if not cached, when the policy is pi05;
+    ``""`` for a user policy, which reads its own dataset (nothing is written)."""
+    return str(config.dataset.materialize()) if config.train.policy == "pi05" else ""
+
+
+def policy_label(settings: Any) -> str:
+    """``preset=tiny`` for pi05, ``policy=<factory>`` for a user policy (a settings object or its dict).
+
+    :Examples:
+
+    >>> policy_label({"policy": "mypkg:make", "preset": "tiny"})
+    'policy=mypkg:make'
+    """
+    get = settings.get if isinstance(settings, dict) else lambda key: getattr(settings, key)
+    return f"preset={get('preset')}" if get("policy") == "pi05" else f"policy={get('policy')}"
 
 
 def progress_bar(total: int, desc: str, enabled: bool = True, stream=None):

@@ -163,7 +163,7 @@ def load_accelerate_file(path: str | Path) -> AccelerateFile:
 def _fsdp_knobs(raw: dict[str, Any], key) -> tuple[Any, bool | None]:
     """The :class:`~scopebench.train.fsdp.FSDPSettings` of an FSDP file, and its activation
     checkpointing flag (None when unset)."""
-    from scopebench.train.fsdp import DEFAULT_UNITS, FSDPSettings
+    from scopebench.train.fsdp import FSDPSettings
     from scopebench.validate import flag
 
     cfg = raw.get("fsdp_config") or {}
@@ -174,10 +174,12 @@ def _fsdp_knobs(raw: dict[str, Any], key) -> tuple[Any, bool | None]:
     choice(key("fsdp_config.fsdp_auto_wrap_policy"), wrap, ("TRANSFORMER_BASED_WRAP",))
     state = cfg.get("fsdp_state_dict_type", "SHARDED_STATE_DICT")
     choice(key("fsdp_config.fsdp_state_dict_type"), state, ("SHARDED_STATE_DICT",))
-    units = cfg.get("fsdp_transformer_layer_cls_to_wrap", ",".join(DEFAULT_UNITS))
+    units = cfg.get("fsdp_transformer_layer_cls_to_wrap")  # None: the policy's shard_modules
     if isinstance(units, str):
         units = [name.strip() for name in units.split(",")]
-    if not isinstance(units, list) or not units or not all(isinstance(n, str) and n for n in units):
+    if units is not None and (
+        not isinstance(units, list) or not units or not all(isinstance(n, str) and n for n in units)
+    ):
         raise ValueError(
             f"{key('fsdp_config.fsdp_transformer_layer_cls_to_wrap')} must name module classes "
             f"(comma-separated), got {units!r}"
@@ -192,7 +194,7 @@ def _fsdp_knobs(raw: dict[str, Any], key) -> tuple[Any, bool | None]:
     checkpointing = cfg.get("fsdp_activation_checkpointing")
     if checkpointing is not None:
         flag(key("fsdp_config.fsdp_activation_checkpointing"), checkpointing)
-    return FSDPSettings(units=tuple(units), **knobs), checkpointing
+    return FSDPSettings(units=None if units is None else tuple(units), **knobs), checkpointing
 
 
 def settings_in_force(file: AccelerateFile, settings: Any) -> list[str]:

@@ -276,6 +276,12 @@ def release_accelerator() -> None:
     release = getattr(groups, "_release_process_group_references", None)
     if release is not None:
         release(group=None)
+    # accelerate's ZeRO-3 plugin also tells transformers (a weak reference that lives as long as
+    # the plugin): models a later run builds must not be partitioned at construction.
+    hf_deepspeed = sys.modules.get("transformers.integrations.deepspeed")
+    unset = getattr(hf_deepspeed, "unset_hf_deepspeed_config", None)
+    if unset is not None:
+        unset()
     saved, _SAVED_ENV = _SAVED_ENV, None
     for key, value in (saved or {}).items():
         if value is None:

@@ -6,11 +6,12 @@ parameters stay plain), so the ``fsdp2`` backend does not go through accelerate'
 torchtitan does, on gloo ranks here and on NCCL ranks on GPUs. accelerate still provides the
 process-group view, the data sharding, the gathers and the RNG/scheduler checkpoint files.
 
-What is sharded (:data:`DEFAULT_UNITS`, ``fsdp_transformer_layer_cls_to_wrap`` of the
-accelerate file): every joint decoder layer (its prefix block and its action-expert block
-together, since one attention joins them), every vision-tower block, the vision patch
-embedding, then the root module for everything left, so that no module mixes plain tensors
-and ``DTensor``\\ s. Each unit's parameters are all-gathered just before its forward
+What is sharded: the policy's ``shard_modules`` (for pi05, :data:`DEFAULT_UNITS`: every
+joint decoder layer (its prefix block and its action-expert block together, since one
+attention joins them), every vision-tower block, the vision patch embedding), or the module
+classes ``fsdp_transformer_layer_cls_to_wrap`` of the accelerate file names, or by default
+each child of the model with parameters of its own; then the root module for everything
+left, so that no module mixes plain tensors and ``DTensor``\\ s. Each unit's parameters are all-gathered just before its forward
 (``forward``), freed after it when ``reshard_after_forward`` is set, gathered again in the
 backward and their gradients reduce-scattered (``bwd``); AdamW then steps the local shards
 (``optim_step``), and clipping uses the total norm over every rank's shards
@@ -67,8 +68,9 @@ OPTIMIZER_DIR = "fsdp_optimizer"
 class FSDPSettings:
     """The FSDP2 knobs of the accelerate file (``fsdp_config``)."""
 
-    units: tuple[str, ...] = DEFAULT_UNITS
-    """Class names of the modules sharded as one unit each (``fsdp_transformer_layer_cls_to_wrap``)."""
+    units: tuple[str, ...] | None = None
+    """Class names of the modules sharded as one unit each (``fsdp_transformer_layer_cls_to_wrap``);
+    None: the policy's ``shard_modules`` (pi05: :data:`DEFAULT_UNITS`)."""
     reshard_after_forward: bool = True
     """Free each unit's gathered parameters after its forward (gathered again in the backward)."""
     offload_params: bool = False
@@ -82,6 +84,25 @@ def _units(model: torch.nn.Module, names: tuple[str, ...]) -> list[tuple[str, to
         for fqn, module in model.named_modules()
         if fqn and type(module).__name__ in names and any(True for _ in module.parameters())
     ]
+    return sorted(found, key=lambda item: -item[0].count("."))
+
+
+def _default_units(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """Each child of ``model`` that holds parameters and shares none with another child (a tied
+    embedding stays in the root, with both its users)."""
+    children = [(name, child, {id(p) for p in child.parameters()}) for name, child in model.named_children()]
+    units = []
+    for name, child, own in children:
+        shared = any(own & other for n, _, other in children if n != name)
+        if own and not shared:
+            units.append((name, child))
+    return units
+
+
+def _given_units(model: torch.nn.Module, modules) -> list[tuple[str, torch.nn.Module]]:
+    """``modules`` (submodules of ``model``) with their names, deepest first."""
+    names = {id(m): fqn for fqn, m in model.named_modules() if fqn}
+    found = [(names[id(m)], m) for m in modules if id(m) in names and any(True for _ in m.parameters())]
     return sorted(found, key=lambda item: -item[0].count("."))
 
 
@@ -104,8 +125,12 @@ def shard_model(
     device: torch.device,
     precision: str,
     compile_units: bool = False,
+    modules=None,
 ) -> list[str]:
     """``fully_shard`` every unit of ``model`` then the root, in place; returns the units' names.
+
+    The units: the modules whose class ``settings.units`` names; else ``modules`` (a policy's
+    ``shard_modules``); else each child of ``model`` with parameters of its own.
 
     Must come before the optimizer is built (it replaces the parameters by ``DTensor`` shards).
     With ``compile_units`` each unit's ``forward`` is compiled on its own (inductor), as
@@ -117,8 +142,11 @@ def shard_model(
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    units = _units(model, settings.units)
-    if not units:
+    if settings.units is not None:
+        units = _units(model, settings.units)
+    else:
+        units = _given_units(model, modules) if modules is not None else _default_units(model)
+    if not units and settings.units is not None:
         present = sorted({type(m).__name__ for m in model.modules()})
         raise ValueError(
             f"fsdp_transformer_layer_cls_to_wrap {','.join(settings.units)} names no module of the model; "

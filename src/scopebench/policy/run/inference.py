@@ -1,20 +1,21 @@
-"""One ``sample_actions`` benchmark: model, observation, compilation, warm-up, profiler.
+"""One inference benchmark: model, observation, compilation, warm-up, profiler.
 
 :class:`InferenceRun` is the one lifecycle of ``Pi05Inference``, used alike by the
 benchopt solver, ``scopebench bench-inference``, ``scopebench decompose-latency`` and
-``perf/policy_speed.py``. One iteration is one call at batch 1, in four regions
-(``preprocess`` on the host, ``prefill``, ``denoise``, ``postprocess``). With a
-``compile_mode``, ``torch.compile`` wraps the model's prefill and denoise (never the host
-preprocessing); the ``n_warmup`` calls of ``start``, for each ``num_steps`` of the run's
+``perf/policy_speed.py``, for pi05 and any :class:`~scopebench.policy.user.UserPolicy` with
+``sample`` and ``observation``. One iteration is one call at batch 1, in four regions
+(``preprocess`` on the host, ``prefill`` (a policy without one has no such region),
+``denoise`` (the policy's ``sample``), ``postprocess``). With a ``compile_mode``,
+``torch.compile`` wraps the policy's prefill and sample (never the host preprocessing); the ``n_warmup`` calls of ``start``, for each ``num_steps`` of the run's
 ``schedule`` (compilation happens per ``num_steps``), pay for compilation outside the
 measured iterations, and the first call's excess over a steady call is reported as
 ``compile_time_sec``, with ``first_call_ratio`` = first call / median later warm-up call
 (below 5, a warning says compilation may not have happened).
 
-The observation is built from the dataset's first frame (the objective scores against
-that frame's recorded actions): its camera images, cycled to ``num_cameras``; its task
-prompt, repeated to ``prompt_words`` words (then bounded by the model's
-``prompt_max_length`` tokens); its state.
+The observation is the policy's ``observation(1)``. pi05 builds it from the dataset's first
+frame (the objective scores against that frame's recorded actions): its camera images,
+cycled to ``num_cameras``; its task prompt, repeated to ``prompt_words`` words (then bounded
+by the model's ``prompt_max_length`` tokens); its state.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ import torch
 
 from scopebench.distributed.device import resolve_device
 from scopebench.distributed.run import RankRun
-from scopebench.policy.run.steps import InferenceStep, policy_for_dataset
+from scopebench.policy.run.steps import InferenceStep
 from scopebench.policy.settings import InferenceSettings
 
 __all__ = ["COMPILE_RATIO_WARNING", "InferenceRun", "fit_latency", "make_observation"]
 
 #: Below this first-call / steady-call ratio, compilation probably did not happen.
 COMPILE_RATIO_WARNING = 5.0
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def make_observation(sample: Mapping, num_cameras: int, prompt_words: int) -> dict:
@@ -107,8 +108,9 @@ class InferenceRun(RankRun):
 
     Args:
         settings: Validated settings (``device`` is the :class:`~scopebench.distributed.run.RankRun`'s).
-        dataset_root: Folder of the robot dataset (its first frame is the observation).
+        dataset_root: Folder of the robot dataset (pi05: its first frame is the observation).
         chunk_size: The dataset's chunk size, used when ``settings.chunk_size`` is None.
+        tool: How errors name the caller (a policy without ``sample`` is refused naming it).
         schedule: The ``num_steps`` of the calls: iteration ``i`` uses
             ``schedule[i % len(schedule)]``, and every value is warmed up (``n_warmup``
             calls each) before the first measured call. Default: ``[settings.num_steps]``.
@@ -123,6 +125,7 @@ class InferenceRun(RankRun):
         dataset_root: str | Path,
         chunk_size: int,
         schedule: Sequence[int] | None = None,
+        tool: str = "Pi05Inference",
         **run: Any,
     ) -> None:
         from scopebench.validate import integer
@@ -139,42 +142,58 @@ class InferenceRun(RankRun):
         if schedule is not None and (isinstance(schedule, (str, bytes)) or not list(schedule)):
             raise ValueError(f"schedule must be a non-empty list of num_steps, got {schedule!r}")
         self.schedule = [integer("schedule", n, low=1) for n in (schedule or [settings.num_steps])]
-        inference_memory_check(settings)
+        if settings.policy == "pi05":
+            inference_memory_check(settings)
+        else:
+            from scopebench.policy.user import resolve_factory
+
+            resolve_factory(settings.policy)
+        self.tool = tool
+        self.policy = None
         self.model = None
         #: The call of each iteration (after start).
         self.work: InferenceStep | None = None
         #: Seconds of each warm-up call, by ``num_steps``.
         self.warmup_sec: dict[int, list[float]] = {}
-        self.actions: torch.Tensor | None = None
+        #: The last call's output (pi05: the action chunk).
+        self.actions: Any = None
         self._untimed = None
         self._calls = 0
 
     def build(self) -> None:
-        """Model, observation, compilation; then ``n_warmup`` calls for each ``num_steps``."""
-        from scopebench.policy.dataset import RobotDataset
-        from scopebench.policy.runner import PolicyRunner
+        """Policy, observation, compilation; then ``n_warmup`` calls for each ``num_steps``."""
+        import functools
+
+        from scopebench.policy.run.train import run_policy
+        from scopebench.policy.user import prepare_batch, to_device
 
         s = self.settings
         self.warmup_sec, self._calls, self._untimed = {}, 0, None
-        dataset = RobotDataset(self.dataset_root, chunk_size=self.chunk_size)
-        torch.manual_seed(s.seed)
-        overrides = dict(attention_implementation=s.attention_implementation, dtype=_DTYPES[s.precision])
-        if s.num_cameras is not None:
-            overrides["num_cameras"] = s.num_cameras
-        self.model = policy_for_dataset(s.preset, dataset, **overrides).to(self.device).eval()
-        cameras = self.model.config.num_cameras
-        runner = PolicyRunner(self.model, stats=dataset.stats)
-        prefill, denoise = self.model.prefill, self.model.denoise
+        self.policy = policy = run_policy(
+            s, dataset_root=self.dataset_root, chunk_size=self.chunk_size, task="inference"
+        )
+        policy.require("sample", "observation", tool=self.tool)
+        self.model = model = policy.model.to(self.device, _DTYPES[s.precision]).eval()
+
+        def sample(state: Any, num_steps: int) -> Any:  # closures, which torch.compile traces through
+            return policy.sample(model, state, num_steps)
+
+        def prefill(observation: Any) -> Any:
+            return policy.prefill(model, observation)
+
+        prefill = None if policy.prefill is None else prefill
         if s.compile_mode != "none":
             mode = None if s.compile_mode == "default" else s.compile_mode
-            prefill, denoise = torch.compile(prefill, mode=mode), torch.compile(denoise, mode=mode)
+            sample = torch.compile(sample, mode=mode)
+            prefill = None if prefill is None else torch.compile(prefill, mode=mode)
         self.work = InferenceStep(
-            runner,
-            make_observation(dataset[0], cameras, s.prompt_words),
+            policy.observation(1),
+            prepare=functools.partial(prepare_batch, policy, device=self.device),
+            sample=sample,
             num_steps=s.num_steps,
-            n_action_steps=s.n_action_steps,
             prefill=prefill,
-            denoise=denoise,
+            postprocess=policy.postprocess or functools.partial(to_device, device=torch.device("cpu")),
+            model=model,
             compiled=s.compile_mode != "none",
         )
         for n in dict.fromkeys(self.schedule):

@@ -23,6 +23,8 @@ __all__ = ["DATALOADER_SETTINGS", "InferenceSolverMixin", "TrainSolverMixin"]
 #: The :class:`~scopebench.policy.settings.TrainSettings` fields ``Pi05Dataloader`` varies
 #: (the rest are training's: no model, no optimizer).
 DATALOADER_SETTINGS = (
+    "policy",
+    "policy_args",
     "preset",
     "batch_size",
     "num_workers",
@@ -83,7 +85,6 @@ class TrainSolverMixin(_PolicySolverMixin):
         dataset's samples (:func:`~scopebench.policy.dataset.check_batch_fits`) and, for
         training, the accelerate file of ``backend`` are checked."""
         from scopebench.policy.dataset import check_batch_fits, synthetic_samples
-        from scopebench.policy.run.train import resolve_accelerate_file
         from scopebench.policy.settings import DatasetSettings, TrainSettings, backend_conflict, settings_from
         from scopebench.train import BACKENDS
         from scopebench.validate import choice, integer
@@ -97,6 +98,8 @@ class TrainSolverMixin(_PolicySolverMixin):
                 return conflict
         settings = settings_from(TrainSettings, params, seed=spec.get("seed", 0))
         super().check_cell(params, spec, launcher_world_size)
+        if settings.policy != "pi05":  # a user policy reads its own dataset, checked once built
+            return cls._check_accelerate_file(settings)
         # The dataset is not written here: its samples are its frames (synthetic_samples).
         defaults = DatasetSettings.__dataclass_fields__
         episodes, length = (
@@ -104,6 +107,12 @@ class TrainSolverMixin(_PolicySolverMixin):
         )
         dataset = f"the dataset ({episodes} episodes x {length} frames)"
         check_batch_fits(settings.batch_size, synthetic_samples(episodes, length), world, dataset)
+        return cls._check_accelerate_file(settings)
+
+    @classmethod
+    def _check_accelerate_file(cls, settings: Any) -> None:
+        from scopebench.policy.run.train import resolve_accelerate_file
+
         if cls.task == "train":
             try:
                 resolve_accelerate_file(settings)
@@ -135,10 +144,8 @@ class TrainSolverMixin(_PolicySolverMixin):
         run = self.policy_run
         if self.task == "dataloader":
             return dict(dataloader=True, **run.metrics())
-        model = run.unwrapped_model
-        if model is None:  # ZeRO-3: every rank computed the validation loss before this callback
-            return dict(model=None, val_loss=run.val_loss, **run.metrics())
-        return dict(model=model, **run.metrics())
+        # every rank computed the validation loss before this callback (ZeRO-3, FSDP2: a forward needs them all)
+        return dict(val_loss=run.val_loss, **run.metrics())
 
 
 class InferenceSolverMixin(_PolicySolverMixin):
@@ -169,12 +176,15 @@ class InferenceSolverMixin(_PolicySolverMixin):
             chunk_size=chunk_size,
             profiler=profiler,
             output_dir=self.output_dir,
+            tool="Pi05Inference",
         )
 
     def get_result(self) -> dict[str, Any]:
         import torch
 
         run = self.policy_run
+        if run.settings.policy != "pi05":  # a user policy's output is not an action chunk of the dataset
+            return dict(sampled=True, **run.metrics())
         actions = run.actions
         if actions is None:  # no call yet (n_warmup: 0): "no motion", scored like any other
             actions = torch.zeros(1, run.settings.n_action_steps or run.chunk_size, self.action_dim)

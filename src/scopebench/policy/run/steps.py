@@ -17,10 +17,9 @@ import torch
 from scopebench.policy.config import Pi05Config, make_config
 from scopebench.policy.dataset import RobotDataset
 from scopebench.policy.model import Pi05Policy
-from scopebench.policy.runner import PolicyRunner, Preprocessor
 
 __all__ = [
-    "GATHERED_KEYS",
+    "MEMORY_KEYS",
     "BatchStream",
     "DataloaderStep",
     "InferenceStep",
@@ -30,8 +29,8 @@ __all__ = [
     "validation_loss",
 ]
 
-#: Per-rank values of the ``sync_gather`` phase, in the order of the gathered tensor.
-GATHERED_KEYS = ("train_loss", "mse_loss", "ce_loss", "max_rss_mb", "max_gpu_mb")
+#: Per-rank memory peaks gathered in ``sync_gather``, after the loss and its terms.
+MEMORY_KEYS = ("max_rss_mb", "max_gpu_mb")
 
 
 class BatchStream:
@@ -96,7 +95,8 @@ class TrainStep:
         optimizer: The prepared optimizer, or None (``no_optim``: gradients are dropped).
         scheduler: The prepared LR scheduler, or None.
         batches: Endless dataloader batches.
-        preprocessor: Batch -> model inputs on the device.
+        prepare: Batch -> model inputs on the device (the policy's ``preprocess``, or the copy).
+        loss: ``(model, inputs) -> (loss, {name: term})`` (:func:`scopebench.policy.user.policy_loss`).
         grad_clip: Maximum global gradient norm; 0 disables clipping (DeepSpeed clips
             inside its ``step`` from its own config).
         gather_every: Gather loss terms and peaks every this many steps.
@@ -112,7 +112,8 @@ class TrainStep:
         optimizer: Any,
         scheduler: Any,
         batches: Iterator,
-        preprocessor: Preprocessor,
+        prepare: Callable[[Any], Any],
+        loss: Callable[[torch.nn.Module, Any], tuple[torch.Tensor, Mapping]],
         grad_clip: float,
         gather_every: int = 1,
         accumulation: int = 1,
@@ -123,9 +124,16 @@ class TrainStep:
         self.accelerator = accelerator
         self.model = model
         self.optimizer = optimizer
+        # accelerate's optimizer wrapper only adds, without a gradient scaler (fp16, which the
+        # suite does not offer) or XLA, two package look-ups a step (lomo_optim: 0.1-1 ms,
+        # measured by perf/user_policy_overhead.py): step the wrapped optimizer itself.
+        inner = getattr(optimizer, "optimizer", None)
+        direct = inner is not None and getattr(optimizer, "scaler", None) is None
+        self._stepped = inner if direct and accelerator.distributed_type != DistributedType.XLA else optimizer
         self.scheduler = scheduler
         self.batches = batches
-        self.preprocessor = preprocessor
+        self.prepare = prepare
+        self.loss = loss
         self.grad_clip = grad_clip
         self.gather_every = gather_every
         self.accumulation = accumulation
@@ -138,31 +146,34 @@ class TrainStep:
         self.grad_norm: torch.Tensor | None = None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.steps = 0
-        #: Every rank's :data:`GATHERED_KEYS` at the last gather (rank order), or None.
+        #: The gathered names: ``train_loss`` and the loss's terms (fixed at the first gather).
+        self.loss_keys: tuple[str, ...] | None = None
+        #: Every rank's loss, terms and :data:`MEMORY_KEYS` at the last gather (rank order), or None.
         self.gathered: list[dict[str, float]] | None = None
 
     def __call__(self, prof) -> None:
         acc, engine = self.accelerator, self.engine
-        self.model.train()
+        if not self.model.training:  # train() walks every module: 0.4 ms a step on PaliGemma, 2.5 % of it
+            self.model.train()
         losses: list[tuple[torch.Tensor, Mapping[str, torch.Tensor]]] = []
         for micro in range(self.accumulation):
             last = micro == self.accumulation - 1
             with prof.track_step("dataload_wait"):
-                obs = self.preprocessor.preprocess(next(self.batches))
+                inputs = self.prepare(next(self.batches))
             # DDP: all-reduce the gradients on the last micro-batch only (FSDP2: reduce-scatter).
             if self.fsdp:
                 self.model.set_requires_gradient_sync(last)
             with contextlib.nullcontext() if (last or engine is not None or self.fsdp) else acc.no_sync(self.model):
                 with prof.track_step("forward"):
                     with acc.autocast():
-                        loss, terms = self.model(obs)
+                        loss, terms = self.loss(self.model, inputs)
                 with prof.track_step("bwd"):
                     if engine is not None:  # scales by 1/accumulation itself
                         engine.set_gradient_accumulation_boundary(is_boundary=last)
                         engine.backward(loss)
                     else:
                         acc.backward(loss / self.accumulation if self.accumulation > 1 else loss)
-            losses.append((loss.detach(), {k: v.detach() for k, v in terms.items()}))
+            losses.append((loss.detach(), {k: torch.as_tensor(v).detach() for k, v in terms.items()}))
         with prof.track_step("unscale_clip"):
             if engine is None and self.optimizer is not None and self.grad_clip > 0:
                 if self.fsdp:  # the norm over every rank's shards, not this rank's
@@ -175,7 +186,7 @@ class TrainStep:
             if engine is not None:
                 engine.step()
             elif self.optimizer is not None:
-                self.optimizer.step()
+                self._stepped.step()
         with prof.track_step("zero_grad_sched"):
             if engine is None:
                 (self.optimizer or self.model).zero_grad(set_to_none=True)
@@ -187,19 +198,20 @@ class TrainStep:
         self.steps += 1
 
     def _gather(self, loss: torch.Tensor, terms: Mapping[str, torch.Tensor]) -> None:
+        if self.loss_keys is None:  # every rank runs the same loss: the same names, in this order
+            self.loss_keys = ("train_loss", *sorted(terms))
         nan = torch.tensor(float("nan"), device=loss.device)
         rss, gpu = self.memory()
         values = torch.stack(
             [
                 loss.detach().float(),
-                terms.get("mse_loss", nan).float(),
-                terms.get("ce_loss", nan).float(),
+                *(terms.get(key, nan).to(loss.device).float() for key in self.loss_keys[1:]),
                 torch.tensor(rss, device=loss.device),
                 torch.tensor(gpu, device=loss.device),
             ]
         )
         rows = self.accelerator.gather(values[None]).tolist()  # (ranks, keys); the host sync
-        self.gathered = [dict(zip(GATHERED_KEYS, row)) for row in rows]
+        self.gathered = [dict(zip(self.loss_keys + MEMORY_KEYS, row)) for row in rows]
 
 
 def _mean_over_micro_batches(losses):
@@ -214,19 +226,23 @@ def _mean_over_micro_batches(losses):
 class DataloaderStep:
     """One batch of the training dataloader, without a model: ``fetch``, ``decode``, ``h2d``.
 
-    ``h2d`` is the host preprocessing and the copy to the device, exactly what
+    ``h2d`` is the host preprocessing and the copy to the device (``prepare``), exactly what
     ``dataload_wait`` adds to the fetch in :class:`TrainStep`. ``decode`` is the camera-frame
     decoding that ran in this process during the fetch (with 0 workers), taken out of
     ``fetch``'s time; with workers it runs in them and the region is absent.
     :attr:`decode_sec` and :attr:`decoded_frames` add up the decoding of every batch so far,
-    wherever it ran (the samples' ``decode_time_sec``), and the camera frames decoded.
+    wherever it ran (the samples' ``decode_time_sec``, in a dict batch of the robot dataset),
+    and the camera frames decoded (``cameras`` per sample).
     """
 
-    def __init__(self, batches: Iterator, preprocessor: Preprocessor, decoder: str | None = None) -> None:
+    def __init__(
+        self, batches: Iterator, prepare: Callable[[Any], Any], decoder: str | None = None, cameras: int = 0
+    ) -> None:
         self.batches = batches
-        self.preprocessor = preprocessor
+        self.prepare = prepare
         #: What decodes the frames (the dataset's ``decoder``: ``pyav``, ``pil``), for the reports.
         self.decoder = decoder
+        self.cameras = cameras
         self.decode_sec = 0.0
         self.decoded_frames = 0
         #: Whether the loader decodes in this process (no workers): then ``decode`` is measured.
@@ -241,79 +257,86 @@ class DataloaderStep:
             batch = next(self.batches)
         if self.decodes_here:
             prof.split_region("fetch", DECODE_PHASE, decode_seconds() - before)
-        per_sample = batch.pop("decode_time_sec", None)
+        per_sample = batch.pop("decode_time_sec", None) if isinstance(batch, dict) else None
         if per_sample is not None:
             self.decode_sec += float(per_sample.sum())
-            self.decoded_frames += per_sample.numel() * self.preprocessor.config.num_cameras
+            self.decoded_frames += per_sample.numel() * self.cameras
         with prof.track_step("h2d"):
-            self.preprocessor.preprocess(batch)
+            self.prepare(batch)
 
 
 class InferenceStep:
-    """``sample_actions`` on one observation, split into its four phases.
+    """One inference call on one observation, in its phases.
+
+    ``preprocess`` (host observation -> model inputs on the device), ``prefill`` (when the
+    policy has one: the once-per-call part, pi05's prefix KV cache), ``denoise`` (the
+    policy's ``sample``: the ``num_steps`` loop) and ``postprocess`` (the output on the host).
 
     Args:
-        runner: Preprocessing and the model's two stages.
-        observation: A dataloader-style batch (actions, if any, are ignored).
-        num_steps: Euler steps of the action expert (a call may override it).
-        n_action_steps: Actions returned per call (None: the whole chunk).
-        prefill: The prefill callable (default ``runner.model.prefill``; compiled by the
-            run object when asked).
-        denoise: The denoise callable ``(cache, noise, num_steps)``.
+        observation: A host observation (the policy's ``observation(1)``).
+        prepare: Observation -> model inputs on the device.
+        sample: ``(state, num_steps) -> output``, where ``state`` is what ``prefill`` returned,
+            else the prepared inputs (compiled by the run object when asked).
+        num_steps: Steps per call (a call may override it).
+        prefill: ``inputs -> state``, or None (no ``prefill`` phase).
+        postprocess: Output -> the result on the host.
+        model: The model (put in eval mode before each call).
         compiled: The callables are ``torch.compile``d: each call starts a new CUDA-graph
             step (``reduce-overhead``), so the previous call's graph outputs may be reused.
     """
 
     def __init__(
         self,
-        runner: PolicyRunner,
-        observation: Mapping,
+        observation: Any,
         *,
+        prepare: Callable[[Any], Any],
+        sample: Callable[[Any, int], Any],
         num_steps: int,
-        n_action_steps: int | None = None,
-        prefill: Callable | None = None,
-        denoise: Callable | None = None,
+        postprocess: Callable[[Any], Any],
+        model: torch.nn.Module,
+        prefill: Callable[[Any], Any] | None = None,
         compiled: bool = False,
     ) -> None:
-        self.runner = runner
-        self.compiled = compiled
-        self.batch = {k: v for k, v in observation.items() if k not in ("actions", "action_is_pad")}
+        self.observation = observation
+        self.prepare = prepare
+        self.sample = sample
         self.num_steps = num_steps
-        self.n_action_steps = n_action_steps
-        self.prefill = prefill or runner.model.prefill
-        self.denoise = denoise or runner.model.denoise
+        self.prefill = prefill
+        self.postprocess = postprocess
+        self.model = model
+        self.compiled = compiled
 
     @torch.inference_mode()
-    def __call__(self, prof, num_steps: int | None = None) -> torch.Tensor:
-        """One action chunk (B, n_action_steps, action_dim) in dataset units, on the CPU."""
-        self.runner.model.eval()
+    def __call__(self, prof, num_steps: int | None = None) -> Any:
+        """One call: the postprocessed output (pi05: the action chunk in dataset units, on the CPU)."""
+        if self.model.training:  # eval() walks every module
+            self.model.eval()
         if self.compiled:
             torch.compiler.cudagraph_mark_step_begin()
         with prof.track_step("preprocess"):
-            obs = self.runner.preprocess(self.batch)
-        with prof.track_step("prefill"):
-            cache = self.prefill(obs)
+            state = self.prepare(self.observation)
+        if self.prefill is not None:
+            with prof.track_step("prefill"):
+                state = self.prefill(state)
         with prof.track_step("denoise"):
-            actions = self.denoise(cache, None, num_steps or self.num_steps)
+            output = self.sample(state, num_steps or self.num_steps)
         with prof.track_step("postprocess"):
-            actions = self.runner.postprocess(actions)
-            return actions[:, : self.n_action_steps] if self.n_action_steps else actions
+            return self.postprocess(output)
 
 
 def validation_loss(model: Pi05Policy, batch: Mapping, stats: Mapping | None, seed: int = 0) -> float:
-    """Training loss on ``batch`` with noise and times fixed by ``seed`` (comparable across steps)."""
-    runner = PolicyRunner(model, stats=stats)
-    obs = runner.preprocess(batch)
-    gen = torch.Generator().manual_seed(seed)
-    actions = obs["actions"]
-    noise = torch.randn(actions.shape, generator=gen).to(actions.device)
-    times = (torch.rand(actions.shape[0], generator=gen) * 0.999 + 0.001).to(actions.device)
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        loss, _ = model(obs, noise=noise, time=times)
-    model.train(was_training)
-    return float(loss)
+    """pi05's loss on ``batch`` (a dataloader batch of its robot dataset, with ``stats``), its
+    noise and times fixed by ``seed``: :func:`scopebench.policy.user.validation_loss` of the
+    pi05 policy around ``model``, as the training run computes it."""
+    from scopebench.policy.runner import Preprocessor
+    from scopebench.policy.user import UserPolicy
+    from scopebench.policy.user import validation_loss as policy_validation_loss
+
+    def preprocess(batch: Mapping, device: torch.device) -> dict:
+        return Preprocessor(model.config, stats, device, next(model.parameters()).dtype).preprocess(batch)
+
+    policy = UserPolicy(model=model, loss=lambda m, obs: m(obs), dataset=[None], preprocess=preprocess)
+    return policy_validation_loss(policy, model, batch, seed)
 
 
 def config_for_dataset(preset: str, dataset: RobotDataset, **overrides) -> Pi05Config:

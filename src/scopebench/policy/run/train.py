@@ -33,13 +33,7 @@ import torch
 from scopebench.distributed.device import resolve_device
 from scopebench.distributed.run import RankRun
 from scopebench.policy.phases import BACKWARD_STEP_PHASES
-from scopebench.policy.run.steps import (
-    BatchStream,
-    DataloaderStep,
-    TrainStep,
-    config_for_dataset,
-    policy_for_dataset,
-)
+from scopebench.policy.run.steps import MEMORY_KEYS, BatchStream, DataloaderStep, TrainStep, config_for_dataset
 from scopebench.policy.settings import TrainSettings, backend_conflict
 from scopebench.validate import choice
 
@@ -49,8 +43,8 @@ __all__ = [
     "PolicyTrainRun",
     "audit_parameters",
     "model_overrides",
-    "open_training_data",
     "run_worker",
+    "run_policy",
     "training_memory_check",
 ]
 
@@ -123,34 +117,37 @@ def model_overrides(settings: TrainSettings) -> dict[str, Any]:
     )
 
 
-def open_training_data(settings: TrainSettings, dataset_root: str | Path, chunk_size: int):
-    """The dataset and the training dataloader (seeded sampler, workers, prefetch) of a run."""
-    from scopebench.policy.dataset import RobotDataset, make_dataloader
+def run_policy(settings: Any, *, dataset_root: str | Path, chunk_size: int, task: str = "train"):
+    """The :class:`~scopebench.policy.user.UserPolicy` of a run (``settings.policy``), built after
+    seeding torch with ``settings.seed``: pi05 with the run's data and model settings
+    (:func:`scopebench.policy.pi05.pi05_args`), a user factory with ``settings.policy_args``."""
+    from scopebench.policy.pi05 import pi05_args
+    from scopebench.policy.user import build_policy
 
-    dataset = RobotDataset(dataset_root, chunk_size=chunk_size)
-    loader = make_dataloader(
-        dataset,
-        settings.batch_size,
-        seed=settings.seed,
-        num_workers=settings.num_workers,
-        prefetch_factor=settings.prefetch_factor,
-        persistent_workers=settings.num_workers > 0,
-    )
-    return dataset, loader
+    if settings.policy == "pi05":
+        args = pi05_args(settings, dataset_root=dataset_root, chunk_size=chunk_size, task=task)
+    else:
+        args = settings.policy_args
+    return build_policy(settings.policy, args, seed=settings.seed)
 
 
 def audit_parameters(settings: TrainSettings, *, dataset_root: str | Path, chunk_size: int, include_zero_grad=False):
     """One forward + backward of the run's model on the run's first batch, on one device
     (no DDP): which parameters get no gradient (:func:`scopebench.policy.audit.find_unused_parameters`)."""
     from scopebench.policy.audit import find_unused_parameters
-    from scopebench.policy.runner import Preprocessor
+    from scopebench.policy.user import make_policy_loader, policy_loss, prepare_batch
 
     device = resolve_device(settings.device)
-    dataset, loader = open_training_data(settings, dataset_root, chunk_size)
-    torch.manual_seed(settings.seed)
-    model = policy_for_dataset(settings.preset, dataset, **model_overrides(settings)).to(device)
-    batch = Preprocessor(model.config, dataset.stats, device).preprocess(next(iter(loader)))
-    return find_unused_parameters(model, batch, include_zero_grad=include_zero_grad)
+    policy = run_policy(settings, dataset_root=dataset_root, chunk_size=chunk_size)
+    loader = make_policy_loader(policy, min(settings.batch_size, len(policy.dataset)), seed=settings.seed)
+    model = policy.model.to(device)
+    batch = prepare_batch(policy, next(iter(loader)), device)
+    return find_unused_parameters(
+        model,
+        batch,
+        include_zero_grad=include_zero_grad,
+        loss=lambda m, b: policy_loss(policy, m, b, settings.policy)[0],
+    )
 
 
 class PolicyTrainRun(RankRun):
@@ -162,10 +159,10 @@ class PolicyTrainRun(RankRun):
         dataset_root: Folder of the (already written) robot dataset.
         chunk_size: Actions per training sample (the policy's chunk size).
         task: ``train`` or ``dataloader`` (no model, no optimizer, no collective).
-        eval_batch_size: Under ZeRO-3 and FSDP2, every rank computes the held-out validation loss of
-            the objective (:func:`~scopebench.policy.run.steps.validation_loss` on
-            ``fixed_eval_batch(dataset, eval_batch_size)``) before each callback, since a
-            forward needs every rank's parameter shard; it becomes :attr:`val_loss`.
+        eval_batch_size: Before each callback every rank computes the held-out validation loss of
+            the objective (:func:`scopebench.policy.user.validation_loss` on the same
+            ``eval_batch_size`` samples of the policy's dataset, :func:`~scopebench.policy.user.fixed_batch`;
+            under ZeRO-3 and FSDP2 a forward needs every rank's shard); it becomes :attr:`val_loss`.
         resume_from: A checkpoint (folder, ``checkpoints/`` or output folder with a
             ``last`` pointer) to continue from: weights, optimizer, scheduler, RNG states,
             step count and data position (:mod:`scopebench.train.checkpoint`).
@@ -216,7 +213,7 @@ class PolicyTrainRun(RankRun):
         check_launcher_backend(settings.backend if task == "train" else "ddp")
         self.eval_batch_size = eval_batch_size
         self.resume_from = None if resume_from is None else str(resolve_checkpoint(resume_from))
-        #: The held-out validation loss computed by every rank (ZeRO-3, FSDP2), before each callback.
+        #: The held-out validation loss computed by every rank before each callback (with ``eval_batch_size``).
         self.val_loss: float | None = None
         self.dataset_root = str(dataset_root)
         self.chunk_size = chunk_size
@@ -227,7 +224,10 @@ class PolicyTrainRun(RankRun):
             )
             if conflict:
                 raise ValueError(conflict)
-            local = self.nproc if self.device.type == "cpu" and not self.info.is_distributed else 1
+        #: Processes sharing this machine's memory (local ranks on a CPU).
+        self.local_processes = self.nproc if self.device.type == "cpu" and not self.info.is_distributed else 1
+        if task == "train" and settings.policy == "pi05":  # a user policy's model is checked once built
+            local = self.local_processes
             config = None
             if self.info.source != "spawn" and settings.check_memory:  # rank 0 checked for its spawned ranks
                 from scopebench.policy.dataset import RobotDataset
@@ -236,9 +236,16 @@ class PolicyTrainRun(RankRun):
                     settings.preset, RobotDataset(dataset_root, chunk_size=chunk_size), **model_overrides(settings)
                 )
             training_memory_check(settings, processes=local, world_size=self.world_size, config=config)
-        from scopebench.policy.dataset import check_dataset_batch  # drop_last: a share under one batch has none
+        if settings.policy == "pi05":
+            from scopebench.policy.dataset import check_dataset_batch  # drop_last: a share under one batch has none
 
-        check_dataset_batch(dataset_root, settings.batch_size, self.world_size)
+            check_dataset_batch(dataset_root, settings.batch_size, self.world_size)
+        else:
+            from scopebench.policy.user import resolve_factory
+
+            resolve_factory(settings.policy)  # a module or function not found: refused before any rank starts
+        #: The run's :class:`~scopebench.policy.user.UserPolicy` (after start).
+        self.policy = None
         #: Whether every rank holds only a shard of each parameter (ZeRO-3, FSDP2).
         self.sharded = task == "train" and settings.backend in SHARDED_PARAMETERS
         self.accelerator = None
@@ -248,7 +255,7 @@ class PolicyTrainRun(RankRun):
         self.work = None
         self.peak = None
         self.flops_per_sample = 0
-        self._eval: tuple[dict, Any] | None = None
+        self._eval: Any = None
         self._sampler = None
         self.rank_rows: list[list[dict[str, Any]]] = []
         #: Per rank, gathered at the end of :meth:`loop`: accelerate's world size and a
@@ -272,10 +279,17 @@ class PolicyTrainRun(RankRun):
 
     def build(self) -> None:
         """The accelerator, the data, and for training the model, AdamW and the schedule."""
-        from scopebench.policy.runner import Preprocessor
+        import functools
+
+        from scopebench.policy.user import fixed_batch, make_policy_loader, measure_flops_per_sample, prepare_batch
         from scopebench.train import AcceleratorSettings, build_accelerator, peak_flops
 
         s = self.settings
+        # Before the accelerator: under ZeRO-3 it announces DeepSpeed's config to transformers, whose
+        # models would then be built already partitioned (zero.Init), which the policy's checks and
+        # FLOP count cannot read; DeepSpeed partitions the built model itself when it is prepared.
+        self.policy = policy = run_policy(s, dataset_root=self.dataset_root, chunk_size=self.chunk_size, task=self.task)
+        self._check_policy()
         if self.task == "train" and s.backend == "fsdp2":
             from scopebench.train.fsdp import join_single_rank_group
 
@@ -295,25 +309,54 @@ class PolicyTrainRun(RankRun):
             self.info,
             self.device,
         )
-        dataset, loader = open_training_data(s, self.dataset_root, self.chunk_size)
-        torch.manual_seed(s.seed)  # the same initial weights on every rank
-        overrides = model_overrides(s)
-        preprocessor = Preprocessor(config_for_dataset(s.preset, dataset, **overrides), dataset.stats, self.device)
+        loader = make_policy_loader(
+            policy, s.batch_size, seed=s.seed, num_workers=s.num_workers, prefetch_factor=s.prefetch_factor
+        )
+        prepare = functools.partial(prepare_batch, policy, device=self.device, non_blocking=self.device.type == "cuda")
         if self.task == "dataloader":
+            data = policy.dataset
             self.work = DataloaderStep(
-                BatchStream(acc.prepare(loader)), preprocessor, decoder=getattr(dataset, "decoder", None)
+                BatchStream(acc.prepare(loader)),
+                prepare,
+                decoder=getattr(data, "decoder", None),
+                cameras=len(getattr(data, "cameras", ())),
             )
             return
-        model = policy_for_dataset(s.preset, dataset, **overrides).to(self.device)
+        model = policy.model.to(self.device)
+        self.flops_per_sample = policy.flops_per_sample or measure_flops_per_sample(policy, self.device, s.policy)
         self._sampler = loader.sampler
-        self._build_training(model, loader, preprocessor)
+        self._build_training(model, loader, prepare)
         self.peak = peak_flops(self.device, s.precision, s.peak_tflops)
-        if self.eval_batch_size is not None and self.sharded:
-            from scopebench.policy.dataset import fixed_eval_batch
-
-            self._eval = (fixed_eval_batch(dataset, self.eval_batch_size), dataset.stats)
+        if self.eval_batch_size is not None:
+            self._eval = fixed_batch(policy, self.eval_batch_size)
         if self.resume_from is not None:
             self._resume(self.resume_from)
+
+    def _check_policy(self) -> None:
+        """A user policy's dataset against the batch, and its model states against the free memory."""
+        from scopebench.policy.dataset import check_batch_fits
+
+        s, policy = self.settings, self.policy
+        if s.policy == "pi05":
+            return
+        check_batch_fits(s.batch_size, len(policy.dataset), self.world_size, f"the dataset of policy {s.policy}")
+        if self.task == "train" and s.check_memory:
+            from scopebench.train.memory import check_memory_fits, model_state_bytes
+
+            params = sum(p.numel() for p in policy.model.parameters())
+            states = model_state_bytes(params, backend=s.backend, world_size=self.world_size, optimizer=not s.no_optim)
+            what = f"{params / 1e6:.1f} M parameters: fp32 weights, gradients" + (
+                "" if s.no_optim else " and AdamW state"
+            )
+            check_memory_fits(
+                "policy",
+                s.policy,
+                needed_bytes=int(sum(states.values())),
+                what=what,
+                device=self.device,
+                override_key="check_memory",
+                processes=self.local_processes,
+            )
 
     def step(self, profiler: Any) -> None:
         self.work(profiler)
@@ -334,13 +377,15 @@ class PolicyTrainRun(RankRun):
             dist.destroy_process_group()
             self._own_group = False
 
-    def _build_training(self, model, loader, preprocessor) -> None:
+    def _build_training(self, model, loader, prepare) -> None:
+        import functools
+
+        from scopebench.policy.user import policy_loss
         from scopebench.profiler.device import DeviceOps, peak_rss_mb
         from scopebench.train import build_adamw, build_scheduler
 
         s, acc = self.settings, self.accelerator
         self.model = model
-        self.flops_per_sample = model.estimate_flops(1, "train")
         optimizer = scheduler = None
         self.fsdp_units = []
         if s.backend == "fsdp2":  # sharded in place before the optimizer sees the parameters
@@ -352,6 +397,7 @@ class PolicyTrainRun(RankRun):
                 device=self.device,
                 precision=s.precision,
                 compile_units=s.torch_compile,
+                modules=self.policy.shard_modules,
             )
             prepared = model
             if not s.no_optim:
@@ -384,7 +430,8 @@ class PolicyTrainRun(RankRun):
             optimizer=optimizer,
             scheduler=scheduler,
             batches=BatchStream(loader),
-            preprocessor=preprocessor,
+            prepare=prepare,
+            loss=functools.partial(policy_loss, self.policy, name=s.policy),
             grad_clip=s.grad_clip,
             gather_every=s.gather_every,
             accumulation=s.gradient_accumulation_steps,
@@ -416,7 +463,6 @@ class PolicyTrainRun(RankRun):
         from scopebench.policy.run.trainer import RESUME_MAY_CHANGE
         from scopebench.train.checkpoint import save_checkpoint
 
-        config = self.accelerator.unwrap_model(self.work.model).config
         meta = {
             **self.training_state(),
             "backend": self.settings.backend,
@@ -426,11 +472,21 @@ class PolicyTrainRun(RankRun):
         if settings is None:
             own = {**dataclasses.asdict(self.settings), "nproc_per_node": self.world_size}
             settings = {key: value for key, value in own.items() if key not in RESUME_MAY_CHANGE}
-        policy = {"preset": self.settings.preset, "config": dataclasses.asdict(config)}
-        extra = {POLICY_CONFIG_FILE: json.dumps(policy, indent=2) + "\n", **(files or {})}
+        extra = {POLICY_CONFIG_FILE: json.dumps(self.policy_record(), indent=2) + "\n", **(files or {})}
         return save_checkpoint(
             self.accelerator, output_dir, self.work.steps, meta=meta, files=extra, settings=settings, sharded=self._dcp
         )
+
+    def policy_record(self) -> dict[str, Any]:
+        """What ``policy_config.json`` holds: pi05's preset and model config, or a user policy's
+        factory and arguments (what a resume must rebuild)."""
+        import dataclasses
+
+        s = self.settings
+        if s.policy != "pi05":
+            return {"policy": s.policy, "policy_args": s.policy_args}
+        config = self.accelerator.unwrap_model(self.work.model).config
+        return {"preset": s.preset, "config": dataclasses.asdict(config)}
 
     @property
     def _dcp(self):
@@ -454,8 +510,8 @@ class PolicyTrainRun(RankRun):
         """:meth:`RankRun.loop`, then every rank's profiler rows are gathered into
         :attr:`rank_rows` and its checks into :attr:`rank_checks` (a collective).
 
-        Under ZeRO-3 and FSDP2 with ``eval_batch_size`` every rank also computes :attr:`val_loss`
-        before each callback, after ``before_callback``.
+        With ``eval_batch_size`` every rank also computes :attr:`val_loss` before each callback,
+        after ``before_callback`` (under ZeRO-3 and FSDP2 a forward needs every rank's shards).
         """
         from scopebench.distributed import gather_objects
 
@@ -470,12 +526,10 @@ class PolicyTrainRun(RankRun):
         self.rank_checks = [c for _, c in gathered]
 
     def _score_on_every_rank(self) -> None:
-        from scopebench.policy.run.steps import validation_loss
+        from scopebench.policy.user import validation_loss
 
-        batch, stats = self._eval
-        self.val_loss = validation_loss(
-            self.accelerator.unwrap_model(self.work.model), batch, stats, self.settings.seed
-        )
+        model = self.accelerator.unwrap_model(self.work.model)
+        self.val_loss = validation_loss(self.policy, model, self._eval, self.settings.seed)
 
     @property
     def global_batch_size(self) -> int:
@@ -534,8 +588,8 @@ class PolicyTrainRun(RankRun):
         if gathered:
             out["max_rss_mb"] = max(metrics.get("max_rss_mb", 0.0), *(row["max_rss_mb"] for row in gathered))
             out["max_gpu_mb"] = max(metrics.get("max_gpu_mb", 0.0), *(row["max_gpu_mb"] for row in gathered))
-            for key in ("train_loss", "mse_loss", "ce_loss"):
-                values = [row[key] for row in gathered if row[key] == row[key]]  # NaN: term disabled
+            for key in [k for k in gathered[0] if k not in MEMORY_KEYS]:  # train_loss and the loss's terms
+                values = [row[key] for row in gathered if row[key] == row[key]]  # NaN: term absent
                 if values:
                     out[key] = sum(values) / len(values)
         return out

@@ -98,7 +98,7 @@ def check_resume(config: RunConfig, checkpoint: str | Path, world_size: int) -> 
 
     :func:`scopebench.train.checkpoint.verify_checkpoint` (step file, manifest, the settings
     of :func:`resume_settings`), then the model config of ``policy_config.json`` against the
-    one the preset gives on this dataset now.
+    one the preset gives on this dataset now (a user policy: its factory and arguments).
 
     Raises:
         ValueError: in one line, naming the file, the key or the settings that differ.
@@ -115,6 +115,13 @@ def check_resume(config: RunConfig, checkpoint: str | Path, world_size: int) -> 
     verify_checkpoint(checkpoint, settings=resume_settings(config, world_size))
     path = checkpoint / POLICY_CONFIG_FILE
     saved = json.loads(path.read_text())  # listed in the manifest: present and as written
+    if config.train.policy != "pi05":  # a user policy: rebuilt by the same factory and arguments
+        now = {"policy": config.train.policy, "policy_args": config.train.policy_args}
+        if saved != now:
+            raise ValueError(
+                f"{path}: the checkpoint holds policy {saved}, not {now}: an exact resume needs the same model"
+            )
+        return
     dataset = RobotDataset(config.dataset.materialize(), chunk_size=config.dataset.chunk_size)
     model = config_for_dataset(config.train.preset, dataset, **model_overrides(config.train))
     now = {"preset": config.train.preset, "config": json.loads(json.dumps(dataclasses.asdict(model)))}
@@ -207,12 +214,12 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
         ``log`` (rank 0's log records).
     """
     from scopebench.policy.run.train import PolicyTrainRun
-    from scopebench.policy.tools import progress_bar
+    from scopebench.policy.tools import data_root, progress_bar
     from scopebench.profiler import ProfilerConfig
 
     out = sys.stdout if out is None else out
     loop = config.training
-    root = config.dataset.materialize()
+    root = data_root(config)
     run = PolicyTrainRun(
         config.train,
         dataset_root=root,
@@ -264,12 +271,13 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
 
 
 def _print_header(run: Any, config: RunConfig, start: int, resume_from: Any, out: TextIO) -> None:
+    from scopebench.policy.tools import policy_label
     from scopebench.train import settings_in_force
 
     s = run.settings
     file = run.accelerate_file
     lines = [
-        f"scopebench train: preset={s.preset} ranks={run.world_size} backend={s.backend} "
+        f"scopebench train: {policy_label(s)} ranks={run.world_size} backend={s.backend} "
         f"(accelerate config {file.path})",
         f"phases: {describe_phases(s.backend)}",
         "in force: " + "; ".join(settings_in_force(file, s)),
