@@ -27,6 +27,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def scheduling_unchanged():
+    """Fail the test that leaves the session's thread with another scheduling policy.
+
+    A library that makes the thread real-time (SVT-AV1 does, as root) freezes the rest of the
+    suite the moment a test runs a busy loop beside it; the policy is restored for the next test.
+    """
+    if not hasattr(os, "sched_getscheduler"):
+        yield
+        return
+    before = (os.sched_getscheduler(0), os.sched_getparam(0))
+    yield
+    after = (os.sched_getscheduler(0), os.sched_getparam(0))
+    if after != before:
+        os.sched_setscheduler(0, *before)
+        pytest.fail(f"the test changed this thread's scheduling from {before} to {after} (restored)")
+
+
 @pytest.fixture
 def one_thread():
     """Run a test on one intra-op thread, then restore the setting.

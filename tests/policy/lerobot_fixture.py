@@ -67,8 +67,10 @@ def action(index: int) -> np.ndarray:
 def _encode(path: Path, levels: list[int], encoder: str, options: dict) -> None:
     import av
 
+    from scopebench.policy.video import thread_scheduling_kept
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w") as out:
+    with thread_scheduling_kept(), av.open(str(path), "w") as out:
         stream = out.add_stream(encoder, rate=FPS, options=options)
         stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
         for k, value in enumerate(levels):

@@ -5,6 +5,7 @@ naming the file, and training on a LeRobot folder resumes at the same data posit
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -51,6 +52,20 @@ def test_video_frames_come_back_at_40_db_and_state_and_actions_exactly(tmp_path,
                 assert int(np.argmax(scores)) == f, (e, f, cam)  # the frame itself, not a neighbour
                 worst = min(worst, scores[f])
     assert worst >= 40.0, f"{codec}: worst frame at {worst:.1f} dB"
+
+
+@pytest.mark.parametrize("codec", ["h264", "av1"])
+def test_encoding_leaves_the_threads_scheduling_as_it_was(tmp_path, codec):
+    """SVT-AV1 run as root makes the encoding thread SCHED_FIFO 99 and keeps it so: a session
+    that wrote AV1 videos then starved beside a busy loop (a CPU hog froze the test suite)."""
+    from scopebench.policy.video import encode_video
+
+    before = (os.sched_getscheduler(0), os.sched_getparam(0))
+    try:
+        encode_video(tmp_path / "v.mp4", [np.zeros((32, 32, 3), np.uint8)] * 3, fps=10, codec=codec)
+        assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before
+    finally:
+        os.sched_setscheduler(0, *before)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -53,7 +54,7 @@ def encode_video(path: str | Path, frames, fps: int, codec: str) -> None:
     encoder, options = CODECS[codec]
     if encoder == "libsvtav1":
         os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its whole configuration otherwise
-    with av.open(str(path), "w") as out:
+    with thread_scheduling_kept(), av.open(str(path), "w") as out:
         stream = None
         for k, frame in enumerate(frames):
             if stream is None:
@@ -66,6 +67,27 @@ def encode_video(path: str | Path, frames, fps: int, codec: str) -> None:
             out.mux(stream.encode(picture))
         if stream is not None:
             out.mux(stream.encode())
+
+
+@contextmanager
+def thread_scheduling_kept():
+    """Restore the calling thread's scheduling policy and priority when the block ends.
+
+    SVT-AV1 (``libsvtav1``), run as root, switches the thread that drives the encoder to
+    ``SCHED_FIFO`` priority 99 and leaves it there. A benchmark process (or a test session)
+    that encoded the synthetic dataset's AV1 videos would then run real-time: every process it
+    starts inherits that, and a busy loop beside it is never preempted. Every encoder call
+    goes through this block.
+    """
+    if not hasattr(os, "sched_getscheduler"):  # not Linux: nothing to keep
+        yield
+        return
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        yield
+    finally:
+        if (os.sched_getscheduler(0), os.sched_getparam(0)) != (policy, param):
+            os.sched_setscheduler(0, policy, param)
 
 
 @dataclass(frozen=True)
