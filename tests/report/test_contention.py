@@ -16,7 +16,7 @@ from scopebench.distributed.run import RankRun
 from scopebench.host_load import OwnTime, read_cpu_times, shares, usable_cpus
 from scopebench.profiler.sampler import PERIOD_SEC
 from scopebench.report.compare import compare, format_comparison
-from scopebench.report.contention import OTHER_CPU_PCT, contention
+from scopebench.report.contention import ITERATION_OTHER_CPU_PCT, OTHER_CPU_PCT, STEAL_PCT, contention
 from scopebench.report.diagnosis import diagnose_all
 from scopebench.report.results import configurations, load_results
 from scopebench.report.tables import format_config
@@ -109,9 +109,15 @@ def test_the_same_run_alone_is_not_contended(tmp_path):
         after = machine_other_pct()
         if after > OTHER_CPU_PCT / 2:
             pytest.skip(f"the machine became busy during the run ({before:.1f}% before, {after:.1f}% after)")
-    assert not found.contended, f"flagged on a quiet machine ({before:.1f}% other before the run): {found.text()}"
-    assert [f for f in diagnose_all(configs) if f.rule == "contended"] == []
-    assert "\nhost load: other processes took" in format_config(configs[0])
+    # The run's own CPU is never counted as another process's. Steal is the hypervisor giving
+    # this VM's time to another machine, outside anything here: a run that suffered it *is*
+    # contended, so only a run without it must come out clean.
+    quiet = f"on a quiet machine ({before:.1f}% other before the run): {found.text()}"
+    assert found.other_pct <= OTHER_CPU_PCT and found.other_max_pct <= ITERATION_OTHER_CPU_PCT, quiet
+    if found.steal_pct <= STEAL_PCT:
+        assert not found.contended, f"flagged {quiet}"
+        assert [f for f in diagnose_all(configs) if f.rule == "contended"] == []
+        assert "\nhost load: other processes took" in format_config(configs[0])
 
 
 # --- tables and compare on crafted files ----------------------------------------------------
