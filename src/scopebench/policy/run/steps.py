@@ -125,11 +125,27 @@ class TrainStep:
         self.model = model
         self.optimizer = optimizer
         # accelerate's optimizer wrapper only adds, without a gradient scaler (fp16, which the
-        # suite does not offer) or XLA, two package look-ups a step (lomo_optim: 0.1-1 ms,
-        # measured by perf/user_policy_overhead.py): step the wrapped optimizer itself.
+        # suite does not offer) or XLA, two package look-ups a step (lomo_optim: 0.1-1 ms) and
+        # an ``inspect.signature`` of ``zero_grad`` (0.1 ms; perf/user_policy_overhead.py):
+        # step and zero the wrapped optimizer itself (the suite accumulates micro-batches
+        # itself, so accelerate's ``sync_gradients`` is always true and its wrapper would zero).
         inner = getattr(optimizer, "optimizer", None)
-        direct = inner is not None and getattr(optimizer, "scaler", None) is None
-        self._stepped = inner if direct and accelerator.distributed_type != DistributedType.XLA else optimizer
+        unscaled = getattr(optimizer, "scaler", None) is None and getattr(accelerator, "scaler", None) is None
+        direct = inner is not None and unscaled and accelerator.distributed_type != DistributedType.XLA
+        self._stepped = inner if direct else optimizer
+        #: Clip with torch's own ``clip_grad_norm_`` where accelerate's adds only a no-op unscale
+        #: and a grouping of the gradients by device mesh (no DTensor here: 0.1 ms a step).
+        self._torch_clip = unscaled and accelerator.distributed_type in (
+            DistributedType.NO,
+            DistributedType.MULTI_CPU,
+            DistributedType.MULTI_GPU,
+        )
+        #: ... and call ``backward`` itself, where accelerate's only divides the loss by 1 first.
+        self._torch_backward = self._torch_clip and accelerator.gradient_accumulation_steps == 1
+        #: accelerate's autocast, a fresh context manager a step, only where it casts.
+        self._autocast = accelerator.autocast if accelerator.mixed_precision != "no" else contextlib.nullcontext
+        #: One process: the gather is the host sync of the values alone.
+        self._alone = accelerator.num_processes == 1
         self.scheduler = scheduler
         self.batches = batches
         self.prepare = prepare
@@ -165,14 +181,15 @@ class TrainStep:
                 self.model.set_requires_gradient_sync(last)
             with contextlib.nullcontext() if (last or engine is not None or self.fsdp) else acc.no_sync(self.model):
                 with prof.track_step("forward"):
-                    with acc.autocast():
+                    with self._autocast():
                         loss, terms = self.loss(self.model, inputs)
                 with prof.track_step("bwd"):
                     if engine is not None:  # scales by 1/accumulation itself
                         engine.set_gradient_accumulation_boundary(is_boundary=last)
                         engine.backward(loss)
                     else:
-                        acc.backward(loss / self.accumulation if self.accumulation > 1 else loss)
+                        scaled = loss / self.accumulation if self.accumulation > 1 else loss
+                        scaled.backward() if self._torch_backward else acc.backward(scaled)
             losses.append((loss.detach(), {k: torch.as_tensor(v).detach() for k, v in terms.items()}))
         with prof.track_step("unscale_clip"):
             if engine is None and self.optimizer is not None and self.grad_clip > 0:
@@ -180,6 +197,8 @@ class TrainStep:
                     from scopebench.train.fsdp import clip_grad_norm
 
                     self.grad_norm = clip_grad_norm(self.params, self.grad_clip)
+                elif self._torch_clip:
+                    self.grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
                 else:
                     self.grad_norm = acc.clip_grad_norm_(self.params, self.grad_clip)
         with prof.track_step("optim_step"):
@@ -189,7 +208,7 @@ class TrainStep:
                 self._stepped.step()
         with prof.track_step("zero_grad_sched"):
             if engine is None:
-                (self.optimizer or self.model).zero_grad(set_to_none=True)
+                (self._stepped if self.optimizer is not None else self.model).zero_grad(set_to_none=True)
             if self.scheduler is not None:
                 self.scheduler.step()
         with prof.track_step("sync_gather"):
@@ -200,8 +219,14 @@ class TrainStep:
     def _gather(self, loss: torch.Tensor, terms: Mapping[str, torch.Tensor]) -> None:
         if self.loss_keys is None:  # every rank runs the same loss: the same names, in this order
             self.loss_keys = ("train_loss", *sorted(terms))
-        nan = torch.tensor(float("nan"), device=loss.device)
         rss, gpu = self.memory()
+        nan = torch.tensor(float("nan"), device=loss.device)
+        if self._alone:  # nothing to gather: one host sync of the loss and its terms
+            values = torch.stack(
+                [loss.detach().float(), *(terms.get(key, nan).to(loss.device).float() for key in self.loss_keys[1:])]
+            )
+            self.gathered = [dict(zip(self.loss_keys + MEMORY_KEYS, [*values.tolist(), rss, gpu]))]
+            return
         values = torch.stack(
             [
                 loss.detach().float(),
