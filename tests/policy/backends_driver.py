@@ -2,7 +2,8 @@
 trains the tiny policy 10 steps saving at step 5, then a second run resumes from step 5 to 10;
 ZeRO-3 and FSDP2 runs also record the live model's validation loss, runs with gradient
 accumulation their step counters, and FSDP2 runs its shard sizes, its gradient norm against
-DDP's and its loss with gradient checkpointing. Each rank writes what it saw
+DDP's and its loss with gradient checkpointing; the accumulation runs warm the learning rate up
+(the schedule steps once per optimizer step on every backend). Each rank writes what it saw
 to ``<out>/facts_rank<r>.json``.
 
 One process group (created here, reused by every run) keeps start-up to one launch.
@@ -84,7 +85,8 @@ def main(out: str, cache: str) -> None:
         facts["clip"][f"{backend}{'_checkpointing' if checkpointing else ''}"] = seen
     for backend in ("ddp", "zero2", "fsdp2"):  # two micro-batches per step, the same update either way
         overrides = [("backend", backend), ("gradient_accumulation_steps", 2), ("find_unused_params", False)]
-        config = load_run_config(TINY, [*overrides, ("dataset.cache_dir", cache)])
+        warmup = [("warmup_steps", 4)]  # the learning rate after 2 steps: 3/5 of its setting on every backend
+        config = load_run_config(TINY, [*overrides, *warmup, ("dataset.cache_dir", cache)])
         root = config.dataset.materialize()
         run = PolicyTrainRun(config.train, dataset_root=root, chunk_size=config.dataset.chunk_size)
         with run:
@@ -93,6 +95,8 @@ def main(out: str, cache: str) -> None:
             facts[f"{backend}_accumulation"] = {
                 "optimizer_steps": engine.global_steps if engine is not None else run.work.steps,
                 "position": run.work.batches.position,
+                "lr": run.work.optimizer.param_groups[0]["lr"],
+                "learning_rate": config.train.learning_rate,
                 "checkpoint": str(run.save_checkpoint(f"{out}/{backend}_accumulation")),
             }
     Path(out, f"facts_rank{rank}.json").write_text(json.dumps(facts, indent=2))

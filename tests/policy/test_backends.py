@@ -116,6 +116,9 @@ def test_gradient_accumulation_gives_the_same_update_as_ddp(trained, backend):
         for name in ("ddp", backend):
             assert rank_facts[f"{name}_accumulation"]["optimizer_steps"] == 2
             assert rank_facts[f"{name}_accumulation"]["position"] == 4  # two batches per step
+            # warm-up over 4 steps: after 2 optimizer steps the schedule stepped twice, not once per rank
+            seen = rank_facts[f"{name}_accumulation"]
+            assert math.isclose(seen["lr"], seen["learning_rate"] * 3 / 5, rel_tol=1e-9), (name, seen)
     ddp = _weights(Path(facts[0]["ddp_accumulation"]["checkpoint"]))
     other = _weights(Path(facts[0][f"{backend}_accumulation"]["checkpoint"]))
     worst = max(float((ddp[k] - other[k]).abs().max()) for k in ddp)
