@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scopebench.validate import load_yaml, quote
+from scopebench.validate import integer, load_yaml, optional, quote
 
 __all__ = [
     "BENCHOPT_DEFAULT_TIMEOUT_SEC",
     "JOB_FOLDER",
     "MIN_SLURM_MINUTES",
+    "Layout",
+    "job_layout",
     "job_parameters",
     "launcher_world_size",
     "read_parallel_config",
@@ -155,6 +158,59 @@ def job_parameters(
             bare = key.removeprefix("slurm_")
             merged["slurm_" + renames.get(bare, bare)] = value
     return {key: value for key, value in merged.items() if value is not None or not drop_none}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The ranks of a run: how many nodes, how many per node, and who starts them."""
+
+    nodes: int
+    ranks_per_node: int
+    spawned: bool
+    """The run's one process starts its other ranks itself (no launcher, or a job of one task)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+def job_layout(
+    nproc_per_node: Any,
+    slurm_nodes: Any = 1,
+    slurm_ntasks_per_node: Any = None,
+    *,
+    launcher: str = "SLURM",
+    key: str = "nproc_per_node",
+) -> Layout:
+    """The one rule for how ``nproc_per_node``, ``slurm_nodes`` and ``slurm_ntasks_per_node`` combine.
+
+    Every SLURM task is one rank: a job of ``slurm_nodes`` x ``slurm_ntasks_per_node``
+    tasks (unset: 1 per node) has that world size, and nothing is spawned. ``nproc_per_node``
+    counts the ranks on each node, so in such a job it must equal ``slurm_ntasks_per_node``
+    (``1`` is accepted too, meaning "the launcher's ranks"). Only a job of one task
+    (or a run without a launcher) spawns its ranks itself: ``nproc_per_node`` on its node.
+    The same rule holds under torchrun (``launcher``), its nodes and ranks per node in place
+    of the job's.
+
+    :Examples:
+        >>> job_layout(2, 2, 2).world_size, job_layout(1, 2, 2).world_size, job_layout(4).world_size
+        (4, 4, 4)
+        >>> job_layout(4, 2, 2)
+        Traceback (most recent call last):
+        ...
+        ValueError: nproc_per_node=4 disagrees with 2 node(s) x 2 task(s) per node (SLURM): every task is one rank, so nproc_per_node (ranks per node) must be 2, or 1 for the launcher's ranks
+    """
+    nproc = integer(key, nproc_per_node, low=1)
+    nodes = integer("slurm_nodes", slurm_nodes, low=1)
+    tasks = optional(integer, "slurm_ntasks_per_node", slurm_ntasks_per_node, low=1) or 1
+    if nodes * tasks == 1:
+        return Layout(nodes=1, ranks_per_node=nproc, spawned=nproc > 1)
+    if nproc not in (1, tasks):
+        raise ValueError(
+            f"{key}={nproc} disagrees with {nodes} node(s) x {tasks} task(s) per node ({launcher}): "
+            f"every task is one rank, so {key} (ranks per node) must be {tasks}, or 1 for the launcher's ranks"
+        )
+    return Layout(nodes=nodes, ranks_per_node=tasks, spawned=False)
 
 
 def launcher_world_size(job: Mapping[str, Any]) -> int | None:

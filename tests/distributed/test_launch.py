@@ -62,8 +62,17 @@ def test_bad_arguments(kwargs, message):
 def test_nproc_disagreeing_with_launcher(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    with pytest.raises(ValueError, match="nproc=2 disagrees with the launcher's world size 4"):
+    with pytest.raises(ValueError, match=r"nproc=2 disagrees with 1 node\(s\) x 4 task\(s\) per node \(torchrun\)"):
         DistSession(2)
+
+
+def test_nproc_is_the_launchers_ranks_per_node(monkeypatch):
+    """torchrun on 2 nodes x 2 ranks: nproc 2 (per node) or 1 (the launcher's) is accepted, 4 is not."""
+    for key, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    assert DistSession(2).info.nodes == 2 and DistSession(1).info.world_size == 4
+    with pytest.raises(ValueError, match="must be 2, or 1 for the launcher's ranks"):
+        DistSession(4)
 
 
 def test_local_nproc_above_the_cores_is_refused_with_the_numbers():

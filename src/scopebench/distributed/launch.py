@@ -112,19 +112,26 @@ def check_local_nproc(key: str, nproc: object, device: str = "cpu") -> int:
     return nproc
 
 
-def check_launcher_nproc(key: str, nproc: int, world_size: int, source: str) -> None:
+def check_launcher_nproc(key: str, nproc: int, world_size: int, source: str, nodes: int = 1) -> None:
     """Under a launcher its ranks are the run's and nothing is spawned: ``nproc`` (the
-    ``nproc_per_node`` setting...) must be 1 or the launcher's world size.
+    ``nproc_per_node`` setting...) must be 1 or the launcher's ranks per node
+    (:func:`scopebench.cluster.job_layout`, the one rule).
 
     :Examples:
         >>> check_launcher_nproc("nproc_per_node", 3, 2, "slurm")
         Traceback (most recent call last):
         ...
-        ValueError: nproc_per_node=3 disagrees with the launcher's world size 2 (slurm): set it to 1 or 2
+        ValueError: nproc_per_node=3 disagrees with 1 node(s) x 2 task(s) per node (slurm): every task is one rank, so nproc_per_node (ranks per node) must be 2, or 1 for the launcher's ranks
+        >>> check_launcher_nproc("nproc_per_node", 2, 4, "slurm", nodes=2)
     """
-    if nproc not in (1, world_size):
+    from scopebench.cluster import job_layout
+
+    if nodes > 0 and world_size % nodes == 0:
+        job_layout(nproc, nodes, world_size // nodes, launcher=source, key=key)
+    elif nproc != 1:
         raise ValueError(
-            f"{key}={nproc} disagrees with the launcher's world size {world_size} ({source}): set it to 1 or {world_size}"
+            f"{key}={nproc} disagrees with {world_size} ranks uneven across {nodes} nodes ({source}): "
+            f"set {key} to 1 (the launcher's ranks)"
         )
 
 
@@ -173,7 +180,7 @@ class DistSession:
         self._spawn: LocalSpawn | None = None
         self._store = None
         if self.info.is_distributed:
-            check_launcher_nproc("nproc", nproc, self.info.world_size, self.info.source)
+            check_launcher_nproc("nproc", nproc, self.info.world_size, self.info.source, self.info.nodes)
         if not self.info.is_distributed and nproc > 1:
             if worker is None or ":" not in worker:
                 raise ValueError(f"spawning {nproc - 1} workers needs worker='module:function', got {worker!r}")
@@ -277,8 +284,14 @@ class DistSession:
     def _init_from_launcher(self) -> None:
         import torch.distributed as dist
 
-        os.environ.setdefault("MASTER_ADDR", self.info.master_addr)
-        os.environ.setdefault("MASTER_PORT", str(self.info.master_port))
+        from scopebench.distributed.network import socket_interface_env
+
+        # The rendezvous of get_dist_info (under SLURM the job's first node, whatever an
+        # inherited MASTER_ADDR said), and the interface that reaches it for gloo / NCCL:
+        # kept for the run, since DeepSpeed and accelerate create more groups later.
+        os.environ["MASTER_ADDR"] = self.info.master_addr
+        os.environ["MASTER_PORT"] = str(self.info.master_port)
+        os.environ.update(socket_interface_env(self.info.master_addr))
         dist.init_process_group(
             self.backend,
             init_method=f"tcp://{self.info.master_addr}:{self.info.master_port}",

@@ -89,7 +89,7 @@ class RankRun:
         self.nproc = check_local_nproc("nproc_per_node", nproc, self.device.type)
         launcher = get_dist_info()
         if launcher.is_distributed:
-            check_launcher_nproc("nproc_per_node", self.nproc, launcher.world_size, launcher.source)
+            check_launcher_nproc("nproc_per_node", self.nproc, launcher.world_size, launcher.source, launcher.nodes)
         self.world_size = launcher.world_size if launcher.is_distributed else self.nproc
         if not isinstance(profiler, ProfilerConfig):
             profiler = ProfilerConfig.from_params(**dict(profiler or {}))
