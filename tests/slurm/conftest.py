@@ -1,8 +1,11 @@
 """Fixtures for tests that submit real SLURM jobs.
 
-``slurm_cluster`` (session): a real single-node SLURM started once and stopped at the end
-(:mod:`.cluster`). Skipped when its prerequisites are missing outside CI; with ``CI`` set
-(``.ci/run``), a missing prerequisite fails the tests instead, since
+``slurm_cluster`` (module): a real single-node SLURM; ``slurm_two_nodes`` (module): two
+nodes, each in its own network namespace (:mod:`.cluster`, one recipe, two layouts). One
+cluster lives at a time (they share ports and :data:`.cluster.LOCK_PATH`): the session's
+:class:`Clusters` keeps the last one up for the next module and switches layout when a
+module needs the other (about 2 s). Skipped when a prerequisite is missing outside CI;
+with ``CI`` set (``.ci/run``), a missing prerequisite fails the tests instead, since
 ``scripts/install_system_packages.sh`` should have installed it.
 
 ``job_folder``: the benchmark's Submitit folder, with the files a test's jobs add removed
@@ -12,6 +15,7 @@ taken for the results of a new job with the same id).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -28,21 +32,55 @@ PARALLEL_CONFIGS = REPO / "configs" / "parallel"
 SUBMITIT_TIMING = {"submitit_poll_sec": 1.0, "submitit_result_wait_sec": 2.0}
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    from .cluster import local_slurm, missing_prerequisites
+class Clusters:
+    """The session's one running cluster, in the layout the current module asked for."""
 
-    missing = missing_prerequisites()
-    if missing:
-        message = (
-            f"a local SLURM needs {', '.join(missing)}; "
-            "scripts/install_system_packages.sh installs the Debian packages (slurmctld slurmd slurm-client munge)"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    with local_slurm() as cluster:
-        yield cluster
+    def __init__(self) -> None:
+        self._stack: contextlib.ExitStack | None = None
+        self.cluster = None
+
+    def get(self, nodes: int):
+        from .cluster import local_slurm, missing_prerequisites
+
+        if self.cluster is not None and len(self.cluster.nodes) == nodes:
+            return self.cluster
+        self.close()
+        missing = missing_prerequisites(nodes)
+        if missing:
+            message = (
+                f"a local {nodes}-node SLURM needs {', '.join(missing)}; scripts/install_system_packages.sh "
+                "installs the Debian packages (slurmctld slurmd slurm-client munge iproute2)"
+            )
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+        self._stack = contextlib.ExitStack()
+        self.cluster = self._stack.enter_context(local_slurm(nodes))
+        return self.cluster
+
+    def close(self) -> None:
+        stack, self._stack, self.cluster = self._stack, None, None
+        if stack is not None:
+            stack.close()
+
+
+@pytest.fixture(scope="session")
+def slurm_clusters():
+    clusters = Clusters()
+    yield clusters
+    clusters.close()
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(slurm_clusters):
+    """A single-node cluster (this host on 127.0.0.1)."""
+    return slurm_clusters.get(1)
+
+
+@pytest.fixture(scope="module")
+def slurm_two_nodes(slurm_clusters):
+    """Two nodes ``sbslurm1``, ``sbslurm2``, each slurmd in its own network namespace."""
+    return slurm_clusters.get(2)
 
 
 class JobFolder:

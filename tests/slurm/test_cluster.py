@@ -85,4 +85,4 @@ def test_missing_slurm_fails_in_ci_and_skips_elsewhere(ci, outcome):
         cwd=Path(__file__).resolve().parents[2],
     )
     assert outcome in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "a local SLURM needs sbatch" in proc.stdout, proc.stdout[-3000:]
+    assert "a local 1-node SLURM needs sbatch" in proc.stdout, proc.stdout[-3000:]
