@@ -86,3 +86,26 @@ def test_local_nproc_above_the_cores_is_refused_with_the_numbers():
         check_local_nproc("nproc_per_node", 255)
     with pytest.raises(ValueError, match=r"nproc_per_node must be an integer >= 1, got 'two'"):
         check_local_nproc("nproc_per_node", "two")
+
+
+def test_launcher_reports_name_the_node_of_each_rank_across_nodes(monkeypatch):
+    """Across nodes a failed group names where each late rank runs (SLURM's node name, which
+    differs between nodes even where their host names do not); on one node it adds nothing."""
+    import torch.distributed as dist
+
+    from scopebench.distributed.spawn import launcher_reports
+
+    store = dist.HashStore()
+    monkeypatch.setenv("SLURMD_NODENAME", "node1")
+    for rank, where in ((1, "node1"), (2, "node2"), (3, "node2")):
+        store.set(f"pid/{rank}", f"{where} {999_999_000 + rank}")
+        store.set(f"progress/{rank}", "4" if rank == 1 else "3")
+    store.set("progress/0", "4")
+    sentences = [r.sentence(30) for r in launcher_reports(store, 4) if r.culprit]
+    assert len(sentences) == 3 and sentences[0].startswith("rank 1 on node node1 died"), sentences  # its pid is gone
+    assert sentences[1].startswith("rank 2 on node node2 hangs or is too slow"), sentences
+    assert sentences[2].startswith("rank 3 on node node2 hangs"), sentences
+    one_node = dist.HashStore()
+    one_node.set("pid/1", "node1 999999001")
+    (report,) = launcher_reports(one_node, 2)
+    assert report.node is None

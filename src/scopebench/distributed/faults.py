@@ -80,6 +80,8 @@ class RankReport:
     """The process is known to be gone although its exit status is not (a launcher's rank)."""
     pid: int | None = None
     """Process id of a launcher's rank on this host (None: elsewhere or unknown)."""
+    node: str | None = None
+    """The node a launcher's rank runs on (``SLURMD_NODENAME``, else its host name), when known."""
 
     @property
     def culprit(self) -> bool:
@@ -103,19 +105,22 @@ class RankReport:
             'rank 1 died with SIGKILL after iteration 12'
             >>> RankReport(1, None, "T", 4, 5).sentence(3)
             'rank 1 is stopped (SIGSTOP or a debugger) after iteration 4; no progress within group_timeout_sec=3 s'
+            >>> RankReport(2, None, None, 3, 5, node="gpu017").sentence(60)
+            'rank 2 on node gpu017 hangs or is too slow (the other ranks finished iteration 5) after iteration 3; no progress within group_timeout_sec=60 s'
         """
         where = _where(self.last_iteration)
+        who = f"rank {self.rank}" + (f" on node {self.node}" if self.node else "")
         if self.returncode is not None:
-            return f"rank {self.rank} {describe_exit(self.returncode)} {where}"
+            return f"{who} {describe_exit(self.returncode)} {where}"
         if self.gone:
-            return f"rank {self.rank} died {where} (its launcher reports the exit code or signal)"
+            return f"{who} died {where} (its launcher reports the exit code or signal)"
         if self.state == "T":
             what = "is stopped (SIGSTOP or a debugger)"
         elif self.culprit:
             what = f"hangs or is too slow (the other ranks finished iteration {self.lead_iteration})"
         else:
             what = "was waiting for the others"
-        return f"rank {self.rank} {what} {where}; no progress within group_timeout_sec={timeout_sec:g} s"
+        return f"{who} {what} {where}; no progress within group_timeout_sec={timeout_sec:g} s"
 
     def describe(self, timeout_sec: float) -> str:
         """:meth:`sentence` followed by the log tail, indented."""

@@ -25,6 +25,7 @@ every interface).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -83,10 +84,16 @@ def open_store(path: str, world_size: int, rank: int | None, timeout_sec: float)
 
 def track_progress(store, rank: int) -> None:
     """Send this rank's progress marks (:func:`report_progress`) to ``store``, and publish
-    its host and process id there (``pid/<rank>``) for a failure report."""
+    its node and process id there (``pid/<rank>``) for a failure report."""
     global _PROGRESS
     _PROGRESS = (store, rank)
-    store.set(f"pid/{rank}", f"{socket.gethostname()} {os.getpid()}")
+    store.set(f"pid/{rank}", f"{_node_name()} {os.getpid()}")
+
+
+def _node_name() -> str:
+    """This rank's node: SLURM's name for it, else the host name (nodes may share a host name
+    in containers, never a SLURM node name)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def read_progress(store, world_size: int) -> dict[int, int]:
@@ -104,13 +111,15 @@ def launcher_reports(store, world_size: int) -> list[RankReport]:
     """Rank 0's view of the other ranks of a launcher's group (torchrun, SLURM) when it fails:
     their progress marks and, for ranks on this host, whether their process is stopped or gone."""
     progress = read_progress(store, world_size)
-    host = socket.gethostname()
+    host = _node_name()
+    several_nodes = False
     reports = []
     for rank in range(1, world_size):
-        state, gone, local_pid = None, False, None
+        state, gone, local_pid, where = None, False, None, None
         with contextlib.suppress(Exception):
             if store.check([f"pid/{rank}"]):
                 where, pid = store.get(f"pid/{rank}").decode().rsplit(" ", 1)
+                several_nodes = several_nodes or where != host
                 if where == host:
                     local_pid = int(pid)
                     state = process_state(local_pid)
@@ -124,8 +133,11 @@ def launcher_reports(store, world_size: int) -> list[RankReport]:
                 lead_iteration=max(progress.values(), default=None),
                 gone=gone,
                 pid=local_pid,
+                node=where,
             )
         )
+    if not several_nodes:  # one node: naming it adds nothing
+        reports = [dataclasses.replace(report, node=None) for report in reports]
     return reports
 
 
