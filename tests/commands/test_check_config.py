@@ -299,19 +299,9 @@ def test_each_cell_shows_its_nodes_tasks_and_world_size(tmp_path, capsys):
         '      "nproc_per_node, slurm_nodes, slurm_ntasks_per_node":\n'
         "        - [2, 2, 2]\n        - [1, 2, 2]\n        - [2, 2, null]\n        - [2, 1, null]\n"
     )
-    code = main(
-        [
-            "check-config",
-            str(REPO / "benchmark_inference"),
-            "--config",
-            str(config),
-            "--parallel-config",
-            SLURM,
-            "--cluster",
-            "slurm",
-            "--json",
-        ]
-    )
+    command = ["check-config", str(REPO / "benchmark_inference"), "--config", str(config)]
+    command += ["--parallel-config", SLURM, "--cluster", "slurm"]
+    code = main([*command, "--json"])
     cells = {cell["index"]: cell for cell in json.loads(capsys.readouterr().out)["cells"]}
     assert code == 1
     four = {"nodes": 2, "ranks_per_node": 2, "world_size": 4, "spawned": False}
@@ -319,18 +309,7 @@ def test_each_cell_shows_its_nodes_tasks_and_world_size(tmp_path, capsys):
     assert "nproc_per_node=2 disagrees with 2 node(s) x 1 task(s) per node (SLURM)" in cells[3]["error"], cells[3]
     assert cells[4]["layout"] == {"nodes": 1, "ranks_per_node": 2, "world_size": 2, "spawned": True}, cells[4]
     assert cells[1]["error"] is None and cells[2]["error"] is None and cells[4]["error"] is None, cells
-    main(
-        [
-            "check-config",
-            str(REPO / "benchmark_inference"),
-            "--config",
-            str(config),
-            "--parallel-config",
-            SLURM,
-            "--cluster",
-            "slurm",
-        ]
-    )
+    main(command)
     out = capsys.readouterr().out
     assert out.count("ranks: 2 node(s) x 2 task(s) per node = world size 4") == 2, out
     assert "ranks: 1 process spawning 2 on 1 node = world size 2" in out, out

@@ -199,6 +199,8 @@ def _write_conf(cluster: LocalSlurm, munge_socket: Path, first_job_id: int) -> N
                 "JobCompType=jobcomp/none",
                 "JobAcctGatherType=jobacct_gather/none",
                 "ReturnToService=2",
+                # Nodes may claim more CPUs than the machine has (the two-node layout's do).
+                "SlurmdParameters=config_overrides",
                 f"FirstJobId={first_job_id}",
                 # Finished jobs stay visible to `scontrol show job` (the sacct stand-in) for 10 min.
                 "MinJobAge=600",
@@ -212,7 +214,11 @@ def _write_conf(cluster: LocalSlurm, munge_socket: Path, first_job_id: int) -> N
                 f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
                 f"SlurmdLogFile={root / 'log' / 'slurmd-%n.log'}",
                 f"PlugStackConfig={root / 'plugstack.conf'}",
-                *(f"NodeName={n.name} NodeAddr={n.addr} CPUs={cluster.cpus} State=UNKNOWN" for n in cluster.nodes),
+                *(
+                    f"NodeName={n.name} NodeAddr={n.addr} CPUs={cluster.cpus} Sockets=1 "
+                    f"CoresPerSocket={cluster.cpus} ThreadsPerCore=1 State=UNKNOWN"
+                    for n in cluster.nodes
+                ),
                 f"PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP",
                 "",
             ]

@@ -84,23 +84,33 @@ def slurm_two_nodes(slurm_clusters):
 
 
 class JobFolder:
-    """``<benchmark>/benchopt_run``: what Submitit wrote there since the snapshot."""
+    """``<benchmark>/benchopt_run``: what the runs since the snapshot wrote there (each run in
+    its own ``<run id>/`` folder, :func:`scopebench.runs.job_folder`)."""
 
     def __init__(self, benchmark: Path) -> None:
         self.path = benchmark / "benchopt_run"
         self.before = set(self.path.iterdir()) if self.path.is_dir() else set()
 
+    def new_entries(self) -> list[Path]:
+        return sorted(set(self.path.iterdir()) - self.before) if self.path.is_dir() else []
+
     def new_files(self) -> list[Path]:
-        if not self.path.is_dir():
-            return []
-        return sorted(set(self.path.iterdir()) - self.before)
+        files = []
+        for entry in self.new_entries():
+            files += sorted(p for p in entry.rglob("*") if p.is_file()) if entry.is_dir() else [entry]
+        return files
 
     def job_ids(self) -> list[str]:
         """Ids of the jobs submitted since the snapshot (from their sbatch scripts)."""
         return sorted({p.name.split("_")[0] for p in self.new_files() if p.name.endswith("_submission.sh")}, key=int)
 
+    def find(self, name: str) -> Path:
+        """A file the new runs wrote, by name (``<job id>_<task>_log.out``...)."""
+        found = [p for p in self.new_files() if p.name == name]
+        return found[0] if found else self.path / name
+
     def read(self, name: str) -> str:
-        path = self.path / name
+        path = self.find(name)
         return path.read_text(errors="replace") if path.exists() else ""
 
     def logs(self) -> str:
@@ -117,13 +127,13 @@ class JobFolder:
         for task in range(ntasks):
             assert f"global_rank={task}({ntasks})" in self.read(f"{job_id}_{task}_log.out"), self.logs()
             # benchopt keeps task 0's rows; every task must still have finished its own run.
-            with open(self.path / f"{job_id}_{task}_result.pkl", "rb") as fh:
+            with open(self.find(f"{job_id}_{task}_result.pkl"), "rb") as fh:
                 outcome, (_, _, status, _) = pickle.load(fh)
             assert outcome == "success" and status in ("done", "max_runs"), (outcome, status, self.logs())
         assert "Traceback" not in self.logs(), self.logs()
 
     def cleanup(self) -> None:
-        for path in self.new_files():
+        for path in self.new_entries():
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
