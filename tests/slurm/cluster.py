@@ -9,7 +9,9 @@ over the bridge.
 Recipe (issue 11, prototyped on Debian 12 as root without systemd): ``munged`` runs as the
 ``munge`` user with its own socket, PID, log and seed files; ``slurm.conf`` points
 ``AuthInfo`` at that socket and keeps state, spool, logs and PIDs in the folder; each node
-has all this machine's CPUs, in one default partition; no accounting, no cgroups. Every
+has all this machine's CPUs (two nodes: at least :data:`MIN_NODE_CPUS` each, so that one
+node takes a job of the world size the two span), in one default partition; no
+accounting, no cgroups. Every
 daemon runs in the foreground as our child, so it is stopped by its PID.
 Nothing of the machine's configuration is touched: clients find the cluster through
 ``SLURM_CONF`` (see :attr:`LocalSlurm.env`).
@@ -43,11 +45,24 @@ from pathlib import Path
 
 from . import netns
 
-__all__ = ["LOCK_PATH", "PARTITION", "REQUIRED_TOOLS", "LocalSlurm", "Node", "local_slurm", "missing_prerequisites"]
+__all__ = [
+    "LOCK_PATH",
+    "MIN_NODE_CPUS",
+    "PARTITION",
+    "REQUIRED_TOOLS",
+    "LocalSlurm",
+    "Node",
+    "local_slurm",
+    "missing_prerequisites",
+]
 
 LOCK_PATH = Path(tempfile.gettempdir()) / "scopebench-slurm.lock"
 PARTITION = "debug"
 #: Programs the cluster needs (Debian packages slurmctld, slurmd, slurm-client, munge).
+#: CPUs each node of the two-node layout claims at least (``SlurmdParameters=config_overrides``):
+#: a one-node reference of a 2 nodes x 2 tasks run needs 4 tasks on one node, and this
+#: machine may have 2 cores (the two nodes share them anyway).
+MIN_NODE_CPUS = 4
 REQUIRED_TOOLS = ("sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel", "slurmctld", "slurmd", "munged")
 _STANDIN = Path(__file__).resolve().parent / "sacct_standin.py"
 
@@ -386,7 +401,7 @@ def local_slurm(nodes: int = 1, timeout_sec: float = 30.0, first_job_id: int | N
             root=root,
             nodes=[],
             controller_addr="",
-            cpus=os.cpu_count() or 1,
+            cpus=max(os.cpu_count() or 1, MIN_NODE_CPUS if nodes > 1 else 1),
             conf=root / "slurm.conf",
             bin_dir=root / "bin",
         )

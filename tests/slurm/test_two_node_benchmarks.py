@@ -1,11 +1,15 @@
 """Every benchmark across the two-node cluster, each against a one-node run of the same world size.
 
-Two benchopt runs, one submission each; every run holds its own reference: next to the
-cells that span both nodes, a cell of the same world size on one node. Rank facts come from
-Submitit's own log line per task (``JobEnvironment(... node=<n>(<nodes>),
-global_rank=<r>(<world>))``): every rank sees the job's world size and rank 0 runs on the
-job's first node.
+Three benchopt runs, one submission each; every run holds its own reference: next to the
+cells that span both nodes, a cell of the same world size on one node (the two-node
+cluster's nodes claim 4 CPUs each, :data:`.cluster.MIN_NODE_CPUS`, so one node takes 4
+tasks). Rank facts come from Submitit's own log line per task (``JobEnvironment(...
+node=<n>(<nodes>), global_rank=<r>(<world>))``): every rank sees the job's world size and
+rank 0 runs on the job's first node.
 
+- ``Pi05Train`` (the policy benchmark): ``ddp`` and ``fsdp2`` on 2 nodes x 1 task and 2
+  nodes x 2 tasks; the training loss of the first step and the held-out loss after it equal
+  the one-node ``ddp`` run's of the same world size (1e-5 relative, fp32).
 - ``PnP`` with ``distribute_physics`` (``benchmark_inference``), through the Nsight wrapper
   ``configs/parallel/slurm_nsys.yml`` (nsys replaced by ``nsys_standin.py``): PSNR within
   1e-4 dB of the one-node run; one report name per rank, carrying node and rank.
@@ -83,6 +87,54 @@ def _cells(df: pd.DataFrame, **params) -> pd.DataFrame:
     for key, value in params.items():
         keep &= df[f"p_solver_{key}"].astype(str) == str(value)
     return df[keep]
+
+
+#: The two-node cells of both backends, and one-node ``ddp`` references of the same world sizes:
+#: ``ddp`` and ``fsdp2`` train to the same loss here (equal to the last digit on one node and on
+#: two, measured), so one reference per world size checks both and saves two jobs (six ranks).
+POLICY = """
+dataset:
+  - synthetic_robot
+solver:
+  - Pi05Train:
+      preset: tiny
+      find_unused_params: false
+      profiler_warmup: 0
+      "backend, nproc_per_node, slurm_nodes, slurm_ntasks_per_node":
+        - [ddp, 1, 2, 1]
+        - [fsdp2, 1, 2, 1]
+        - [ddp, 2, 2, 2]
+        - [fsdp2, 2, 2, 2]
+        - [ddp, 1, 1, 2]
+        - [ddp, 1, 1, 4]
+max-runs: 1
+n-repetitions: 1
+"""
+
+
+def test_pi05_train_on_two_nodes_matches_one_node(slurm_two_nodes, tmp_path):
+    jobs = JobFolder(REPO)
+    try:
+        df, folder = _run(slurm_two_nodes, tmp_path, REPO, POLICY)
+        assert_ranks_placed(folder, [(2, 1), (2, 1), (2, 2), (2, 2), (1, 2), (1, 4)])
+        loss = {}
+        for backend, nodes, tasks in [(b, 2, t) for b in ("ddp", "fsdp2") for t in (1, 2)] + [
+            ("ddp", 1, 2),
+            ("ddp", 1, 4),
+        ]:
+            rows = _cells(df, backend=backend, slurm_nodes=nodes, slurm_ntasks_per_node=tasks)
+            assert set(rows["objective_world_size"]) == {nodes * tasks}, rows
+            # The first step's training loss (averaged over ranks) and the held-out loss after it.
+            (after_one,) = rows[rows["stop_val"] == 1][["objective_train_loss", "objective_val_loss"]].values
+            loss[backend, nodes, tasks] = after_one.tolist()
+        for backend in ("ddp", "fsdp2"):
+            for world in (2, 4):
+                got, reference = loss[backend, 2, world // 2], loss["ddp", 1, world]
+                for name, a, b in zip(("train_loss", "val_loss"), got, reference):
+                    assert abs(a - b) <= 1e-5 * abs(b), (backend, world, name, got, reference)
+        assert loss["ddp", 1, 2] != loss["ddp", 1, 4], loss  # the world size changes the step: the check can fail
+    finally:
+        jobs.cleanup()
 
 
 FRAMES = "multiframe_superres[image_size=32,num_operators=2,scale=2,noise_level=0.02,seed=0]"
