@@ -4,8 +4,10 @@ Submitit names result files by SLURM job id and takes a result file it finds as 
 In benchopt's fixed ``<benchmark>/benchopt_run/`` a run on a cluster whose job ids started
 again (its state reset) read the result an earlier run's job of the same id had left. Each
 run now has its own folder (:func:`scopebench.runs.job_folder`); this test replays the reset:
-run B (a valid cell), the cluster restarted with the same first job id, run A (a cell its
-solver skips) — A must report its own skip, not B's rows.
+run A (a cell its solver skips, two tasks), the cluster restarted with the same first job
+id, run B (a valid cell, one task) — B must report its own rows, not A's skip. In this
+order the old result is there before B's job starts, so a shared folder hands it to B
+every time (the other order only when A's second task ends before its first one writes).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def test_a_reset_cluster_never_hands_a_run_an_older_runs_result(slurm_clusters, 
     jobs = JobFolder(BENCHMARK)
     runs = {}
     try:
-        for name in ("B", "A"):
+        for name in ("A", "B"):
             with local_slurm(1, first_job_id=FIRST_JOB_ID) as cluster:
                 parallel = cluster_parallel_config("slurm.yml", cluster, tmp_path)
                 runs[name] = run_benchopt(
@@ -59,10 +61,11 @@ def test_a_reset_cluster_never_hands_a_run_an_older_runs_result(slurm_clusters, 
         b, a = runs["B"], runs["A"]
         rows = pd.read_parquet(b.parquet)
         assert len(rows) == 2 and rows["objective_psnr"].notna().all(), rows
-        # Run A's cell was skipped in its job; it must not come back with B's result.
+        # Run A's cell was skipped in its job, and B did not take A's skip for its own.
         if a.parquet.exists():
             assert pd.read_parquet(a.parquet).empty, pd.read_parquet(a.parquet)
         assert "would only repeat rank 0's work" in a.log, a.log[-3000:]
+        assert "would only repeat rank 0's work" not in b.log, b.log[-3000:]
         # The ids did start again: both runs' only job is FIRST_JOB_ID, each in its own folder.
         assert a.job_folder != b.job_folder and a.job_folder.parent == b.job_folder.parent
         for run in (a, b):
