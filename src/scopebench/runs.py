@@ -19,6 +19,8 @@ result file it finds as its job's: when job ids start again (a cluster whose sta
 reset, two clusters sharing a home) a run sharing the fixed folder reads an **older run's**
 result. In a folder of its own a result can only come from a job this run submitted. The
 run id is in the parquet's metadata (``run_id``, ``job_folder``), next to the run's logs.
+Jobs SLURM still holds when benchopt is done are cancelled; a failed run's error quotes
+``scontrol show job`` of each, and its parquet (if any) is marked ``partial``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from scopebench import cluster
 
 __all__ = [
     "BenchoptRun",
@@ -124,9 +128,7 @@ def new_run_id() -> str:
 
 def job_folder(benchmark: str | Path, run_id: str) -> Path:
     """The Submitit folder of one run: ``<benchmark>/benchopt_run/<run id>``."""
-    from scopebench.cluster import JOB_FOLDER
-
-    return Path(benchmark).resolve() / JOB_FOLDER / run_id
+    return Path(benchmark).resolve() / cluster.JOB_FOLDER / run_id
 
 
 def _job_errors(folder: Path, since: float, limit: int = 3, chars: int = 2000) -> list[str]:
@@ -166,6 +168,9 @@ def _last_traceback(text: str, chars: int) -> str:
     return f"{head}\n[...]\n{tail}"
 
 
+#: With ``submitit_poll_sec``: Submitit's job-state queries (``sacct``) at least this often (its
+#: own back-off reaches half the time since the last submission: a dead node's job seen late).
+STATE_CHECK_MIN_SEC = 10.0
 #: ``python -c`` program: benchopt's command line with this run's Submitit folder
 #: (``argv[1]``, in place of benchopt's fixed ``<benchmark>/benchopt_run``) and Submitit's
 #: collection timing set by ``argv[2]`` and ``argv[3]`` (an empty string keeps Submitit's own):
@@ -187,6 +192,8 @@ _BENCHOPT_TIMED = "\n".join(
         "if poll:",
         "    slurm_executor.as_completed = functools.partial(",
         "        submitit.helpers.as_completed, poll_frequency=float(poll))",
+        "    from submitit.slurm.slurm import SlurmJob",
+        f"    SlurmJob.watcher._delay_s = max(float(poll), {STATE_CHECK_MIN_SEC})",
         "if wait:",
         "    submitit.core.core.Job._results_timeout_s = float(wait)",
         "benchopt(prog_name='benchopt')",
@@ -256,7 +263,8 @@ def run_benchopt(
         env: Extra environment variables.
         submitit_poll_sec: With a submitit ``--parallel-config``: seconds between benchopt's
             checks for finished jobs (None: benchopt's own 10 s). Short jobs (tests, trials
-            on a test cluster) end up to 10 s sooner with 1 s.
+            on a test cluster) end up to 10 s sooner with 1 s. It also caps the back-off
+            of Submitit's job-state queries at ``max(poll, STATE_CHECK_MIN_SEC)``.
         submitit_result_wait_sec: With a submitit ``--parallel-config``: seconds a job that
             ended without a result file is given for the file to appear before it counts
             as failed (None: Submitit's own 15 s, for slow shared file systems).
@@ -276,7 +284,11 @@ def run_benchopt(
     folder = job_folder(benchmark, run_id)
     program = _benchopt_program(folder, submitit_poll_sec, submitit_result_wait_sec)
     since = time.time()
-    run = _benchopt_command(benchmark, config, output, extra_args, timeout_sec, env, program)
+    try:
+        run = _benchopt_command(benchmark, config, output, extra_args, timeout_sec, env, program)
+    finally:  # no job of this run outlives it (a cut-off node's job waits on it in srun)
+        states = cluster.job_states(cluster.job_ids(folder), env)
+        cancelled = cluster.cancel_unfinished(states, env)
     run = dataclasses.replace(run, run_id=run_id, job_folder=folder)
     if not check:
         return run
@@ -288,10 +300,13 @@ def run_benchopt(
             if code != 0
             else f"{len(problems)} failure line(s): {problems[:3]}" if problems else f"no results file at {run.parquet}"
         )
-        jobs = "\n".join(_job_errors(folder, since))
+        if run.parquet.is_file():  # the other cells' rows: kept, marked partial
+            _write_run_metadata(run.parquet, {"run_id": run_id, "partial": True, "failures": problems[:20]})
+        jobs, slurm = "\n".join(_job_errors(folder, since)), cluster.describe_jobs(states, cancelled)
         raise RuntimeError(
             f"benchopt run of {benchmark} failed ({reason}):\n{run.log[-4000:]}"
             + (f"\nSubmitit job logs:\n{jobs}" if jobs else "")
+            + (f"\nSLURM's view of this run's jobs (scontrol show job):\n{slurm}" if slurm else "")
         )
     stopped = _stopped_on_timeout(run, _max_runs(config, extra_args))
     _write_run_metadata(
@@ -369,7 +384,8 @@ def read_run_metadata(parquet: str | Path) -> dict[str, Any]:
     """What :func:`run_benchopt` recorded in a parquet (``{}`` for a file it did not write).
 
     Keys: ``max_runs``, ``stopped_on_timeout`` (a list of :class:`StoppedOnTimeout` as dicts),
-    ``run_id`` and ``job_folder`` (where its Submitit files and job logs are).
+    ``run_id`` and ``job_folder`` (where its Submitit files and job logs are); a failed run
+    that still wrote rows: ``partial`` (true) and ``failures`` (benchopt's failure lines).
     """
     import pyarrow.parquet as pq
 

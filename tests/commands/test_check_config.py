@@ -221,7 +221,7 @@ def test_sbatch_preview_holds_the_cell_resources(tmp_path, capsys):
         "#SBATCH --cpus-per-task=4",
     ):
         assert line in out.splitlines(), out
-    assert " nsys profile -o 'outputs/nsys/%q{SLURM_JOB_ID}_rank%q{SLURM_PROCID}'" in out
+    assert " nsys profile -o 'outputs/nsys/%q{SLURM_JOB_ID}_%q{SLURMD_NODENAME}_rank%q{SLURM_PROCID}'" in out
     # The cell is not profiled with profiler_mode: nvidia, so nsys would record nothing.
     assert "only profiler_mode: nvidia calls" in out
 

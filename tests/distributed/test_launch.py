@@ -93,7 +93,7 @@ def test_launcher_reports_name_the_node_of_each_rank_across_nodes(monkeypatch):
     differs between nodes even where their host names do not); on one node it adds nothing."""
     import torch.distributed as dist
 
-    from scopebench.distributed.spawn import launcher_reports
+    from scopebench.distributed.faults import launcher_reports
 
     store = dist.HashStore()
     monkeypatch.setenv("SLURMD_NODENAME", "node1")

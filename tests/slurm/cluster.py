@@ -63,6 +63,10 @@ PARTITION = "debug"
 #: a one-node reference of a 2 nodes x 2 tasks run needs 4 tasks on one node, and this
 #: machine may have 2 cores (the two nodes share them anyway).
 MIN_NODE_CPUS = 4
+#: ``SlurmdTimeout`` of the test cluster: seconds without an answer before a node is DOWN.
+#: Above a fault test's group timeout plus rank 0's wait for notes (15 + 5 s), so that a
+#: cut-off node's job is still running when its ranks name the node.
+SLURMD_TIMEOUT_SEC = 45
 REQUIRED_TOOLS = ("sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel", "slurmctld", "slurmd", "munged")
 _STANDIN = Path(__file__).resolve().parent / "sacct_standin.py"
 
@@ -168,13 +172,29 @@ class LocalSlurm:
         out = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True, timeout=10).stdout
         return [int(pid) for pid in out.split()]
 
+    def job_pids(self, name: str) -> dict[int, str]:
+        """What a node runs besides its slurmd (job steps, ranks): pid -> command line."""
+        slurmd = self._procs.get(f"slurmd-{name}")
+        out = {}
+        for pid in self.node_pids(name):
+            with contextlib.suppress(OSError):
+                if slurmd is None or pid != slurmd.pid:
+                    out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return out
+
     def cut_off(self, name: str) -> None:
         """Set a node's link to the bridge down: it stays up, but nothing reaches it."""
         self._network().set_link(name, up=False)
 
+    def reconnect(self, name: str) -> None:
+        """Set a cut-off node's link up again."""
+        self._network().set_link(name, up=True)
+
     def kill_node(self, name: str) -> None:
         """Kill a node: its slurmd and every process in its namespace (the job's steps and ranks)."""
-        self._procs.pop(f"slurmd-{name}").kill()
+        slurmd = self._procs.pop(f"slurmd-{name}")
+        slurmd.kill()
+        slurmd.wait(timeout=10)
         for pid in self.node_pids(name):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -214,6 +234,9 @@ def _write_conf(cluster: LocalSlurm, munge_socket: Path, first_job_id: int) -> N
                 "JobCompType=jobcomp/none",
                 "JobAcctGatherType=jobacct_gather/none",
                 "ReturnToService=2",
+                # A node that stops answering (cut off, dead) is DOWN after this long, and its
+                # jobs end (NODE_FAIL); SLURM's default is 300 s (tests/slurm/test_node_faults.py).
+                f"SlurmdTimeout={SLURMD_TIMEOUT_SEC}",
                 # Nodes may claim more CPUs than the machine has (the two-node layout's do).
                 "SlurmdParameters=config_overrides",
                 f"FirstJobId={first_job_id}",

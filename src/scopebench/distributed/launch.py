@@ -29,6 +29,7 @@ import json
 import os
 import signal
 
+from scopebench.distributed.faults import announce_failure, launcher_reports, silent_nodes
 from scopebench.distributed.info import SPAWN_ENV, DistInfo, get_dist_info
 from scopebench.distributed.spawn import (
     WORKER_KWARGS_ENV,
@@ -37,7 +38,6 @@ from scopebench.distributed.spawn import (
     RankFailure,
     environ,
     forget_store,
-    launcher_reports,
     loopback_env,
     open_store,
     report_progress,
@@ -77,6 +77,10 @@ def reporting_failure() -> bool:
 LOCAL_TIMEOUT_SEC = 60.0
 #: Default group timeout under torchrun / SLURM, where nodes start and load at their own pace.
 LAUNCHER_TIMEOUT_SEC = 600.0
+#: How long rank 0 of a failed launcher's group waits for the ranks on other nodes to say
+#: they saw it fail too (at most the group timeout); a rank that does not is named
+#: unreachable with its node (:func:`scopebench.distributed.faults.launcher_reports`).
+NOTE_WAIT_SEC = 5.0
 
 
 def default_backend(device: str = "cpu") -> str:
@@ -252,8 +256,13 @@ class DistSession:
             _REPORTING_FAILURE = True
         spawn, self._spawn = self._spawn, None
         culprits = [r for r in spawn.diagnose() if r.culprit] if (spawn and failed and diagnose) else []
+        nodes = ""
+        if not spawn and failed and diagnose and self._store is not None and self.info.rank != 0:
+            announce_failure(self._store, self.info.rank)
         if not spawn and failed and diagnose and self._store is not None and self.info.rank == 0:
-            culprits = [r for r in launcher_reports(self._store, self.info.world_size) if r.culprit]
+            wait = min(NOTE_WAIT_SEC, self.timeout_sec)
+            culprits = [r for r in launcher_reports(self._store, self.info.world_size, wait) if r.culprit]
+            nodes = silent_nodes(culprits)
             for report in culprits:
                 if report.state == "T" and report.pid:
                     # A stopped rank ignores the launcher's SIGTERM until continued (torchrun
@@ -273,7 +282,7 @@ class DistSession:
             spawn.close()
         self._store = None
         if culprits:
-            raise RankFailure("\n".join(r.describe(self.timeout_sec) for r in culprits))
+            raise RankFailure("\n".join([*filter(None, [nodes]), *(r.describe(self.timeout_sec) for r in culprits)]))
         if errors and not failed:
             raise RuntimeError("local worker(s) failed:\n" + "\n".join(errors))
 
@@ -302,7 +311,11 @@ class DistSession:
         self.created_group = True
         # The rendezvous store carries progress marks, so that a failed run names a rank
         # that hangs or died (private API; without it the launcher's own report remains).
+        # They go in its root (torch's group prefixes unwrapped), where anyone holding the
+        # rendezvous address reads them: progress/<rank>, pid/<rank> (a monitor, a test).
         store = getattr(dist.distributed_c10d, "_get_default_store", lambda: None)()
+        while isinstance(store, dist.PrefixStore):
+            store = store.underlying_store
         if store is not None:
             self._store = store
             track_progress(store, self.info.rank)

@@ -228,10 +228,11 @@ class RankRun:
     # -- teardown pieces -------------------------------------------------------------
     def _finalize_profiler(self) -> None:
         # A spawned rank of a failed run writes nothing: rank 0 reports the failure, and a
-        # worker's half of the files would only be mistaken for a result.
+        # worker's half of the files would only be mistaken for a result. Otherwise the
+        # iterations of a failed run are kept, in files named partial.
         if self._failed and self.info.source == "spawn" and self.info.rank != 0:
             return
-        self.profiler.finalize()
+        self.profiler.finalize(partial=self._failed)
 
     def _close_session(self) -> None:
         session, self.session = self.session, None

@@ -25,7 +25,6 @@ every interface).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import json
 import os
@@ -38,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scopebench.distributed.faults import RankReport, log_tail, process_state
+from scopebench.distributed.faults import RankReport, log_tail, node_name, process_state, read_progress
 from scopebench.distributed.info import SPAWN_ENV
 
 __all__ = [
@@ -46,9 +45,7 @@ __all__ = [
     "WORKER_TARGET_ENV",
     "LocalSpawn",
     "RankFailure",
-    "launcher_reports",
     "open_store",
-    "read_progress",
     "report_progress",
     "track_progress",
 ]
@@ -87,58 +84,7 @@ def track_progress(store, rank: int) -> None:
     its node and process id there (``pid/<rank>``) for a failure report."""
     global _PROGRESS
     _PROGRESS = (store, rank)
-    store.set(f"pid/{rank}", f"{_node_name()} {os.getpid()}")
-
-
-def _node_name() -> str:
-    """This rank's node: SLURM's name for it, else the host name (nodes may share a host name
-    in containers, never a SLURM node name)."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-
-
-def read_progress(store, world_size: int) -> dict[int, int]:
-    """Last finished iteration of every rank that reported one (``{}`` if the store is gone)."""
-    out: dict[int, int] = {}
-    for rank in range(world_size):
-        key = f"progress/{rank}"
-        with contextlib.suppress(Exception):  # a store already gone: nothing known
-            if store is not None and store.check([key]):
-                out[rank] = int(store.get(key))
-    return out
-
-
-def launcher_reports(store, world_size: int) -> list[RankReport]:
-    """Rank 0's view of the other ranks of a launcher's group (torchrun, SLURM) when it fails:
-    their progress marks and, for ranks on this host, whether their process is stopped or gone."""
-    progress = read_progress(store, world_size)
-    host = _node_name()
-    several_nodes = False
-    reports = []
-    for rank in range(1, world_size):
-        state, gone, local_pid, where = None, False, None, None
-        with contextlib.suppress(Exception):
-            if store.check([f"pid/{rank}"]):
-                where, pid = store.get(f"pid/{rank}").decode().rsplit(" ", 1)
-                several_nodes = several_nodes or where != host
-                if where == host:
-                    local_pid = int(pid)
-                    state = process_state(local_pid)
-                    gone = state is None or state == "Z"
-        reports.append(
-            RankReport(
-                rank=rank,
-                returncode=None,
-                state=state,
-                last_iteration=progress.get(rank),
-                lead_iteration=max(progress.values(), default=None),
-                gone=gone,
-                pid=local_pid,
-                node=where,
-            )
-        )
-    if not several_nodes:  # one node: naming it adds nothing
-        reports = [dataclasses.replace(report, node=None) for report in reports]
-    return reports
+    store.set(f"pid/{rank}", f"{node_name()} {os.getpid()}")
 
 
 def forget_store() -> None:
