@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs beyond Python: Chromium (the offline HTML report
-# is rendered in a real browser) and a single-node SLURM (slurmctld, slurmd, munge: the
-# cluster tests submit real jobs). Installs only what is missing; needs root and apt-get.
+# is rendered in a real browser) and SLURM (slurmctld, slurmd, munge: the cluster tests
+# submit real jobs; iproute2 and util-linux's nsenter put the two-node cluster's nodes in
+# their own network namespaces). Installs only what is missing; needs root and apt-get.
 # Called by `make test`; prints nothing when everything is there.
 set -euo pipefail
 need=()
@@ -9,6 +10,8 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 for tool in sbatch slurmctld slurmd munged; do
   command -v "$tool" >/dev/null 2>&1 || { need+=(slurmctld slurmd slurm-client munge); break; }
 done
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "missing system packages (${need[*]}): install them as root with apt-get; the tests that need them fail in CI" >&2

@@ -61,7 +61,7 @@ def test_complete_run_has_no_timeout_warning(tmp_path, capsys, no_weights_left):
         warnings.simplefilter("error", TruncatedRunWarning)
         run = run_benchopt(BENCH, CONFIG, output=out, extra_args=["--max-runs", "3"], env=ONE_THREAD)
     assert run.stopped_on_timeout == () and len(pd.read_parquet(out)) == 4
-    assert read_run_metadata(out) == {"max_runs": 3, "stopped_on_timeout": []}
+    assert read_run_metadata(out) == {"max_runs": 3, "stopped_on_timeout": [], "run_id": run.run_id}
     assert main(["summary", str(out)]) == 0
     assert "warning:" not in capsys.readouterr().out
 
@@ -97,15 +97,31 @@ def test_submitit_timing_reaches_benchopt_and_submitit(poll, wait, expected):
     report = "print(getattr(slurm_executor.as_completed, 'keywords', None), submitit.core.core.Job._results_timeout_s)"
     program = runs._BENCHOPT_TIMED.replace(call, report)
     assert program != runs._BENCHOPT_TIMED
-    out = subprocess.run([sys.executable, "-c", program, poll, wait], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", program, "/nonexistent/run", poll, wait], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == expected, out.stderr
 
 
-def test_benchopt_runs_plainly_without_submitit_timing():
-    from scopebench.runs import _benchopt_program
+def test_each_run_gets_its_own_submitit_folder():
+    """benchopt asks ``Benchmark.get_slurm_folder`` for the executor's folder: the program replaces it."""
+    import subprocess
+    import sys
 
-    assert _benchopt_program(None, None) == ["-m", "benchopt"]
-    assert _benchopt_program(1, None)[2:] == ["1", ""]
+    from scopebench import runs
+
+    call = "benchopt(prog_name='benchopt')"
+    report = "print(Benchmark.get_slurm_folder(None))"
+    program = runs._BENCHOPT_TIMED.replace(call, report)
+    out = subprocess.run([sys.executable, "-c", program, "/x/benchopt_run/r1", "", ""], capture_output=True, text=True)
+    assert out.stdout.strip() == "/x/benchopt_run/r1", out.stderr
+    from benchopt.parallel_backends import slurm_executor
+
+    assert "get_slurm_folder" in slurm_executor.get_slurm_executor.__code__.co_names  # where benchopt asks
+    folder = runs.job_folder(REPO / "benchmark_inference", runs.new_run_id())
+    assert folder.parent == REPO / "benchmark_inference" / "benchopt_run"
+    assert runs._benchopt_program(folder, 1, None)[2:] == [str(folder), "1", ""]
+    assert runs.new_run_id() != runs.new_run_id()
 
 
 @pytest.mark.parametrize("key", ["submitit_poll_sec", "submitit_result_wait_sec"])

@@ -13,22 +13,38 @@ holds canaries): ``-j`` (``n_jobs``) reaches ``update_parameters`` and fails; so
 ``slurm_python`` (Submitit takes ``python`` only in the executor's constructor); a missing
 ``slurm_time`` becomes ``00:<1.5 x timeout>`` (minutes:seconds); Submitit adds
 ``--signal=USR2@90``, so a time limit under :data:`MIN_SLURM_MINUTES` kills jobs at start.
+
+After a run, :func:`job_ids` lists the jobs it submitted (from its job folder),
+:func:`job_states` asks SLURM what became of them (``scontrol show job``) and
+:func:`cancel_unfinished` cancels those still queued or running: a job whose node was cut
+off keeps its ``srun`` waiting on the other nodes long after the run has its answer.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scopebench.validate import load_yaml, quote
+from scopebench.validate import integer, load_yaml, optional, quote
 
 __all__ = [
     "BENCHOPT_DEFAULT_TIMEOUT_SEC",
     "JOB_FOLDER",
     "MIN_SLURM_MINUTES",
+    "Layout",
+    "cancel_unfinished",
+    "describe_jobs",
+    "job_ids",
+    "job_layout",
     "job_parameters",
+    "job_states",
     "launcher_world_size",
     "read_parallel_config",
     "sbatch_script",
@@ -157,6 +173,59 @@ def job_parameters(
     return {key: value for key, value in merged.items() if value is not None or not drop_none}
 
 
+@dataclass(frozen=True)
+class Layout:
+    """The ranks of a run: how many nodes, how many per node, and who starts them."""
+
+    nodes: int
+    ranks_per_node: int
+    spawned: bool
+    """The run's one process starts its other ranks itself (no launcher, or a job of one task)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+def job_layout(
+    nproc_per_node: Any,
+    slurm_nodes: Any = 1,
+    slurm_ntasks_per_node: Any = None,
+    *,
+    launcher: str = "SLURM",
+    key: str = "nproc_per_node",
+) -> Layout:
+    """The one rule for how ``nproc_per_node``, ``slurm_nodes`` and ``slurm_ntasks_per_node`` combine.
+
+    Every SLURM task is one rank: a job of ``slurm_nodes`` x ``slurm_ntasks_per_node``
+    tasks (unset: 1 per node) has that world size, and nothing is spawned. ``nproc_per_node``
+    counts the ranks on each node, so in such a job it must equal ``slurm_ntasks_per_node``
+    (``1`` is accepted too, meaning "the launcher's ranks"). Only a job of one task
+    (or a run without a launcher) spawns its ranks itself: ``nproc_per_node`` on its node.
+    The same rule holds under torchrun (``launcher``), its nodes and ranks per node in place
+    of the job's.
+
+    :Examples:
+        >>> job_layout(2, 2, 2).world_size, job_layout(1, 2, 2).world_size, job_layout(4).world_size
+        (4, 4, 4)
+        >>> job_layout(4, 2, 2)
+        Traceback (most recent call last):
+        ...
+        ValueError: nproc_per_node=4 disagrees with 2 node(s) x 2 task(s) per node (SLURM): every task is one rank, so nproc_per_node (ranks per node) must be 2, or 1 for the launcher's ranks
+    """
+    nproc = integer(key, nproc_per_node, low=1)
+    nodes = integer("slurm_nodes", slurm_nodes, low=1)
+    tasks = optional(integer, "slurm_ntasks_per_node", slurm_ntasks_per_node, low=1) or 1
+    if nodes * tasks == 1:
+        return Layout(nodes=1, ranks_per_node=nproc, spawned=nproc > 1)
+    if nproc not in (1, tasks):
+        raise ValueError(
+            f"{key}={nproc} disagrees with {nodes} node(s) x {tasks} task(s) per node ({launcher}): "
+            f"every task is one rank, so {key} (ranks per node) must be {tasks}, or 1 for the launcher's ranks"
+        )
+    return Layout(nodes=nodes, ranks_per_node=tasks, spawned=False)
+
+
 def launcher_world_size(job: Mapping[str, Any]) -> int | None:
     """SLURM tasks of a job (``nodes x ntasks_per_node``), ``None`` when it runs one task."""
     world = int(job.get("slurm_nodes", 1) or 1) * int(job.get("slurm_ntasks_per_node", 1) or 1)
@@ -175,3 +244,62 @@ def sbatch_script(job: Mapping[str, Any], folder: str | Path, python: str | None
         return _make_sbatch_string(command=command, folder=str(folder), **params)
     except TypeError as err:
         raise ValueError(f"Submitit cannot write an sbatch script from these settings: {err}") from None
+
+
+#: SLURM job states in which a job still holds (or waits for) nodes.
+ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED")
+#: Fields of ``scontrol show job`` quoted in a failed run's error.
+REPORTED_FIELDS = ("JobState", "Reason", "ExitCode", "NodeList", "RunTime")
+_SUBMITTED = re.compile(r"^(\d+(?:_\d+)?)_submitted\.pkl$")
+
+
+def job_ids(folder: str | Path) -> list[str]:
+    """The SLURM jobs Submitit submitted from ``folder`` (``<id>_submitted.pkl``; arrays ``<id>_<i>``).
+
+    :Examples:
+        >>> job_ids("/nonexistent")
+        []
+    """
+    folder = Path(folder)
+    found = [m.group(1) for p in folder.glob("*_submitted.pkl") if (m := _SUBMITTED.match(p.name))]
+    return sorted(found, key=lambda j: tuple(int(x) for x in j.split("_")))
+
+
+def job_states(ids: list[str], env: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """SLURM's record of each job (``scontrol show job --oneliner``), ``{}`` for one it no longer
+    knows or where ``scontrol`` is missing."""
+    env = {**os.environ, **(env or {})}
+    if not ids or shutil.which("scontrol", path=env.get("PATH")) is None:
+        return {}
+    out = {}
+    for job in ids:
+        proc = subprocess.run(
+            ["scontrol", "show", "job", "--oneliner", job], capture_output=True, text=True, env=env, timeout=30
+        )
+        fields = dict(tok.split("=", 1) for tok in proc.stdout.split() if "=" in tok) if proc.returncode == 0 else {}
+        if fields:
+            out[job] = fields
+    return out
+
+
+def cancel_unfinished(states: Mapping[str, Mapping[str, str]], env: Mapping[str, str] | None = None) -> list[str]:
+    """``scancel`` the jobs of ``states`` (:func:`job_states`) still queued or running; their ids."""
+    left = [job for job, fields in states.items() if fields.get("JobState") in ACTIVE_STATES]
+    if left:
+        env = {**os.environ, **(env or {})}
+        subprocess.run(["scancel", *left], capture_output=True, text=True, env=env, timeout=30)
+    return left
+
+
+def describe_jobs(states: Mapping[str, Mapping[str, str]], cancelled: list[str] = ()) -> str:
+    """One line per job: SLURM's state, reason, exit code, nodes and run time (for an error).
+
+    :Examples:
+        >>> describe_jobs({"7": {"JobState": "NODE_FAIL", "Reason": "NodeDown", "NodeList": "n[1-2]"}})
+        'job 7: JobState=NODE_FAIL Reason=NodeDown NodeList=n[1-2]'
+    """
+    lines = []
+    for job, fields in states.items():
+        facts = " ".join(f"{key}={fields[key]}" for key in REPORTED_FIELDS if key in fields)
+        lines.append(f"job {job}: {facts}" + (" (still running: cancelled by this run)" if job in cancelled else ""))
+    return "\n".join(lines)

@@ -11,6 +11,16 @@ It also exits 0 when a solver stopped on benchopt's ``--timeout`` before ``max-r
 and compilation count). :func:`run_benchopt` then warns (:class:`TruncatedRunWarning`,
 naming the solver and its row count) and records the fact in the parquet's metadata
 (:func:`read_run_metadata`), where ``scopebench summary`` and ``scopebench report`` find it.
+
+With a submitit ``--parallel-config`` each run gets its own Submitit folder,
+``<benchmark>/benchopt_run/<run id>/`` (:func:`job_folder`; benchopt's own is the fixed
+``<benchmark>/benchopt_run/``). Submitit names result files by SLURM job id and takes a
+result file it finds as its job's: when job ids start again (a cluster whose state was
+reset, two clusters sharing a home) a run sharing the fixed folder reads an **older run's**
+result. In a folder of its own a result can only come from a job this run submitted. The
+run id is in the parquet's metadata (``run_id``, ``job_folder``), next to the run's logs.
+Jobs SLURM still holds when benchopt is done are cancelled; a failed run's error quotes
+``scontrol show job`` of each, and its parquet (if any) is marked ``partial``.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import time
@@ -27,12 +38,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from scopebench import cluster
+
 __all__ = [
     "BenchoptRun",
     "FAILED_STATUSES",
     "METADATA_KEY",
     "StoppedOnTimeout",
     "TruncatedRunWarning",
+    "job_folder",
+    "new_run_id",
     "read_run_metadata",
     "run_benchopt",
     "timeout_messages",
@@ -84,6 +99,10 @@ class BenchoptRun:
     """Solvers that benchopt stopped on its timeout before ``max-runs`` (checked runs only)."""
     returncode: int = 0
     """benchopt's exit code (0 even when a solver errored: a checked run reads the log too)."""
+    run_id: str = ""
+    """This run's id: its Submitit files are in :func:`job_folder` ``(benchmark, run_id)``."""
+    job_folder: Path | None = None
+    """This run's Submitit folder (sbatch scripts, pickles, job logs, results)."""
 
 
 def _failed_lines(log: str) -> list[str]:
@@ -97,12 +116,26 @@ def _failed_lines(log: str) -> list[str]:
     return bad
 
 
-def _job_errors(benchmark: Path, since: float, limit: int = 3, chars: int = 2000) -> list[str]:
-    """Ends of the Submitit job error logs (``<benchmark>/benchopt_run/*_log.err``) written since ``since``.
+def new_run_id() -> str:
+    """A run id unique on this machine and across machines sharing a home: time, process, random.
+
+    :Examples:
+        >>> len(new_run_id().split("-"))
+        4
+    """
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def job_folder(benchmark: str | Path, run_id: str) -> Path:
+    """The Submitit folder of one run: ``<benchmark>/benchopt_run/<run id>``."""
+    return Path(benchmark).resolve() / cluster.JOB_FOLDER / run_id
+
+
+def _job_errors(folder: Path, since: float, limit: int = 3, chars: int = 2000) -> list[str]:
+    """Ends of the Submitit job error logs (``<run's job folder>/*_log.err``) written since ``since``.
 
     Logs holding a traceback come first; at most ``limit`` of them, ``chars`` characters each.
     """
-    folder = benchmark / "benchopt_run"  # benchopt's Submitit folder (benchopt.benchmark.SLURM_JOB_NAME)
     if not folder.is_dir():
         return []
     texts = []
@@ -135,8 +168,12 @@ def _last_traceback(text: str, chars: int) -> str:
     return f"{head}\n[...]\n{tail}"
 
 
-#: ``python -c`` program: benchopt's command line with Submitit's collection timing set by
-#: ``argv[1]`` and ``argv[2]`` (an empty string keeps Submitit's own):
+#: With ``submitit_poll_sec``: Submitit's job-state queries (``sacct``) at least this often (its
+#: own back-off reaches half the time since the last submission: a dead node's job seen late).
+STATE_CHECK_MIN_SEC = 10.0
+#: ``python -c`` program: benchopt's command line with this run's Submitit folder
+#: (``argv[1]``, in place of benchopt's fixed ``<benchmark>/benchopt_run``) and Submitit's
+#: collection timing set by ``argv[2]`` and ``argv[3]`` (an empty string keeps Submitit's own):
 #:
 #: - the period of benchopt's checks for finished jobs: benchopt 1.10 calls Submitit's
 #:   ``as_completed(jobs)``, which checks every 10 s, so a 12 s job is collected at 20 s. A
@@ -145,14 +182,18 @@ def _last_traceback(text: str, chars: int) -> str:
 #:   counts as failed: 15 s, for shared file systems that show a file late.
 _BENCHOPT_TIMED = "\n".join(
     [
-        "import functools, sys",
+        "import functools, pathlib, sys",
         "import submitit.core.core, submitit.helpers",
+        "from benchopt.benchmark import Benchmark",
         "from benchopt.cli import benchopt",
         "from benchopt.parallel_backends import slurm_executor",
-        "poll, wait = sys.argv.pop(1), sys.argv.pop(1)",
+        "folder, poll, wait = sys.argv.pop(1), sys.argv.pop(1), sys.argv.pop(1)",
+        "Benchmark.get_slurm_folder = lambda self: pathlib.Path(folder)",
         "if poll:",
         "    slurm_executor.as_completed = functools.partial(",
         "        submitit.helpers.as_completed, poll_frequency=float(poll))",
+        "    from submitit.slurm.slurm import SlurmJob",
+        f"    SlurmJob.watcher._delay_s = max(float(poll), {STATE_CHECK_MIN_SEC})",
         "if wait:",
         "    submitit.core.core.Job._results_timeout_s = float(wait)",
         "benchopt(prog_name='benchopt')",
@@ -160,14 +201,12 @@ _BENCHOPT_TIMED = "\n".join(
 )
 
 
-def _benchopt_program(poll_sec: float | None, result_wait_sec: float | None) -> list[str]:
-    """``python`` arguments that start benchopt's command line, with Submitit's timing when set."""
+def _benchopt_program(folder: Path, poll_sec: float | None, result_wait_sec: float | None) -> list[str]:
+    """``python`` arguments that start benchopt's command line with this run's Submitit folder and timing."""
     for key, value in (("submitit_poll_sec", poll_sec), ("submitit_result_wait_sec", result_wait_sec)):
         if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
             raise ValueError(f"{key} must be a number of seconds > 0, got {value!r}")
-    if poll_sec is None and result_wait_sec is None:
-        return ["-m", "benchopt"]
-    return ["-c", _BENCHOPT_TIMED, *("" if v is None else str(v) for v in (poll_sec, result_wait_sec))]
+    return ["-c", _BENCHOPT_TIMED, str(folder), *("" if v is None else str(v) for v in (poll_sec, result_wait_sec))]
 
 
 def _benchopt_command(
@@ -224,7 +263,8 @@ def run_benchopt(
         env: Extra environment variables.
         submitit_poll_sec: With a submitit ``--parallel-config``: seconds between benchopt's
             checks for finished jobs (None: benchopt's own 10 s). Short jobs (tests, trials
-            on a test cluster) end up to 10 s sooner with 1 s.
+            on a test cluster) end up to 10 s sooner with 1 s. It also caps the back-off
+            of Submitit's job-state queries at ``max(poll, STATE_CHECK_MIN_SEC)``.
         submitit_result_wait_sec: With a submitit ``--parallel-config``: seconds a job that
             ended without a result file is given for the file to appear before it counts
             as failed (None: Submitit's own 15 s, for slow shared file systems).
@@ -240,9 +280,16 @@ def run_benchopt(
     benchmark = Path(benchmark)
     if not (benchmark / "objective.py").is_file():
         raise ValueError(f"{benchmark} is not a benchmark folder (no objective.py)")
-    program = _benchopt_program(submitit_poll_sec, submitit_result_wait_sec)
+    run_id = new_run_id()
+    folder = job_folder(benchmark, run_id)
+    program = _benchopt_program(folder, submitit_poll_sec, submitit_result_wait_sec)
     since = time.time()
-    run = _benchopt_command(benchmark, config, output, extra_args, timeout_sec, env, program)
+    try:
+        run = _benchopt_command(benchmark, config, output, extra_args, timeout_sec, env, program)
+    finally:  # no job of this run outlives it (a cut-off node's job waits on it in srun)
+        states = cluster.job_states(cluster.job_ids(folder), env)
+        cancelled = cluster.cancel_unfinished(states, env)
+    run = dataclasses.replace(run, run_id=run_id, job_folder=folder)
     if not check:
         return run
     code = run.returncode
@@ -253,13 +300,25 @@ def run_benchopt(
             if code != 0
             else f"{len(problems)} failure line(s): {problems[:3]}" if problems else f"no results file at {run.parquet}"
         )
-        jobs = "\n".join(_job_errors(benchmark, since))
+        if run.parquet.is_file():  # the other cells' rows: kept, marked partial
+            _write_run_metadata(run.parquet, {"run_id": run_id, "partial": True, "failures": problems[:20]})
+        jobs, slurm = "\n".join(_job_errors(folder, since)), cluster.describe_jobs(states, cancelled)
         raise RuntimeError(
             f"benchopt run of {benchmark} failed ({reason}):\n{run.log[-4000:]}"
             + (f"\nSubmitit job logs:\n{jobs}" if jobs else "")
+            + (f"\nSLURM's view of this run's jobs (scontrol show job):\n{slurm}" if slurm else "")
         )
     stopped = _stopped_on_timeout(run, _max_runs(config, extra_args))
-    _write_run_metadata(run.parquet, {"max_runs": _max_runs(config, extra_args), "stopped_on_timeout": stopped})
+    _write_run_metadata(
+        run.parquet,
+        {
+            "max_runs": _max_runs(config, extra_args),
+            "stopped_on_timeout": stopped,
+            "run_id": run_id,
+            # Only a submitit run writes one.
+            **({"job_folder": str(folder)} if folder.is_dir() else {}),
+        },
+    )
     for entry in stopped:
         warnings.warn(entry.message(), TruncatedRunWarning, stacklevel=2)
     return dataclasses.replace(run, stopped_on_timeout=tuple(stopped))
@@ -324,7 +383,9 @@ def _write_run_metadata(parquet: Path, info: dict[str, Any]) -> None:
 def read_run_metadata(parquet: str | Path) -> dict[str, Any]:
     """What :func:`run_benchopt` recorded in a parquet (``{}`` for a file it did not write).
 
-    Keys: ``max_runs`` and ``stopped_on_timeout`` (a list of :class:`StoppedOnTimeout` as dicts).
+    Keys: ``max_runs``, ``stopped_on_timeout`` (a list of :class:`StoppedOnTimeout` as dicts),
+    ``run_id`` and ``job_folder`` (where its Submitit files and job logs are); a failed run
+    that still wrote rows: ``partial`` (true) and ``failures`` (benchopt's failure lines).
     """
     import pyarrow.parquet as pq
 

@@ -80,7 +80,7 @@ def test_accepts_the_shipped_experiment_configs(benchmark, path, capsys):
 
 
 def test_rejects_tasks_that_disagree_with_distribution(tmp_path, capsys):
-    config = _config(tmp_path, "        - [2, true, 2]\n        - [2, false, 2]\n        - [1, true, 2]\n")
+    config = _config(tmp_path, "        - [2, true, 2]\n        - [2, false, 2]\n        - [3, true, 2]\n")
     code = main(
         [
             "check-config",
@@ -100,7 +100,9 @@ def test_rejects_tasks_that_disagree_with_distribution(tmp_path, capsys):
     }
     assert lines["#1"].endswith(": ok"), out
     assert "INVALID" in lines["#2"] and "distribute_physics or distribute_denoiser" in lines["#2"], out
-    assert "INVALID" in lines["#3"] and "slurm_ntasks_per_node=2 disagrees with nproc_per_node=1" in lines["#3"], out
+    assert (
+        "INVALID" in lines["#3"] and "nproc_per_node=3 disagrees with 1 node(s) x 2 task(s) per node" in lines["#3"]
+    ), out
     assert "2 invalid cell(s)" in out
 
 
@@ -219,7 +221,7 @@ def test_sbatch_preview_holds_the_cell_resources(tmp_path, capsys):
         "#SBATCH --cpus-per-task=4",
     ):
         assert line in out.splitlines(), out
-    assert " nsys profile -o 'outputs/nsys/%q{SLURM_JOB_ID}_rank%q{SLURM_PROCID}'" in out
+    assert " nsys profile -o 'outputs/nsys/%q{SLURM_JOB_ID}_%q{SLURMD_NODENAME}_rank%q{SLURM_PROCID}'" in out
     # The cell is not profiled with profiler_mode: nvidia, so nsys would record nothing.
     assert "only profiler_mode: nvidia calls" in out
 
@@ -283,6 +285,31 @@ def test_policy_slurm_tasks_are_the_ranks(tmp_path, capsys):
     assert lines["#1"].endswith(": ok") and lines["#2"].endswith(": ok"), out
     assert (
         "INVALID" in lines["#3"]
-        and "nproc_per_node=3 disagrees with the launcher's world size 2 (the job's SLURM tasks)" in lines["#3"]
+        and "nproc_per_node=3 disagrees with 1 node(s) x 2 task(s) per node (SLURM)" in lines["#3"]
     ), out
     assert "1 invalid cell(s)" in out
+
+
+def test_each_cell_shows_its_nodes_tasks_and_world_size(tmp_path, capsys):
+    """2 nodes x 2 tasks is world size 4 (nproc_per_node 2 or 1); 2 nodes x 1 task with nproc_per_node 2 is refused."""
+    config = tmp_path / "nodes.yml"
+    config.write_text(
+        f"dataset:\n  - {FRAMES.replace('num_operators=2', 'num_operators=4')}\nsolver:\n  - PnP:\n"
+        "      denoiser: tv\n      distribute_physics: true\n"
+        '      "nproc_per_node, slurm_nodes, slurm_ntasks_per_node":\n'
+        "        - [2, 2, 2]\n        - [1, 2, 2]\n        - [2, 2, null]\n        - [2, 1, null]\n"
+    )
+    command = ["check-config", str(REPO / "benchmark_inference"), "--config", str(config)]
+    command += ["--parallel-config", SLURM, "--cluster", "slurm"]
+    code = main([*command, "--json"])
+    cells = {cell["index"]: cell for cell in json.loads(capsys.readouterr().out)["cells"]}
+    assert code == 1
+    four = {"nodes": 2, "ranks_per_node": 2, "world_size": 4, "spawned": False}
+    assert cells[1]["layout"] == four and cells[2]["layout"] == four, cells
+    assert "nproc_per_node=2 disagrees with 2 node(s) x 1 task(s) per node (SLURM)" in cells[3]["error"], cells[3]
+    assert cells[4]["layout"] == {"nodes": 1, "ranks_per_node": 2, "world_size": 2, "spawned": True}, cells[4]
+    assert cells[1]["error"] is None and cells[2]["error"] is None and cells[4]["error"] is None, cells
+    main(command)
+    out = capsys.readouterr().out
+    assert out.count("ranks: 2 node(s) x 2 task(s) per node = world size 4") == 2, out
+    assert "ranks: 1 process spawning 2 on 1 node = world size 2" in out, out

@@ -62,8 +62,17 @@ def test_bad_arguments(kwargs, message):
 def test_nproc_disagreeing_with_launcher(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    with pytest.raises(ValueError, match="nproc=2 disagrees with the launcher's world size 4"):
+    with pytest.raises(ValueError, match=r"nproc=2 disagrees with 1 node\(s\) x 4 task\(s\) per node \(torchrun\)"):
         DistSession(2)
+
+
+def test_nproc_is_the_launchers_ranks_per_node(monkeypatch):
+    """torchrun on 2 nodes x 2 ranks: nproc 2 (per node) or 1 (the launcher's) is accepted, 4 is not."""
+    for key, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    assert DistSession(2).info.nodes == 2 and DistSession(1).info.world_size == 4
+    with pytest.raises(ValueError, match="must be 2, or 1 for the launcher's ranks"):
+        DistSession(4)
 
 
 def test_local_nproc_above_the_cores_is_refused_with_the_numbers():
@@ -77,3 +86,26 @@ def test_local_nproc_above_the_cores_is_refused_with_the_numbers():
         check_local_nproc("nproc_per_node", 255)
     with pytest.raises(ValueError, match=r"nproc_per_node must be an integer >= 1, got 'two'"):
         check_local_nproc("nproc_per_node", "two")
+
+
+def test_launcher_reports_name_the_node_of_each_rank_across_nodes(monkeypatch):
+    """Across nodes a failed group names where each late rank runs (SLURM's node name, which
+    differs between nodes even where their host names do not); on one node it adds nothing."""
+    import torch.distributed as dist
+
+    from scopebench.distributed.faults import launcher_reports
+
+    store = dist.HashStore()
+    monkeypatch.setenv("SLURMD_NODENAME", "node1")
+    for rank, where in ((1, "node1"), (2, "node2"), (3, "node2")):
+        store.set(f"pid/{rank}", f"{where} {999_999_000 + rank}")
+        store.set(f"progress/{rank}", "4" if rank == 1 else "3")
+    store.set("progress/0", "4")
+    sentences = [r.sentence(30) for r in launcher_reports(store, 4) if r.culprit]
+    assert len(sentences) == 3 and sentences[0].startswith("rank 1 on node node1 died"), sentences  # its pid is gone
+    assert sentences[1].startswith("rank 2 on node node2 hangs or is too slow"), sentences
+    assert sentences[2].startswith("rank 3 on node node2 hangs"), sentences
+    one_node = dist.HashStore()
+    one_node.set("pid/1", "node1 999999001")
+    (report,) = launcher_reports(one_node, 2)
+    assert report.node is None

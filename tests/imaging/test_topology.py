@@ -28,6 +28,9 @@ def test_layouts_that_work():
     assert check(nproc=2, physics=True, operators=4) is None
     assert check(nproc=2, denoiser=True, patch=32) is None
     assert check(nproc=4, denoiser=True, patch=16, slurm_gres="gpu:4", slurm_ntasks_per_node=4) is None
+    # Two nodes of two tasks: world size 4, nproc_per_node the ranks per node (or 1: the job's tasks).
+    for nproc in (1, 2):
+        assert check(nproc=nproc, physics=True, operators=4, launcher=4, slurm_nodes=2, slurm_ntasks_per_node=2) is None
 
 
 @pytest.mark.parametrize(
@@ -45,19 +48,19 @@ def test_layouts_that_work():
         ({"patch": 64}, "patch_size=64 must be smaller than the signal's side 64"),
         (
             {"nproc": 2, "denoiser": True, "patch": 16, "slurm_ntasks_per_node": 4},
-            "slurm_ntasks_per_node=4 disagrees with nproc_per_node=2",
+            r"nproc_per_node=2 disagrees with 1 node\(s\) x 4 task\(s\) per node \(SLURM\)",
         ),
         (
             {"nproc": 2, "denoiser": True, "patch": 16, "slurm_gres": "gpu:4"},
-            r"slurm_gres='gpu:4' gives 4 GPU\(s\) per node but slurm_ntasks_per_node=2",
+            r"slurm_gres='gpu:4' gives 4 GPU\(s\) per node but 2 rank\(s\) per node",
         ),
         (
-            {"nproc": 2, "denoiser": True, "patch": 16, "slurm_nodes": 2},
+            {"nproc": 1, "denoiser": True, "patch": 16, "slurm_nodes": 2},
             "slurm_nodes=2 needs a SLURM or torchrun launch",
         ),
         (
             {"nproc": 2, "denoiser": True, "patch": 16, "launcher": 4},
-            "the launcher started 4 processes but nproc_per_node x slurm_nodes = 2 x 1 = 2",
+            "the launcher started 4 processes but the cell's layout has 2 ranks",
         ),
     ],
 )

@@ -108,3 +108,17 @@ def test_no_window_warning_when_recorded_or_nothing_ran(warmup, iterations):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         prof.finalize()
+
+
+def test_a_failed_run_keeps_its_iterations_in_files_named_partial(tmp_path):
+    """A run that ends with an error keeps what it recorded, never under a whole run's name."""
+    with pytest.raises(RuntimeError, match="the node went away"):
+        with create_profiler("custom", "cpu", "cut", save_file=True, output_dir=tmp_path) as prof:
+            _iterations(prof, 3)
+            raise RuntimeError("the node went away")
+    (path,) = tmp_path.iterdir()
+    assert path.name.endswith("_rank0_partial_gpu_metrics.csv") and prof.files == [path]
+    assert len(path.read_text().splitlines()) == 1 + 3  # header and the three iterations
+    whole = create_profiler("custom", "cpu", "whole", save_file=True, output_dir=tmp_path)
+    _iterations(whole, 1)
+    assert whole.finalize()[0].name.endswith("_rank0_gpu_metrics.csv")

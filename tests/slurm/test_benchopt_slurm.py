@@ -191,7 +191,7 @@ n-repetitions: 1
     prefix = yaml.safe_load((PARALLEL_CONFIGS / "slurm_nsys.yml").read_text())["slurm_srun_args"]
     for rank, call in enumerate(calls):
         assert ["nsys", *call["argv"]] == prefix + call["command"]
-        assert call["report"] == f"outputs/nsys/{job_id}_rank{rank}"
+        assert call["report"] == f"outputs/nsys/{job_id}_{slurm_cluster.host}_rank{rank}"
         assert call["command"][:4] == [sys.executable, "-u", "-m", "submitit.core._submit"]
         assert call["env"]["SLURM_JOB_ID"] == job_id and call["env"]["SLURM_NTASKS"] == "2"
         # slurm_setup cleared the outer nsys's hooks before this rank's nsys started.

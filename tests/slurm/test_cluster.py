@@ -56,14 +56,21 @@ def test_sacct_standin_names_array_tasks_as_sacct_does():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "test, nodes",
+    [
+        ("test_cluster.py::test_the_lock_is_held_while_the_cluster_runs", 1),
+        ("test_two_nodes.py::test_two_nodes_start_in_under_10_s_each_in_its_own_network", 2),
+    ],
+)
 @pytest.mark.parametrize("ci, outcome", [("true", "1 error"), ("", "1 skipped")])
-def test_missing_slurm_fails_in_ci_and_skips_elsewhere(ci, outcome):
-    """Without sbatch on the PATH the fixture errors when CI is set and skips otherwise."""
+def test_missing_slurm_fails_in_ci_and_skips_elsewhere(ci, outcome, test, nodes):
+    """Without sbatch on the PATH either layout's fixture errors when CI is set and skips otherwise."""
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env["PATH"] = str(Path(sys.executable).parent)  # the venv only: no sbatch, srun...
     if ci:
         env["CI"] = ci
-    test = f"{Path(__file__).resolve()}::test_the_lock_is_held_while_the_cluster_runs"
+    test = str(Path(__file__).resolve().parent / test)
     # --confcutdir: only tests/slurm/conftest.py (the fixture under test), not tests/conftest.py,
     # whose collection hook imports torch (4 of the 5 s this subprocess took).
     proc = subprocess.run(
@@ -85,4 +92,4 @@ def test_missing_slurm_fails_in_ci_and_skips_elsewhere(ci, outcome):
         cwd=Path(__file__).resolve().parents[2],
     )
     assert outcome in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "a local SLURM needs sbatch" in proc.stdout, proc.stdout[-3000:]
+    assert f"a local {nodes}-node SLURM needs sbatch" in proc.stdout, proc.stdout[-3000:]

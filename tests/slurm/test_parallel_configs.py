@@ -51,7 +51,7 @@ def test_slurm_configs_document_the_keys_people_edit():
     nsys = yaml.safe_load((PARALLEL_CONFIGS / "slurm_nsys.yml").read_text())
     prefix = " ".join(nsys["slurm_srun_args"])
     assert prefix == (
-        "nsys profile -o outputs/nsys/%q{SLURM_JOB_ID}_rank%q{SLURM_PROCID} --trace=cuda,nvtx "
+        "nsys profile -o outputs/nsys/%q{SLURM_JOB_ID}_%q{SLURMD_NODENAME}_rank%q{SLURM_PROCID} --trace=cuda,nvtx "
         "--capture-range=cudaProfilerApi --capture-range-end=stop --cuda-memory-usage=true --sample=none "
         "--force-overwrite=true"
     )

@@ -24,7 +24,10 @@ volume...) are listed, not counted as invalid; on SLURM each still takes a job. 
 "skip", "job", "submission"}], "notes"}`` where ``solver_params``/``dataset_params`` are the
 values the config set, ``job`` the cell's ``slurm_*`` settings (SLURM only) and
 ``submission`` the index of the sbatch call it belongs to (cells with equal settings
-share a job array).
+share a job array) and ``layout`` its ranks ``{"nodes", "ranks_per_node", "world_size",
+"spawned"}`` (:func:`scopebench.cluster.job_layout`: every SLURM task is one rank; a cell
+whose ``nproc_per_node`` disagrees with its job's ``slurm_nodes`` x ``slurm_ntasks_per_node``
+is invalid).
 """
 
 from __future__ import annotations
@@ -66,6 +69,24 @@ def _resources(job: dict) -> str:
     return " ".join(parts)
 
 
+def _layout_json(layout) -> dict | None:
+    if layout is None:
+        return None
+    return {
+        "nodes": layout.nodes,
+        "ranks_per_node": layout.ranks_per_node,
+        "world_size": layout.world_size,
+        "spawned": layout.spawned,
+    }
+
+
+def _layout_text(layout) -> str:
+    """``ranks: 2 node(s) x 2 task(s) per node = world size 4`` (or the ranks one task spawns)."""
+    if layout.spawned:
+        return f"ranks: 1 process spawning {layout.ranks_per_node} on 1 node = world size {layout.world_size}"
+    return f"ranks: {layout.nodes} node(s) x {layout.ranks_per_node} task(s) per node = world size {layout.world_size}"
+
+
 def _as_json(report) -> dict:
     return {
         "benchmark": report.benchmark,
@@ -85,6 +106,7 @@ def _as_json(report) -> dict:
                 "skip": report.skips.get(cell.index),
                 "job": report.jobs.get(cell.index),
                 "submission": report.groups.get(cell.index),
+                "layout": _layout_json(report.layouts.get(cell.index)),
             }
             for cell in report.cells
         ],
@@ -111,6 +133,8 @@ def _print_text(report, show_sbatch: bool) -> None:
         else:
             status = "ok"
         print(f"  {cell.label()}: {status}")
+        if cell.index in report.layouts:
+            print(f"      {_layout_text(report.layouts[cell.index])}")
         if cell.index in report.jobs:
             group = report.groups[cell.index]
             size = len(members[group]) * reps

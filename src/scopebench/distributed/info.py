@@ -5,7 +5,10 @@ Sources, in order of precedence (docs/design.md, "Ranks and launch"):
 * ``torchrun`` / ``accelerate launch``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``MASTER_ADDR``, ``MASTER_PORT``.
 * ``slurm``: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID`` when more than one task
-  runs (submitit starts one process per task); the master is the first node of the step.
+  runs (submitit starts one process per task); the rendezvous is always the first node of
+  the step's node list (a ``MASTER_ADDR`` is ignored: sbatch copies the submitting shell's
+  environment into the job, where it names the login node or ``localhost``), on a port
+  derived from the job id (``MASTER_PORT`` when set).
 * ``spawn``: a worker started by :mod:`scopebench.distributed.launch` (``SCOPEBENCH_RANK`` …); its
   rendezvous is a file store in the run's private temporary folder (port 0).
 * ``single``: none of the above.
@@ -50,6 +53,8 @@ class DistInfo:
     """Port of the rendezvous; 0 when unknown (single process)."""
     source: str
     """One of ``"torchrun"``, ``"slurm"``, ``"spawn"``, ``"single"``."""
+    nodes: int = 1
+    """Nodes the ranks run on (``SLURM_JOB_NUM_NODES``; torchrun: ``WORLD_SIZE / LOCAL_WORLD_SIZE``)."""
 
     @property
     def is_distributed(self) -> bool:
@@ -89,6 +94,7 @@ def get_dist_info(environ: Mapping[str, str] | None = None) -> DistInfo:
     """
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
+        world, local = _int(env, "WORLD_SIZE"), _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else 0
         return DistInfo(
             rank=_int(env, "RANK"),
             local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
@@ -96,11 +102,18 @@ def get_dist_info(environ: Mapping[str, str] | None = None) -> DistInfo:
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
             source="torchrun",
+            nodes=world // local if local and world % local == 0 else 1,
         )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         ntasks = _int(env, "SLURM_NTASKS")
         if ntasks > 1:
-            nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "127.0.0.1")
+            nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+            if not nodelist:
+                raise ValueError(
+                    "SLURM_PROCID and SLURM_NTASKS are set but neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST: "
+                    "the rendezvous host (the job's first node) is unknown"
+                )
+            nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
             # A port every task derives alike from the job id, away from the usual 29500.
             job = env.get("SLURM_JOB_ID", "0")
             port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else 20000 + zlib.crc32(job.encode()) % 20000
@@ -108,9 +121,10 @@ def get_dist_info(environ: Mapping[str, str] | None = None) -> DistInfo:
                 rank=_int(env, "SLURM_PROCID"),
                 local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
                 world_size=ntasks,
-                master_addr=env.get("MASTER_ADDR") or _first_slurm_host(nodelist),
+                master_addr=_first_slurm_host(nodelist),
                 master_port=port,
                 source="slurm",
+                nodes=int(nodes) if nodes and nodes.isdigit() else 1,
             )
     if SPAWN_ENV["rank"] in env:
         return DistInfo(

@@ -29,6 +29,7 @@ import json
 import os
 import signal
 
+from scopebench.distributed.faults import announce_failure, launcher_reports, silent_nodes
 from scopebench.distributed.info import SPAWN_ENV, DistInfo, get_dist_info
 from scopebench.distributed.spawn import (
     WORKER_KWARGS_ENV,
@@ -37,7 +38,6 @@ from scopebench.distributed.spawn import (
     RankFailure,
     environ,
     forget_store,
-    launcher_reports,
     loopback_env,
     open_store,
     report_progress,
@@ -77,6 +77,10 @@ def reporting_failure() -> bool:
 LOCAL_TIMEOUT_SEC = 60.0
 #: Default group timeout under torchrun / SLURM, where nodes start and load at their own pace.
 LAUNCHER_TIMEOUT_SEC = 600.0
+#: How long rank 0 of a failed launcher's group waits for the ranks on other nodes to say
+#: they saw it fail too (at most the group timeout); a rank that does not is named
+#: unreachable with its node (:func:`scopebench.distributed.faults.launcher_reports`).
+NOTE_WAIT_SEC = 5.0
 
 
 def default_backend(device: str = "cpu") -> str:
@@ -112,19 +116,26 @@ def check_local_nproc(key: str, nproc: object, device: str = "cpu") -> int:
     return nproc
 
 
-def check_launcher_nproc(key: str, nproc: int, world_size: int, source: str) -> None:
+def check_launcher_nproc(key: str, nproc: int, world_size: int, source: str, nodes: int = 1) -> None:
     """Under a launcher its ranks are the run's and nothing is spawned: ``nproc`` (the
-    ``nproc_per_node`` setting...) must be 1 or the launcher's world size.
+    ``nproc_per_node`` setting...) must be 1 or the launcher's ranks per node
+    (:func:`scopebench.cluster.job_layout`, the one rule).
 
     :Examples:
         >>> check_launcher_nproc("nproc_per_node", 3, 2, "slurm")
         Traceback (most recent call last):
         ...
-        ValueError: nproc_per_node=3 disagrees with the launcher's world size 2 (slurm): set it to 1 or 2
+        ValueError: nproc_per_node=3 disagrees with 1 node(s) x 2 task(s) per node (slurm): every task is one rank, so nproc_per_node (ranks per node) must be 2, or 1 for the launcher's ranks
+        >>> check_launcher_nproc("nproc_per_node", 2, 4, "slurm", nodes=2)
     """
-    if nproc not in (1, world_size):
+    from scopebench.cluster import job_layout
+
+    if nodes > 0 and world_size % nodes == 0:
+        job_layout(nproc, nodes, world_size // nodes, launcher=source, key=key)
+    elif nproc != 1:
         raise ValueError(
-            f"{key}={nproc} disagrees with the launcher's world size {world_size} ({source}): set it to 1 or {world_size}"
+            f"{key}={nproc} disagrees with {world_size} ranks uneven across {nodes} nodes ({source}): "
+            f"set {key} to 1 (the launcher's ranks)"
         )
 
 
@@ -173,7 +184,7 @@ class DistSession:
         self._spawn: LocalSpawn | None = None
         self._store = None
         if self.info.is_distributed:
-            check_launcher_nproc("nproc", nproc, self.info.world_size, self.info.source)
+            check_launcher_nproc("nproc", nproc, self.info.world_size, self.info.source, self.info.nodes)
         if not self.info.is_distributed and nproc > 1:
             if worker is None or ":" not in worker:
                 raise ValueError(f"spawning {nproc - 1} workers needs worker='module:function', got {worker!r}")
@@ -245,8 +256,13 @@ class DistSession:
             _REPORTING_FAILURE = True
         spawn, self._spawn = self._spawn, None
         culprits = [r for r in spawn.diagnose() if r.culprit] if (spawn and failed and diagnose) else []
+        nodes = ""
+        if not spawn and failed and diagnose and self._store is not None and self.info.rank != 0:
+            announce_failure(self._store, self.info.rank)
         if not spawn and failed and diagnose and self._store is not None and self.info.rank == 0:
-            culprits = [r for r in launcher_reports(self._store, self.info.world_size) if r.culprit]
+            wait = min(NOTE_WAIT_SEC, self.timeout_sec)
+            culprits = [r for r in launcher_reports(self._store, self.info.world_size, wait) if r.culprit]
+            nodes = silent_nodes(culprits)
             for report in culprits:
                 if report.state == "T" and report.pid:
                     # A stopped rank ignores the launcher's SIGTERM until continued (torchrun
@@ -266,7 +282,7 @@ class DistSession:
             spawn.close()
         self._store = None
         if culprits:
-            raise RankFailure("\n".join(r.describe(self.timeout_sec) for r in culprits))
+            raise RankFailure("\n".join([*filter(None, [nodes]), *(r.describe(self.timeout_sec) for r in culprits)]))
         if errors and not failed:
             raise RuntimeError("local worker(s) failed:\n" + "\n".join(errors))
 
@@ -277,8 +293,14 @@ class DistSession:
     def _init_from_launcher(self) -> None:
         import torch.distributed as dist
 
-        os.environ.setdefault("MASTER_ADDR", self.info.master_addr)
-        os.environ.setdefault("MASTER_PORT", str(self.info.master_port))
+        from scopebench.distributed.network import socket_interface_env
+
+        # The rendezvous of get_dist_info (under SLURM the job's first node, whatever an
+        # inherited MASTER_ADDR said), and the interface that reaches it for gloo / NCCL:
+        # kept for the run, since DeepSpeed and accelerate create more groups later.
+        os.environ["MASTER_ADDR"] = self.info.master_addr
+        os.environ["MASTER_PORT"] = str(self.info.master_port)
+        os.environ.update(socket_interface_env(self.info.master_addr))
         dist.init_process_group(
             self.backend,
             init_method=f"tcp://{self.info.master_addr}:{self.info.master_port}",
@@ -289,7 +311,11 @@ class DistSession:
         self.created_group = True
         # The rendezvous store carries progress marks, so that a failed run names a rank
         # that hangs or died (private API; without it the launcher's own report remains).
+        # They go in its root (torch's group prefixes unwrapped), where anyone holding the
+        # rendezvous address reads them: progress/<rank>, pid/<rank> (a monitor, a test).
         store = getattr(dist.distributed_c10d, "_get_default_store", lambda: None)()
+        while isinstance(store, dist.PrefixStore):
+            store = store.underlying_store
         if store is not None:
             self._store = store
             track_progress(store, self.info.rank)

@@ -89,7 +89,7 @@ class RankRun:
         self.nproc = check_local_nproc("nproc_per_node", nproc, self.device.type)
         launcher = get_dist_info()
         if launcher.is_distributed:
-            check_launcher_nproc("nproc_per_node", self.nproc, launcher.world_size, launcher.source)
+            check_launcher_nproc("nproc_per_node", self.nproc, launcher.world_size, launcher.source, launcher.nodes)
         self.world_size = launcher.world_size if launcher.is_distributed else self.nproc
         if not isinstance(profiler, ProfilerConfig):
             profiler = ProfilerConfig.from_params(**dict(profiler or {}))
@@ -262,10 +262,11 @@ class RankRun:
     # -- teardown pieces -------------------------------------------------------------
     def _finalize_profiler(self) -> None:
         # A spawned rank of a failed run writes nothing: rank 0 reports the failure, and a
-        # worker's half of the files would only be mistaken for a result.
+        # worker's half of the files would only be mistaken for a result. Otherwise the
+        # iterations of a failed run are kept, in files named partial.
         if self._failed and self.info.source == "spawn" and self.info.rank != 0:
             return
-        self.profiler.finalize()
+        self.profiler.finalize(partial=self._failed)
 
     def _close_session(self) -> None:
         session, self.session = self.session, None

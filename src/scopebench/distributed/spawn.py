@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scopebench.distributed.faults import RankReport, log_tail, process_state
+from scopebench.distributed.faults import RankReport, log_tail, node_name, process_state, read_progress
 from scopebench.distributed.info import SPAWN_ENV
 
 __all__ = [
@@ -45,9 +45,7 @@ __all__ = [
     "WORKER_TARGET_ENV",
     "LocalSpawn",
     "RankFailure",
-    "launcher_reports",
     "open_store",
-    "read_progress",
     "report_progress",
     "track_progress",
 ]
@@ -83,50 +81,10 @@ def open_store(path: str, world_size: int, rank: int | None, timeout_sec: float)
 
 def track_progress(store, rank: int) -> None:
     """Send this rank's progress marks (:func:`report_progress`) to ``store``, and publish
-    its host and process id there (``pid/<rank>``) for a failure report."""
+    its node and process id there (``pid/<rank>``) for a failure report."""
     global _PROGRESS
     _PROGRESS = (store, rank)
-    store.set(f"pid/{rank}", f"{socket.gethostname()} {os.getpid()}")
-
-
-def read_progress(store, world_size: int) -> dict[int, int]:
-    """Last finished iteration of every rank that reported one (``{}`` if the store is gone)."""
-    out: dict[int, int] = {}
-    for rank in range(world_size):
-        key = f"progress/{rank}"
-        with contextlib.suppress(Exception):  # a store already gone: nothing known
-            if store is not None and store.check([key]):
-                out[rank] = int(store.get(key))
-    return out
-
-
-def launcher_reports(store, world_size: int) -> list[RankReport]:
-    """Rank 0's view of the other ranks of a launcher's group (torchrun, SLURM) when it fails:
-    their progress marks and, for ranks on this host, whether their process is stopped or gone."""
-    progress = read_progress(store, world_size)
-    host = socket.gethostname()
-    reports = []
-    for rank in range(1, world_size):
-        state, gone, local_pid = None, False, None
-        with contextlib.suppress(Exception):
-            if store.check([f"pid/{rank}"]):
-                where, pid = store.get(f"pid/{rank}").decode().rsplit(" ", 1)
-                if where == host:
-                    local_pid = int(pid)
-                    state = process_state(local_pid)
-                    gone = state is None or state == "Z"
-        reports.append(
-            RankReport(
-                rank=rank,
-                returncode=None,
-                state=state,
-                last_iteration=progress.get(rank),
-                lead_iteration=max(progress.values(), default=None),
-                gone=gone,
-                pid=local_pid,
-            )
-        )
-    return reports
+    store.set(f"pid/{rank}", f"{node_name()} {os.getpid()}")
 
 
 def forget_store() -> None:

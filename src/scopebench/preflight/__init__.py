@@ -25,6 +25,8 @@ from scopebench.cluster import (
     BENCHOPT_DEFAULT_TIMEOUT_SEC,
     JOB_FOLDER,
     MIN_SLURM_MINUTES,
+    Layout,
+    job_layout,
     job_parameters,
     launcher_world_size,
     read_parallel_config,
@@ -91,6 +93,8 @@ class Report:
     """Cell index -> the ``slurm_*`` settings of its job (SLURM only)."""
     groups: dict[int, int] = field(default_factory=dict)
     """Cell index -> its submission: cells with equal settings go in one job array."""
+    layouts: dict[int, Layout] = field(default_factory=dict)
+    """Cell index -> its ranks: nodes, ranks per node, world size (:func:`scopebench.cluster.job_layout`)."""
     unchecked: set[int] = field(default_factory=set)
     """Cells whose solver has no ``check_cell`` (values not checked)."""
     notes: list[str] = field(default_factory=list)
@@ -188,6 +192,16 @@ def preflight(
                 continue
         elif report.cluster == "local":
             report.groups[cell.index] = 1
+        resources = report.jobs.get(cell.index, {})
+        try:
+            report.layouts[cell.index] = job_layout(
+                cell.solver_params.get("nproc_per_node", 1),
+                resources.get("slurm_nodes", 1),
+                resources.get("slurm_ntasks_per_node"),
+            )
+        except ValueError as err:
+            report.errors[cell.index] = str(err)
+            continue
         check = getattr(classes.solver_classes.get(cell.solver), "check_cell", None)
         if check is None:
             report.unchecked.add(cell.index)

@@ -41,7 +41,7 @@ class NullProfiler(Profiler):
     def get_current_metrics(self) -> dict[str, Any]:
         return {}
 
-    def finalize(self):
+    def finalize(self, partial: bool = False):
         return []
 
 

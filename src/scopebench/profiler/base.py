@@ -273,11 +273,13 @@ class Profiler:
         go = callback() if (rank == 0 and callback is not None) else (rank == 0 or None)
         return bool(go) if size == 1 else broadcast_flag(go, str(self.device))
 
-    def finalize(self) -> list[Path]:
+    def finalize(self, partial: bool = False) -> list[Path]:
         """Stop the backend and write this rank's files (once); returns their paths.
 
-        A file that cannot be written is reported with a ``RuntimeWarning`` naming it and
-        the error; the run's results (benchopt's parquet) are not lost over it.
+        ``partial``: the run failed; the iterations recorded so far are kept, in files
+        whose names say so (``<run-name>_partial_gpu_metrics.csv``...), never taken for a
+        whole run's. A file that cannot be written is reported with a ``RuntimeWarning``
+        naming it and the error; the run's results (benchopt's parquet) are not lost over it.
         """
         if self._finalized:
             return self.files
@@ -290,7 +292,7 @@ class Profiler:
         if self._memory is not None:
             self.files.extend(self._memory.close())
         if self.config.save_file and self.rows:
-            stem = run_name(self.name, self._run_id, self.rank)
+            stem = run_name(self.name, self._run_id, self.rank) + ("_partial" if partial else "")
             path = self.output_dir / METRICS_FILE.format(run_name=stem)
             if self._try_write("profiler_save_file", path, lambda: write_csv(path, self.rows)):
                 self.files.append(path)
@@ -301,8 +303,8 @@ class Profiler:
     def __enter__(self) -> Profiler:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.finalize()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.finalize(partial=exc_type is not None)
 
     # -- bookkeeping -------------------------------------------------------------------
     def _read_world(self) -> tuple[int, int]:

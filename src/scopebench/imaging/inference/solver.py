@@ -129,7 +129,7 @@ class PnPSolverMixin(ProfiledSolverMixin):
             spec,
             self.reconstruction_config(),
             task=self.task,
-            nproc=self.topology().world_size,
+            nproc=self.topology().nproc_per_node,  # ranks per node (scopebench.cluster.job_layout)
             profiler=self.validate_profiler(),
             output_dir=self.output_dir,
             name=self.name.lower(),

@@ -56,7 +56,7 @@ class Topology:
     slurm_nodes: int = 1
     """Nodes; more than one needs a SLURM (or torchrun) launch."""
     slurm_ntasks_per_node: int | None = None
-    """SLURM tasks per node; when set, must equal ``nproc_per_node``."""
+    """SLURM tasks per node (each task one rank; :func:`scopebench.cluster.job_layout`)."""
     slurm_gres: str | None = None
     """SLURM generic resources, e.g. ``gpu:4`` (one GPU per task)."""
 
@@ -68,7 +68,10 @@ class Topology:
 
     @property
     def world_size(self) -> int:
-        return self.nproc_per_node * self.slurm_nodes
+        """The ranks of the run (:func:`scopebench.cluster.job_layout`, ``ValueError`` when the counts disagree)."""
+        from scopebench.cluster import job_layout
+
+        return job_layout(self.nproc_per_node, self.slurm_nodes, self.slurm_ntasks_per_node).world_size
 
 
 def check_topology(
@@ -97,25 +100,23 @@ def check_topology(
             run starts as a single process (then ranks are spawned locally).
         compile_mode: ``none``, ``denoiser``, ``physics`` or ``both``.
     """
-    world = topology.world_size
+    try:
+        world = topology.world_size
+    except ValueError as err:
+        return str(err)
     gpus = gres_gpu_count(topology.slurm_gres)
-    ntasks = topology.slurm_ntasks_per_node
-    if ntasks is not None and ntasks != topology.nproc_per_node:
-        return f"slurm_ntasks_per_node={ntasks} disagrees with nproc_per_node={topology.nproc_per_node}"
-    if gpus is not None and gpus != (ntasks or topology.nproc_per_node):
+    per_node = world // topology.slurm_nodes
+    if gpus is not None and gpus != per_node:
         return (
             f"slurm_gres={topology.slurm_gres!r} gives {gpus} GPU(s) per node but "
-            f"slurm_ntasks_per_node={ntasks or topology.nproc_per_node} tasks would share them (one GPU per task)"
+            f"{per_node} rank(s) per node would share them (one GPU per rank)"
         )
     if launcher_world_size is None and topology.slurm_nodes > 1:
         return (
             f"slurm_nodes={topology.slurm_nodes} needs a SLURM or torchrun launch; this run is a single local process"
         )
     if launcher_world_size is not None and launcher_world_size not in (1, world):
-        return (
-            f"the launcher started {launcher_world_size} processes but nproc_per_node x slurm_nodes = "
-            f"{topology.nproc_per_node} x {topology.slurm_nodes} = {world}"
-        )
+        return f"the launcher started {launcher_world_size} processes but the cell's layout has {world} ranks"
     flags = [
         name
         for name, on in (("distribute_physics", distribute_physics), ("distribute_denoiser", distribute_denoiser))

@@ -14,11 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from scopebench.cluster import job_layout
 from scopebench.imaging.training.data import TrainingDataSpec
 from scopebench.imaging.training.run import TrainingRun, check_world_size
 from scopebench.imaging.training.trainer import SOLVER_PARAMS, configs_from_params
 from scopebench.profiler.solver import ProfiledSolverMixin
-from scopebench.validate import integer
 
 __all__ = ["UnrolledSolverMixin"]
 
@@ -35,8 +35,10 @@ class UnrolledSolverMixin(ProfiledSolverMixin):
         super().check_cell(params, spec, launcher_world_size)
         data = TrainingDataSpec(**{key: value for key, value in spec.items() if key != "kind"})
         _, train = configs_from_params(data, **{key: params[key] for key in SOLVER_PARAMS})
-        nproc = integer("nproc_per_node", params.get("nproc_per_node", 1), low=1)
-        check_world_size(launcher_world_size or nproc, train.distribute_model)
+        layout = job_layout(
+            params.get("nproc_per_node", 1), params.get("slurm_nodes", 1), params.get("slurm_ntasks_per_node")
+        )
+        check_world_size(launcher_world_size or layout.world_size, train.distribute_model)
         return None
 
     def get_next(self, stop_val: int) -> int:

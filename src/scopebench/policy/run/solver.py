@@ -52,20 +52,24 @@ class _PolicySolverMixin(ProfiledSolverMixin):
         self.finish_run(self.policy_run, callback)
 
 
-def _policy_world_size(nproc: Any, launcher_world_size: int | None) -> int:
+def _policy_world_size(params: dict[str, Any], launcher_world_size: int | None) -> int:
     """The ranks of a policy run: the launcher's (a job's SLURM tasks), else ``nproc_per_node``
-    local processes. Under a launcher nothing is spawned, so ``nproc_per_node`` must be 1 or
-    the launcher's world size (what :class:`scopebench.distributed.DistSession` requires)."""
+    local processes; ``nproc_per_node`` must agree with the launcher's ranks per node
+    (:func:`scopebench.cluster.job_layout`, the one rule; what :class:`scopebench.distributed.DistSession`
+    requires)."""
+    from scopebench.cluster import job_layout
     from scopebench.distributed import get_dist_info
     from scopebench.distributed.launch import check_launcher_nproc
     from scopebench.validate import integer
 
-    nproc = integer("nproc_per_node", nproc, low=1)
+    nproc = integer("nproc_per_node", params.get("nproc_per_node", 1), low=1)
     if launcher_world_size is None:
         return nproc
     launcher = get_dist_info()  # under a launcher: skip; otherwise check-config, for the cell's job
-    source = launcher.source if launcher.is_distributed else "the job's SLURM tasks"
-    check_launcher_nproc("nproc_per_node", nproc, launcher_world_size, source)
+    if launcher.is_distributed:
+        check_launcher_nproc("nproc_per_node", nproc, launcher_world_size, launcher.source, launcher.nodes)
+    else:
+        job_layout(nproc, params.get("slurm_nodes", 1), params.get("slurm_ntasks_per_node"))
     return launcher_world_size
 
 
@@ -89,7 +93,7 @@ class TrainSolverMixin(_PolicySolverMixin):
         from scopebench.train import BACKENDS
         from scopebench.validate import choice, integer
 
-        world = _policy_world_size(params.get("nproc_per_node", 1), launcher_world_size)
+        world = _policy_world_size(params, launcher_world_size)
         if cls.task == "train":
             backend = choice("backend", params.get("backend", "ddp"), BACKENDS)
             flags = (params.get("gradient_checkpointing", False), params.get("no_optim", False))
