@@ -25,7 +25,8 @@ Output: human-readable lines, then one JSON object on the last line::
     {"image_size": int, "cameras": int, "frames": int, "rounds": int, "batch_size": int,
      "load_before": [float, float, float], "load_after": [...],
      "decode_us_per_frame": {storage: {"median": float, "min": float, "max": float}},
-     "samples_per_sec": {storage: {workers: {"median": float, "min": float, "max": float}}}}
+     "samples_per_sec": {storage: {workers: {"median": float, "min": float, "max": float}}},
+     "conditions": {...}}   # each round's other-process CPU and steal (perf/round_conditions.py)
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import time
 from pathlib import Path
 
 import torch
+from round_conditions import RoundConditions  # perf/ is the script's folder
 
 from scopebench.policy.data import SyntheticRobotConfig, cached_synthetic_dataset
 from scopebench.policy.dataset import RobotDataset, make_dataloader
@@ -110,13 +112,15 @@ def main() -> None:
         print(f"{name}: {root} ({size_mb:.1f} MiB, ready in {time.perf_counter() - start:.1f} s)", flush=True)
     decode = {name: [] for name in STORAGES}
     rates = {name: {w: [] for w in WORKERS} for name in STORAGES}
+    conditions = RoundConditions()
     for r in range(args.rounds):
-        for name, ds in datasets.items():
-            decode[name].append(decode_us(ds, args.frames, seed=r))
-        for w in WORKERS:
+        with conditions.round():
             for name, ds in datasets.items():
-                rates[name][w].append(samples_per_sec(ds, w, args.batch_size, args.batches, seed=r))
-        print(f"round {r + 1}/{args.rounds} done (load {os.getloadavg()[0]:.2f})", flush=True)
+                decode[name].append(decode_us(ds, args.frames, seed=r))
+            for w in WORKERS:
+                for name, ds in datasets.items():
+                    rates[name][w].append(samples_per_sec(ds, w, args.batch_size, args.batches, seed=r))
+        print(f"round {r + 1}/{args.rounds} done (load {os.getloadavg()[0]:.2f}) {conditions.tag(r)}", flush=True)
     result = {
         "image_size": args.image_size,
         "cameras": 2,
@@ -127,6 +131,7 @@ def main() -> None:
         "load_after": list(os.getloadavg()),
         "decode_us_per_frame": {name: spread(v) for name, v in decode.items()},
         "samples_per_sec": {name: {w: spread(v) for w, v in by.items()} for name, by in rates.items()},
+        "conditions": conditions.as_dict(),
     }
     print(f"\ndecode per camera frame ({args.image_size} x {args.image_size}), median [min-max] over rounds:")
     for name, s in result["decode_us_per_frame"].items():
@@ -141,6 +146,7 @@ def main() -> None:
             f"{w}w {result['samples_per_sec'][name][w]['median'] / png[w]['median']:.2f}" for w in WORKERS
         )
         print(f"  {name} / png samples/s: {ratios}")
+    print(conditions.summary_line())
     print(json.dumps(result))
 
 

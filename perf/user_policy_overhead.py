@@ -36,7 +36,8 @@ Output: readable lines, then one JSON object on the last line::
      "load_average_end", "suite_step_sec": [...], "bare_step_sec": [...], "ratio": float,
      "ratio_per_round": [...], "paired_ratio", "p10_ratio", "control_step_sec": [...], "control_paired_ratio",
      "control_ratio", "control_ratio_per_round": [...],
-     "suite_fixed_cost_sec", "goal": 1.02, "met": bool}
+     "suite_fixed_cost_sec", "goal": 1.02, "met": bool,
+     "conditions": {...}}   # each round's other-process CPU and steal (perf/round_conditions.py)
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import os
 import time
 
 import torch
+from round_conditions import RoundConditions  # perf/ is the script's folder
 
 from scopebench.policy.run.steps import BatchStream
 from scopebench.policy.run.train import PolicyTrainRun
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
         for _ in range(args.warmup):
             bare()
         run.loop(lambda: run.work.steps < args.warmup)
+        conditions = RoundConditions()
         for r in range(args.rounds):
             ticks: list[float] = []
             bare_sec: list[float] = []
@@ -127,7 +130,8 @@ def main(argv: list[str] | None = None) -> dict:
                     control_sec.append(c)
                 return len(ticks) <= args.steps
 
-            run.loop(callback)
+            with conditions.round():
+                run.loop(callback)
             a = [t1 - t0 - b - c for t0, t1, b, c in zip(ticks, ticks[1:], bare_sec, control_sec)]
             suite += a
             plain += bare_sec
@@ -135,7 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
             ratios.append(median(a) / median(bare_sec))
             same_ratios.append(median(control_sec) / median(bare_sec))
             print(
-                f"round {r}: suite {median(a) * 1e3:.2f} ms, bare {median(bare_sec) * 1e3:.2f} ms, ratio {ratios[-1]:.4f}"
+                f"round {r}: suite {median(a) * 1e3:.2f} ms, bare {median(bare_sec) * 1e3:.2f} ms, "
+                f"ratio {ratios[-1]:.4f} {conditions.tag(r)}"
             )
     ratio = median(suite) / median(plain)
     paired = median([a / b for a, b in zip(suite, plain)])  # each A step over the B step beside it
@@ -161,6 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
         "suite_fixed_cost_sec": median(suite) - median(plain),
         "goal": GOAL,
         "met": ratio <= GOAL,
+        "conditions": conditions.as_dict(),
     }
     print(
         f"profile-step loop / bare loop: {ratio:.4f} (rounds {min(ratios):.3f}..{max(ratios):.3f}; median step "
@@ -171,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"step-paired median ratio {paired:.4f} (control {result['control_paired_ratio']:.4f}); "
         f"10th-percentile ratio {low:.4f}; suite's fixed cost {result['suite_fixed_cost_sec'] * 1e3:.2f} ms a step"
     )
+    print(conditions.summary_line())
     if args.json_out:
         with open(args.json_out, "w") as fh:
             json.dump(result, fh)

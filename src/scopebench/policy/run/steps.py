@@ -189,7 +189,10 @@ class TrainStep:
                         engine.backward(loss)
                     else:
                         scaled = loss / self.accumulation if self.accumulation > 1 else loss
-                        scaled.backward() if self._torch_backward else acc.backward(scaled)
+                        if self._torch_backward:
+                            scaled.backward()
+                        else:
+                            acc.backward(scaled)
             losses.append((loss.detach(), {k: torch.as_tensor(v).detach() for k, v in terms.items()}))
         with prof.track_step("unscale_clip"):
             if engine is None and self.optimizer is not None and self.grad_clip > 0:
@@ -221,21 +224,14 @@ class TrainStep:
             self.loss_keys = ("train_loss", *sorted(terms))
         rss, gpu = self.memory()
         nan = torch.tensor(float("nan"), device=loss.device)
+        values = [loss.detach().float(), *(terms.get(key, nan).to(loss.device).float() for key in self.loss_keys[1:])]
         if self._alone:  # nothing to gather: one host sync of the loss and its terms
-            values = torch.stack(
-                [loss.detach().float(), *(terms.get(key, nan).to(loss.device).float() for key in self.loss_keys[1:])]
-            )
-            self.gathered = [dict(zip(self.loss_keys + MEMORY_KEYS, [*values.tolist(), rss, gpu]))]
-            return
-        values = torch.stack(
-            [
-                loss.detach().float(),
-                *(terms.get(key, nan).to(loss.device).float() for key in self.loss_keys[1:]),
-                torch.tensor(rss, device=loss.device),
-                torch.tensor(gpu, device=loss.device),
-            ]
-        )
-        rows = self.accelerator.gather(values[None]).tolist()  # (ranks, keys); the host sync
+            rows = [[*torch.stack(values).tolist(), rss, gpu]]
+        else:
+            peaks = [torch.tensor(rss, device=loss.device), torch.tensor(gpu, device=loss.device)]
+            rows = self.accelerator.gather(
+                torch.stack([*values, *peaks])[None]
+            ).tolist()  # (ranks, keys); the host sync
         self.gathered = [dict(zip(self.loss_keys + MEMORY_KEYS, row)) for row in rows]
 
 
