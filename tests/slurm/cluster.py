@@ -61,10 +61,13 @@ PARTITION = "debug"
 #: Programs the cluster needs (Debian packages slurmctld, slurmd, slurm-client, munge).
 #: CPUs each node of the two-node layout claims at least (``SlurmdParameters=config_overrides``):
 #: a one-node reference of a 2 nodes x 2 tasks run needs 4 tasks on one node, and this
-#: machine may have 2 cores (the two nodes share them anyway).
-MIN_NODE_CPUS = 4
+#: machine may have 2 cores (the two nodes share them anyway). 12 lets every job of the
+#: two-node ``Pi05Train`` test (18 tasks, at most 12 on a node) start at once: in waves of
+#: 4 CPUs a node, SLURM's start of each wave added about 8 s of idle machine, twice.
+MIN_NODE_CPUS = 12
 #: ``SlurmdTimeout`` of the test cluster: seconds without an answer before a node is DOWN.
-#: Above a fault test's group timeout plus rank 0's wait for notes (15 + 5 s), so that a
+#: Above a fault test's group timeout plus rank 0's wait for notes (15 + 5 s) plus a ping
+#: interval (a node's last answer may come SlurmdTimeout / 3 before the cut), so that a
 #: cut-off node's job is still running when its ranks name the node.
 SLURMD_TIMEOUT_SEC = 45
 REQUIRED_TOOLS = ("sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel", "slurmctld", "slurmd", "munged")
@@ -121,6 +124,8 @@ class LocalSlurm:
     partition: str = PARTITION
     start_sec: float = 0.0
     """Seconds from starting munged to idle nodes (not counting a wait for the lock)."""
+    slurmd_timeout_sec: int = 0
+    """Its ``SlurmdTimeout``: seconds without an answer before a node is DOWN."""
     network: netns.Network | None = None
     """The nodes' namespaces and links (two-node layout)."""
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -236,7 +241,7 @@ def _write_conf(cluster: LocalSlurm, munge_socket: Path, first_job_id: int) -> N
                 "ReturnToService=2",
                 # A node that stops answering (cut off, dead) is DOWN after this long, and its
                 # jobs end (NODE_FAIL); SLURM's default is 300 s (tests/slurm/test_node_faults.py).
-                f"SlurmdTimeout={SLURMD_TIMEOUT_SEC}",
+                f"SlurmdTimeout={cluster.slurmd_timeout_sec}",
                 # Nodes may claim more CPUs than the machine has (the two-node layout's do).
                 "SlurmdParameters=config_overrides",
                 f"FirstJobId={first_job_id}",
@@ -392,7 +397,12 @@ def _start_daemons(cluster: LocalSlurm) -> None:
 
 
 @contextlib.contextmanager
-def local_slurm(nodes: int = 1, timeout_sec: float = 30.0, first_job_id: int | None = None) -> Iterator[LocalSlurm]:
+def local_slurm(
+    nodes: int = 1,
+    timeout_sec: float = 30.0,
+    first_job_id: int | None = None,
+    slurmd_timeout_sec: int = SLURMD_TIMEOUT_SEC,
+) -> Iterator[LocalSlurm]:
     """Start a cluster of ``nodes`` (1 or 2) nodes, waiting for another session's to stop first; yield it; stop it.
 
     Args:
@@ -400,6 +410,7 @@ def local_slurm(nodes: int = 1, timeout_sec: float = 30.0, first_job_id: int | N
         timeout_sec: Bound on each start-up wait.
         first_job_id: The first job id (default: from the clock, so that a new cluster's
             jobs do not meet an old one's files; a test sets it to replay a reset cluster).
+        slurmd_timeout_sec: SLURM's ``SlurmdTimeout`` (a test of a dead node shortens it).
 
     Raises:
         RuntimeError: a prerequisite is missing (one message naming each), or a daemon died
@@ -427,6 +438,7 @@ def local_slurm(nodes: int = 1, timeout_sec: float = 30.0, first_job_id: int | N
             cpus=max(os.cpu_count() or 1, MIN_NODE_CPUS if nodes > 1 else 1),
             conf=root / "slurm.conf",
             bin_dir=root / "bin",
+            slurmd_timeout_sec=slurmd_timeout_sec,
         )
         try:
             cluster.nodes, cluster.network, cluster.controller_addr = _layout(nodes)
