@@ -124,7 +124,7 @@ class LocalSlurm:
     partition: str = PARTITION
     start_sec: float = 0.0
     """Seconds from starting munged to idle nodes (not counting a wait for the lock)."""
-    slurmd_timeout_sec: int = 0
+    slurmd_timeout_sec: int = SLURMD_TIMEOUT_SEC
     """Its ``SlurmdTimeout``: seconds without an answer before a node is DOWN."""
     network: netns.Network | None = None
     """The nodes' namespaces and links (two-node layout)."""

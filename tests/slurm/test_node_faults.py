@@ -167,19 +167,27 @@ def _assert_named_and_partial(error, outputs_before) -> str:
     return message
 
 
+def _fault_mid_run(cluster, jobs: JobFolder, tmp_path: Path, outputs, fault, bound_sec: float) -> tuple[float, str]:
+    """Run :data:`CELL`, ``fault("sbslurm2")`` once both ranks finished iteration 2; the run must
+    fail within ``bound_sec`` of the fault, naming the node, with partial files. (seconds, error)."""
+    run = Run(cluster, tmp_path)
+    wait_for_progress(cluster, jobs, iteration=2)
+    at = time.monotonic()
+    fault("sbslurm2")
+    run.wait(bound_sec + 60)
+    elapsed = run.ended - at
+    message = _assert_named_and_partial(run.error, outputs)
+    assert elapsed <= bound_sec, (elapsed, message)
+    return elapsed, message
+
+
 def test_a_node_cut_off_mid_run_is_named_and_leaves_nothing(slurm_two_nodes, tmp_path, outputs):
     cluster = slurm_two_nodes
     jobs = JobFolder(BENCHMARK)
     try:
-        run = Run(cluster, tmp_path)
-        wait_for_progress(cluster, jobs, iteration=2)
-        cut = time.monotonic()
-        cluster.cut_off("sbslurm2")
-        run.wait(GROUP_TIMEOUT_SEC + CUT_MARGIN_SEC + 60)
-        elapsed = run.ended - cut
-        message = _assert_named_and_partial(run.error, outputs)
+        bound = GROUP_TIMEOUT_SEC + CUT_MARGIN_SEC
+        elapsed, message = _fault_mid_run(cluster, jobs, tmp_path, outputs, cluster.cut_off, bound)
         assert "(still running: cancelled by this run)" in message, message
-        assert elapsed <= GROUP_TIMEOUT_SEC + CUT_MARGIN_SEC, (elapsed, message)
         # Node 1: the cancelled job's processes go (KillWait 5 s). Node 2: its rank ended
         # on its own group timeout; SLURM's step daemon goes once the node is reachable.
         wait_until(lambda: not cluster.job_pids("sbslurm1"), 30, f"left on sbslurm1: {cluster.job_pids('sbslurm1')}")
@@ -201,15 +209,9 @@ def test_a_dead_node_is_named_with_slurms_state_and_leaves_nothing(slurm_cluster
     jobs = JobFolder(BENCHMARK)
     try:
         with local_slurm(2, slurmd_timeout_sec=DEAD_SLURMD_TIMEOUT_SEC) as cluster:
-            run = Run(cluster, tmp_path)
-            wait_for_progress(cluster, jobs, iteration=2)
-            killed = time.monotonic()
-            cluster.kill_node("sbslurm2")
-            run.wait(DEAD_SLURMD_TIMEOUT_SEC + DEAD_MARGIN_SEC + 60)
-            elapsed = run.ended - killed
-            message = _assert_named_and_partial(run.error, outputs)
+            bound = DEAD_SLURMD_TIMEOUT_SEC + DEAD_MARGIN_SEC
+            elapsed, message = _fault_mid_run(cluster, jobs, tmp_path, outputs, cluster.kill_node, bound)
             assert "JobState=NODE_FAIL" in message, message
-            assert elapsed <= DEAD_SLURMD_TIMEOUT_SEC + DEAD_MARGIN_SEC, (elapsed, message)
             left = lambda: cluster.job_pids("sbslurm1")  # noqa: E731
             wait_until(lambda: not left(), 30, f"left on sbslurm1: {left()}")
             assert not cluster.node_pids("sbslurm2"), cluster.job_pids("sbslurm2")
