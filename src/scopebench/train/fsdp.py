@@ -33,6 +33,7 @@ classes and refuses anything else, so a checkpoint stays data, not code.
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import warnings
@@ -46,7 +47,7 @@ __all__ = [
     "DEFAULT_UNITS",
     "MODEL_DIR",
     "OPTIMIZER_DIR",
-    "DataOnlyReader",
+    "DataOnlyReader",  # noqa: F822 - defined on first use, by the module's __getattr__
     "FSDPSettings",
     "clip_grad_norm",
     "consolidated_model_state",
@@ -263,10 +264,10 @@ _METADATA_GLOBALS = {
 }
 
 
-def _checked_reader(folder: Path) -> DataOnlyReader:
+def _checked_reader(folder: Path) -> Any:
     """A :class:`DataOnlyReader` of ``folder`` whose metadata was read once here: DCP itself
     folds a reader's error into an ``AssertionError`` of every rank's attempts."""
-    reader = DataOnlyReader(folder)
+    reader = _data_only_reader_class()(folder)
     reader.read_metadata()
     return reader
 
@@ -282,30 +283,38 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
 
 
-def _reader_base():
+@functools.cache
+def _data_only_reader_class() -> type:
+    """:class:`DataOnlyReader`, defined on first use: importing DCP (and DTensor with it) costs
+    about a second, which a rank that builds a pi05 policy for ``ddp`` would pay for nothing."""
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
 
-    return FileSystemReader
+    class DataOnlyReader(FileSystemReader):
+        """DCP's ``FileSystemReader`` whose ``.metadata`` is unpickled from DCP's own classes only.
+
+        Raises (from ``read_metadata``):
+            ValueError: the metadata file holds anything else (code), naming the file.
+        """
+
+        def read_metadata(self, *args: Any, **kwargs: Any):
+            path = Path(self._get_metadata_path(kwargs.get("rank")))
+            try:
+                metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+            except pickle.UnpicklingError as err:
+                raise ValueError(
+                    f"{path} holds more than checkpoint metadata ({err}): refused, a checkpoint is only loaded as data"
+                ) from None
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    DataOnlyReader.__module__, DataOnlyReader.__qualname__ = __name__, "DataOnlyReader"
+    return DataOnlyReader
 
 
-class DataOnlyReader(_reader_base()):  # type: ignore[misc]
-    """DCP's ``FileSystemReader`` whose ``.metadata`` is unpickled from DCP's own classes only.
-
-    Raises (from ``read_metadata``):
-        ValueError: the metadata file holds anything else (code), naming the file.
-    """
-
-    def read_metadata(self, *args: Any, **kwargs: Any):
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        path = Path(self._get_metadata_path(kwargs.get("rank")))
-        try:
-            metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
-        except pickle.UnpicklingError as err:
-            raise ValueError(
-                f"{path} holds more than checkpoint metadata ({err}): refused, a checkpoint is only loaded as data"
-            ) from None
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
+def __getattr__(name: str) -> Any:
+    if name == "DataOnlyReader":
+        return _data_only_reader_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
