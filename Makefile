@@ -24,13 +24,20 @@ $(STAMP): pyproject.toml
 system-packages:
 	@scripts/install_system_packages.sh
 
-# pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
+# Two pytest-xdist workers, a test file (or a unit of tests/conftest.py's SHARED_UNITS) whole
+# on one; then, alone on the machine, the tests marked `alone`. TEST_WORKERS=0: one process.
+# pytest exits 5 when it collects nothing: that is a broken suite, not a pass (the second pass
+# may collect nothing when PYTEST_ARGS selects other tests).
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadfile
 test: $(STAMP) system-packages
-	@$(PY) -m pytest tests src/scopebench --doctest-modules $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+	@$(PY) -m pytest tests src/scopebench --doctest-modules $(XDIST) -m "not alone" $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; \
+	$(PY) -m pytest tests -m alone $(PYTEST_ARGS); alone=$$?; \
+	if [ $$alone -eq 5 ]; then alone=0; fi; if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$alone
 
 test-fast: $(STAMP)
-	@$(PY) -m pytest tests src/scopebench --doctest-modules -m "not slow" $(PYTEST_ARGS)
+	@$(PY) -m pytest tests src/scopebench --doctest-modules $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	@$(PY) scripts/demo.py

@@ -12,11 +12,74 @@ REPO = Path(__file__).resolve().parents[1]
 collect_ignore = ["distributed/broken_worker_module.py"]
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need CUDA: on a machine without it they are skipped, with the reason.
+#: Tests that share a session fixture or a file outside their own ``tmp_path``: under
+#: pytest-xdist (``make test``) each unit runs whole on one worker, the units in this order
+#: before every other file (the longest first). A unit is named by its first path.
+#:
+#: - the SLURM tests share one cluster a host, and write their per-rank files into
+#:   ``benchmark_inference/outputs``, which ``tests/benchmark_inference`` checks is left as it was;
+#: - the report tests share the quickstart runs; they, ``tests/benchmark_training`` and
+#:   ``tests/test_runs.py`` run the training quickstart, which saves its denoiser in
+#:   ``benchmark_training/outputs``, and each removes the files written there since it started.
+SHARED_UNITS = (
+    ("tests/slurm/", "tests/benchmark_inference/"),
+    ("tests/report/", "tests/benchmark_training/", "tests/test_runs.py"),
+)
 
+
+def pytest_configure(config):
+    """On an xdist worker, its share of the CPUs for the threads of every process it starts.
+
+    Two workers on two cores each get one: a run that starts with as many OpenMP threads as
+    the machine has cores, beside another worker's, waits on its own threads (a two-process
+    test took 158 s instead of 44 s). Set before torch is imported here or in any rank.
+    """
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if workers:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
+
+
+def _work_unit(nodeid: str) -> str:
+    """The tests that run together on one worker: a unit of :data:`SHARED_UNITS` (its first path), else the file.
+
+    >>> _work_unit("tests/benchmark_inference/test_benchmark.py::test_x"), _work_unit("tests/test_stats.py::t")
+    ('tests/slurm/', 'tests/test_stats.py')
+    """
+    file = nodeid.split("::", 1)[0]
+    for unit in SHARED_UNITS:
+        if any(file == path or (path.endswith("/") and file.startswith(path)) for path in unit):
+            return unit[0]
+    return file
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with the units of :data:`SHARED_UNITS` whole, handed out in collection order.
+
+    A file runs whole on one worker, so its module fixtures are built once. (xdist's own
+    ``loadgroup`` names groups by rewriting node ids, which pytest 9.2 no longer allows.)
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FolderScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # the order of pytest_collection_modifyitems below
+    return FolderScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker, the units of :data:`SHARED_UNITS` first; the ``gpu`` tests skipped without CUDA.
+
+    Tests marked ``gpu`` need CUDA: on a machine without it they are skipped, with the reason.
     ``scripts/gpu_check.sh`` runs exactly these tests (``pytest -m gpu``) on a GPU machine.
     """
+    if hasattr(config, "workerinput"):  # every worker sorts alike: xdist checks they agree
+        order = {unit[0]: i for i, unit in enumerate(SHARED_UNITS)}
+        items.sort(key=lambda item: order.get(_work_unit(item.nodeid), len(order)))
     import torch
 
     if torch.cuda.is_available():

@@ -99,6 +99,7 @@ def test_a_run_next_to_a_cpu_hog_on_each_core_is_contended(hogs, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_same_run_alone_is_not_contended(tmp_path):
     before = machine_other_pct()
     if before > OTHER_CPU_PCT / 2:
