@@ -126,6 +126,8 @@ class LocalSlurm:
     """Seconds from starting munged to idle nodes (not counting a wait for the lock)."""
     slurmd_timeout_sec: int = SLURMD_TIMEOUT_SEC
     """Its ``SlurmdTimeout``: seconds without an answer before a node is DOWN."""
+    message_timeout_sec: int | None = None
+    """Its ``MessageTimeout`` (``None``: SLURM's 10 s): how long slurmctld waits on a node's answer."""
     network: netns.Network | None = None
     """The nodes' namespaces and links (two-node layout)."""
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -242,6 +244,9 @@ def _write_conf(cluster: LocalSlurm, munge_socket: Path, first_job_id: int) -> N
                 # A node that stops answering (cut off, dead) is DOWN after this long, and its
                 # jobs end (NODE_FAIL); SLURM's default is 300 s (tests/slurm/test_node_faults.py).
                 f"SlurmdTimeout={cluster.slurmd_timeout_sec}",
+                # A dead node is DOWN about SlurmdTimeout + 2 x MessageTimeout after its last
+                # answer (measured: 10 s + 2 x 10 s gave 30 s, 10 s + 2 x 5 s gave 16 s).
+                *([f"MessageTimeout={cluster.message_timeout_sec}"] if cluster.message_timeout_sec else []),
                 # Nodes may claim more CPUs than the machine has (the two-node layout's do).
                 "SlurmdParameters=config_overrides",
                 f"FirstJobId={first_job_id}",
@@ -402,6 +407,7 @@ def local_slurm(
     timeout_sec: float = 30.0,
     first_job_id: int | None = None,
     slurmd_timeout_sec: int = SLURMD_TIMEOUT_SEC,
+    message_timeout_sec: int | None = None,
 ) -> Iterator[LocalSlurm]:
     """Start a cluster of ``nodes`` (1 or 2) nodes, waiting for another session's to stop first; yield it; stop it.
 
@@ -411,6 +417,8 @@ def local_slurm(
         first_job_id: The first job id (default: from the clock, so that a new cluster's
             jobs do not meet an old one's files; a test sets it to replay a reset cluster).
         slurmd_timeout_sec: SLURM's ``SlurmdTimeout`` (a test of a dead node shortens it).
+        message_timeout_sec: SLURM's ``MessageTimeout`` (``None``: its own 10 s; a test of a
+            dead node shortens it too).
 
     Raises:
         RuntimeError: a prerequisite is missing (one message naming each), or a daemon died
@@ -439,6 +447,7 @@ def local_slurm(
             conf=root / "slurm.conf",
             bin_dir=root / "bin",
             slurmd_timeout_sec=slurmd_timeout_sec,
+            message_timeout_sec=message_timeout_sec,
         )
         try:
             cluster.nodes, cluster.network, cluster.controller_addr = _layout(nodes)

@@ -7,7 +7,8 @@ over the bridge), never after a sleep. Then:
 
 - the run (``run_benchopt``) fails, naming the node and its rank; a cut-off node within
   ``group_timeout_sec`` + :data:`CUT_MARGIN_SEC`, a dead one once SLURM declares it DOWN
-  (``SlurmdTimeout``, :data:`DEAD_SLURMD_TIMEOUT_SEC` here, + :data:`DEAD_MARGIN_SEC`), with SLURM's state of the job
+  (``SlurmdTimeout``, :data:`DEAD_SLURMD_TIMEOUT_SEC` here, + :data:`DEAD_MARGIN_SEC`, which
+  holds SLURM's ``MessageTimeout``), with SLURM's state of the job
   (``scontrol show job``: ``NODE_FAIL``) in the error;
 - the iterations that were recorded are kept, in profiler files named ``_partial``;
 - nothing of the job is left: on the first node at once (the run cancels its job, which a
@@ -36,7 +37,9 @@ from scopebench.runs import STATE_CHECK_MIN_SEC, run_benchopt
 from .cluster import local_slurm
 from .conftest import REPO, SUBMITIT_TIMING, JobFolder, cluster_parallel_config
 
-pytestmark = pytest.mark.slow
+#: ``alone``: their bounds are SLURM's and the ranks' timeouts plus margins measured on this
+#: machine, under two CPU hogs at most; ``make test`` runs them after the parallel tests.
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 BENCHMARK = REPO / "benchmark_inference"
 #: The ranks' group timeout: long enough for two ranks starting on a loaded machine to meet.
@@ -44,14 +47,17 @@ GROUP_TIMEOUT_SEC = 15.0
 #: A cut-off node: after rank 0's group timeout, its wait for notes (NOTE_WAIT_SEC), its
 #: exit, Submitit's collection (1 s here, benchopt's own 10 s) and benchopt's end.
 CUT_MARGIN_SEC = NOTE_WAIT_SEC + 25.0
-#: ``SlurmdTimeout`` of the dead-node test's own cluster (the other tests' is 45 s, see
-#: :data:`.cluster.SLURMD_TIMEOUT_SEC`): with a dead node nothing races SLURM's verdict (the
-#: first node's ranks fail at once), so the test waits 20 s for it, not 45.
-DEAD_SLURMD_TIMEOUT_SEC = 20
-#: A dead node: SLURM declares it DOWN up to one ping interval (SlurmdTimeout / 3) after
-#: SlurmdTimeout, then the job ends (NODE_FAIL); Submitit sees that within its state
-#: check (STATE_CHECK_MIN_SEC here) and benchopt's collection follows.
-DEAD_MARGIN_SEC = DEAD_SLURMD_TIMEOUT_SEC / 3 + STATE_CHECK_MIN_SEC + 25.0
+#: ``SlurmdTimeout`` and ``MessageTimeout`` of the dead-node test's own cluster (the other
+#: tests' are 45 s and SLURM's 10 s, see :data:`.cluster.SLURMD_TIMEOUT_SEC`): with a dead node
+#: nothing races SLURM's verdict (the first node's ranks fail at once). SLURM declares a dead
+#: node DOWN about SlurmdTimeout + 2 x MessageTimeout after its last answer (measured on
+#: this cluster: 16 s with these, 30 s with 10 s and SLURM's MessageTimeout, 29 s with 20 s).
+DEAD_SLURMD_TIMEOUT_SEC = 10
+DEAD_MESSAGE_TIMEOUT_SEC = 5
+#: A dead node: SLURM declares it DOWN (above) up to one ping interval (SlurmdTimeout / 3)
+#: late, then the job ends (NODE_FAIL); Submitit sees that within its state check
+#: (STATE_CHECK_MIN_SEC here) and benchopt's collection follows.
+DEAD_MARGIN_SEC = 2 * DEAD_MESSAGE_TIMEOUT_SEC + DEAD_SLURMD_TIMEOUT_SEC / 3 + STATE_CHECK_MIN_SEC + 20.0
 CELL = f"""
 dataset:
   - multiframe_superres[image_size=32,num_operators=2,scale=2,noise_level=0.02,seed=0]
@@ -203,12 +209,13 @@ def test_a_node_cut_off_mid_run_is_named_and_leaves_nothing(slurm_two_nodes, tmp
 
 
 def test_a_dead_node_is_named_with_slurms_state_and_leaves_nothing(slurm_clusters, tmp_path, outputs):
-    # Node 2's slurmd will be gone: a cluster of this test's own, with a short SlurmdTimeout;
+    # Node 2's slurmd will be gone: a cluster of this test's own, with short SLURM timeouts;
     # the next module starts a whole one.
     slurm_clusters.close()
     jobs = JobFolder(BENCHMARK)
     try:
-        with local_slurm(2, slurmd_timeout_sec=DEAD_SLURMD_TIMEOUT_SEC) as cluster:
+        timeouts = {"slurmd_timeout_sec": DEAD_SLURMD_TIMEOUT_SEC, "message_timeout_sec": DEAD_MESSAGE_TIMEOUT_SEC}
+        with local_slurm(2, **timeouts) as cluster:
             bound = DEAD_SLURMD_TIMEOUT_SEC + DEAD_MARGIN_SEC
             elapsed, message = _fault_mid_run(cluster, jobs, tmp_path, outputs, cluster.kill_node, bound)
             assert "JobState=NODE_FAIL" in message, message
