@@ -32,7 +32,9 @@ from scopebench.runs import run_benchopt
 
 from .conftest import PARALLEL_CONFIGS, REPO, SUBMITIT_TIMING, JobFolder, cluster_parallel_config
 
-pytestmark = pytest.mark.slow
+#: ``alone``: 26 ranks in three runs, the CPU busy throughout; beside another test they take
+#: a quarter longer (``make test`` runs them after the parallel tests).
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 _JOB_ENV = re.compile(
     r"JobEnvironment\(job_id=(\S+), hostname=\S+, local_rank=\d+\(\d+\), node=(\d+)\((\d+)\), global_rank=(\d+)\((\d+)\)\)"
