@@ -1,4 +1,4 @@
-"""Train the policy with checkpoints and exact resume, on DDP, DeepSpeed ZeRO-2 or ZeRO-3.
+"""Train the policy with checkpoints and exact resume, on DDP, DeepSpeed ZeRO-2, ZeRO-3 or FSDP2.
 
 What it does: ``training.steps`` optimizer steps of the training step of ``Pi05Train``
 (:mod:`scopebench.policy.run.trainer`, the same :class:`~scopebench.policy.run.train.PolicyTrainRun`),
