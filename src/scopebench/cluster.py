@@ -40,6 +40,7 @@ __all__ = [
     "MIN_SLURM_MINUTES",
     "Layout",
     "cancel_unfinished",
+    "cell_layout",
     "describe_jobs",
     "job_ids",
     "job_layout",
@@ -224,6 +225,39 @@ def job_layout(
             f"every task is one rank, so {key} (ranks per node) must be {tasks}, or 1 for the launcher's ranks"
         )
     return Layout(nodes=nodes, ranks_per_node=tasks, spawned=False)
+
+
+def cell_layout(
+    nproc_per_node: Any,
+    slurm_nodes: Any = 1,
+    slurm_ntasks_per_node: Any = None,
+    launcher_world_size: int | None = None,
+) -> Layout:
+    """The ranks one grid cell runs with: :func:`job_layout` under a launcher, else ``nproc_per_node`` spawned here.
+
+    ``launcher_world_size`` is the ranks a launcher started (the SLURM tasks of the cell's
+    job, torchrun's world), ``None`` for one process: no ``--parallel-config``, Submitit's
+    local executor, or a SLURM job of one task. That process spawns ``nproc_per_node``
+    ranks on its machine, so the cell's ``slurm_nodes`` must be 1, and its SLURM keys must
+    still follow :func:`job_layout` (a cell that runs here runs unchanged on the cluster).
+    Every solver's check and ``scopebench check-config`` take a cell's world size from here.
+
+    :Examples:
+        >>> cell_layout(2, 1, 2).world_size, cell_layout(1, 1, 2).world_size, cell_layout(1, 1, 2, 2).world_size
+        (2, 1, 2)
+        >>> cell_layout(1, 2, 1)
+        Traceback (most recent call last):
+        ...
+        ValueError: slurm_nodes=2 needs a SLURM or torchrun launch; this run is a single local process
+    """
+    nodes = integer("slurm_nodes", slurm_nodes, low=1)
+    if launcher_world_size is None and nodes > 1:
+        raise ValueError(f"slurm_nodes={nodes} needs a SLURM or torchrun launch; this run is a single local process")
+    layout = job_layout(nproc_per_node, nodes, slurm_ntasks_per_node)
+    if launcher_world_size is None:
+        nproc = int(nproc_per_node)  # an integer >= 1: job_layout checked it
+        return Layout(nodes=1, ranks_per_node=nproc, spawned=nproc > 1)
+    return layout
 
 
 def launcher_world_size(job: Mapping[str, Any]) -> int | None:

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from scopebench.cli import main
+from scopebench.cluster import Layout
 from scopebench.preflight import expand, load_classes, parse_pattern, preflight
 
 REPO = Path(__file__).resolve().parents[2]
@@ -313,3 +314,44 @@ def test_each_cell_shows_its_nodes_tasks_and_world_size(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("ranks: 2 node(s) x 2 task(s) per node = world size 4") == 2, out
     assert "ranks: 1 process spawning 2 on 1 node = world size 2" in out, out
+
+
+def test_a_cell_without_a_launcher_has_the_ranks_its_process_spawns_in_every_benchmark(tmp_path):
+    """No parallel config: each cell is one process spawning ``nproc_per_node`` ranks here
+    (:func:`scopebench.cluster.cell_layout`), the same for the three benchmarks' checks and
+    for the layout check-config prints. ``slurm_nodes`` > 1 is refused, the SLURM keys still
+    follow the rule, and a ``slurm_ntasks_per_node`` of 2 with ``nproc_per_node: 1`` is one rank
+    here (it was two for the imaging checks: a one-process PnP ran with ``distribute_physics``)."""
+    launch = "slurm_nodes=2 needs a SLURM or torchrun launch; this run is a single local process"
+    policy = _policy_config(
+        tmp_path,
+        '  - Pi05Train:\n      "backend, nproc_per_node, slurm_nodes, slurm_ntasks_per_node":\n'
+        "        - [ddp, 1, 2, 1]\n        - [ddp, 3, 1, 2]\n        - [ddp, 2, 1, 2]\n        - [zero2, 1, 1, 2]\n",
+    )
+    report = preflight(REPO, policy)
+    assert report.errors[1] == launch, report.errors
+    assert "nproc_per_node=3 disagrees with 1 node(s) x 2 task(s) per node" in report.errors[2], report.errors
+    assert 3 not in report.errors and report.layouts[3] == Layout(nodes=1, ranks_per_node=2, spawned=True)
+    assert "needs at least 2 processes, got 1" in report.skips[4], report.skips  # ZeRO on the one rank here
+
+    pnp = tmp_path / "pnp.yml"
+    pnp.write_text(
+        f"dataset:\n  - {FRAMES}\nsolver:\n  - PnP:\n      denoiser: tv\n      distribute_physics: true\n"
+        '      "nproc_per_node, slurm_nodes, slurm_ntasks_per_node":\n'
+        "        - [1, 1, 2]\n        - [2, 1, 2]\n        - [1, 2, 1]\n"
+    )
+    report = preflight(REPO / "benchmark_inference", pnp)
+    assert "distribute_physics need(s) more than one process, got nproc_per_node=1" in report.errors[1], report.errors
+    assert report.layouts[1].world_size == 1 and 2 not in report.errors and report.layouts[2].world_size == 2
+    assert report.errors[3] == launch, report.errors
+
+    unrolled = tmp_path / "unrolled.yml"
+    unrolled.write_text(
+        "dataset:\n  - synthetic\nsolver:\n  - UnrolledPnP:\n      distribute_model: false\n"
+        '      "nproc_per_node, slurm_nodes, slurm_ntasks_per_node":\n'
+        "        - [1, 1, 2]\n        - [2, 1, 2]\n        - [1, 2, 1]\n"
+    )
+    report = preflight(REPO / "benchmark_training", unrolled)
+    assert 1 not in report.errors and report.layouts[1].world_size == 1, report.errors
+    assert report.errors[2].startswith("2 processes need distribute_model=true"), report.errors
+    assert report.errors[3] == launch, report.errors

@@ -26,7 +26,7 @@ from scopebench.cluster import (
     JOB_FOLDER,
     MIN_SLURM_MINUTES,
     Layout,
-    job_layout,
+    cell_layout,
     job_parameters,
     launcher_world_size,
     read_parallel_config,
@@ -94,7 +94,7 @@ class Report:
     groups: dict[int, int] = field(default_factory=dict)
     """Cell index -> its submission: cells with equal settings go in one job array."""
     layouts: dict[int, Layout] = field(default_factory=dict)
-    """Cell index -> its ranks: nodes, ranks per node, world size (:func:`scopebench.cluster.job_layout`)."""
+    """Cell index -> its ranks: nodes, ranks per node, world size (:func:`scopebench.cluster.cell_layout`)."""
     unchecked: set[int] = field(default_factory=set)
     """Cells whose solver has no ``check_cell`` (values not checked)."""
     notes: list[str] = field(default_factory=list)
@@ -192,12 +192,15 @@ def preflight(
                 continue
         elif report.cluster == "local":
             report.groups[cell.index] = 1
-        resources = report.jobs.get(cell.index, {})
+        # A SLURM cell's job merges the parallel config's settings; elsewhere the cell's own
+        # keys are checked against the one process that will spawn its ranks.
+        resources = report.jobs.get(cell.index, cell.solver_params)
         try:
-            report.layouts[cell.index] = job_layout(
+            report.layouts[cell.index] = cell_layout(
                 cell.solver_params.get("nproc_per_node", 1),
                 resources.get("slurm_nodes", 1),
                 resources.get("slurm_ntasks_per_node"),
+                world,
             )
         except ValueError as err:
             report.errors[cell.index] = str(err)

@@ -66,12 +66,12 @@ class Topology:
         optional(integer, "slurm_ntasks_per_node", self.slurm_ntasks_per_node, low=1)
         gres_gpu_count(self.slurm_gres)
 
-    @property
-    def world_size(self) -> int:
-        """The ranks of the run (:func:`scopebench.cluster.job_layout`, ``ValueError`` when the counts disagree)."""
-        from scopebench.cluster import job_layout
+    def world_size(self, launcher_world_size: int | None = None) -> int:
+        """The ranks of the run (:func:`scopebench.cluster.cell_layout`, ``ValueError`` when the counts disagree)."""
+        from scopebench.cluster import cell_layout
 
-        return job_layout(self.nproc_per_node, self.slurm_nodes, self.slurm_ntasks_per_node).world_size
+        layout = cell_layout(self.nproc_per_node, self.slurm_nodes, self.slurm_ntasks_per_node, launcher_world_size)
+        return layout.world_size
 
 
 def check_topology(
@@ -101,7 +101,7 @@ def check_topology(
         compile_mode: ``none``, ``denoiser``, ``physics`` or ``both``.
     """
     try:
-        world = topology.world_size
+        world = topology.world_size(launcher_world_size)
     except ValueError as err:
         return str(err)
     gpus = gres_gpu_count(topology.slurm_gres)
@@ -110,10 +110,6 @@ def check_topology(
         return (
             f"slurm_gres={topology.slurm_gres!r} gives {gpus} GPU(s) per node but "
             f"{per_node} rank(s) per node would share them (one GPU per rank)"
-        )
-    if launcher_world_size is None and topology.slurm_nodes > 1:
-        return (
-            f"slurm_nodes={topology.slurm_nodes} needs a SLURM or torchrun launch; this run is a single local process"
         )
     if launcher_world_size is not None and launcher_world_size not in (1, world):
         return f"the launcher started {launcher_world_size} processes but the cell's layout has {world} ranks"

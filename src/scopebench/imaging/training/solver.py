@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scopebench.cluster import job_layout
+from scopebench.cluster import cell_layout
 from scopebench.imaging.training.data import TrainingDataSpec
 from scopebench.imaging.training.run import TrainingRun, check_world_size
 from scopebench.imaging.training.trainer import SOLVER_PARAMS, configs_from_params
@@ -35,8 +35,11 @@ class UnrolledSolverMixin(ProfiledSolverMixin):
         super().check_cell(params, spec, launcher_world_size)
         data = TrainingDataSpec(**{key: value for key, value in spec.items() if key != "kind"})
         _, train = configs_from_params(data, **{key: params[key] for key in SOLVER_PARAMS})
-        layout = job_layout(
-            params.get("nproc_per_node", 1), params.get("slurm_nodes", 1), params.get("slurm_ntasks_per_node")
+        layout = cell_layout(
+            params.get("nproc_per_node", 1),
+            params.get("slurm_nodes", 1),
+            params.get("slurm_ntasks_per_node"),
+            launcher_world_size,
         )
         check_world_size(launcher_world_size or layout.world_size, train.distribute_model)
         return None

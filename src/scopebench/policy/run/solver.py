@@ -54,23 +54,22 @@ class _PolicySolverMixin(ProfiledSolverMixin):
 
 def _policy_world_size(params: dict[str, Any], launcher_world_size: int | None) -> int:
     """The ranks of a policy run: the launcher's (a job's SLURM tasks), else ``nproc_per_node``
-    local processes; ``nproc_per_node`` must agree with the launcher's ranks per node
-    (:func:`scopebench.cluster.job_layout`, the one rule; what :class:`scopebench.distributed.DistSession`
-    requires)."""
-    from scopebench.cluster import job_layout
+    local processes (:func:`scopebench.cluster.cell_layout`, the one rule); under a running
+    launcher ``nproc_per_node`` must agree with its ranks per node (what
+    :class:`scopebench.distributed.DistSession` requires)."""
+    from scopebench.cluster import cell_layout
     from scopebench.distributed import get_dist_info
     from scopebench.distributed.launch import check_launcher_nproc
     from scopebench.validate import integer
 
     nproc = integer("nproc_per_node", params.get("nproc_per_node", 1), low=1)
-    if launcher_world_size is None:
-        return nproc
-    launcher = get_dist_info()  # under a launcher: skip; otherwise check-config, for the cell's job
-    if launcher.is_distributed:
+    launcher = get_dist_info() if launcher_world_size is not None else None
+    if launcher is not None and launcher.is_distributed:  # the run's own skip, under its launcher
         check_launcher_nproc("nproc_per_node", nproc, launcher_world_size, launcher.source, launcher.nodes)
-    else:
-        job_layout(nproc, params.get("slurm_nodes", 1), params.get("slurm_ntasks_per_node"))
-    return launcher_world_size
+        return launcher_world_size
+    # check-config, for the cell's job; or a run without a launcher
+    layout = cell_layout(nproc, params.get("slurm_nodes", 1), params.get("slurm_ntasks_per_node"), launcher_world_size)
+    return launcher_world_size or layout.world_size
 
 
 class TrainSolverMixin(_PolicySolverMixin):
