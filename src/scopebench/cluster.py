@@ -239,7 +239,8 @@ def cell_layout(
     job, torchrun's world), ``None`` for one process: no ``--parallel-config``, Submitit's
     local executor, or a SLURM job of one task. That process spawns ``nproc_per_node``
     ranks on its machine, so the cell's ``slurm_nodes`` must be 1, and its SLURM keys must
-    still follow :func:`job_layout` (a cell that runs here runs unchanged on the cluster).
+    still follow :func:`job_layout` (a cell accepted here is accepted on the cluster, though
+    ``nproc_per_node: 1`` with 2 tasks per node is one rank here and two there).
     Every solver's check and ``scopebench check-config`` take a cell's world size from here.
 
     :Examples:
