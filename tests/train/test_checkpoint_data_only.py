@@ -164,7 +164,7 @@ def test_a_genuine_zero_checkpoint_still_converts(zero_checkpoints, tmp_path, ca
 def test_the_allow_list_is_exactly_what_deepspeed_files_hold(zero_checkpoints):
     """Every non-tensor global in the shards of both backends is allow-listed, and nothing more:
     each entry is needed by some file (a plain ``weights_only=True`` load names it)."""
-    from scopebench.train.checkpoint import data_only_globals
+    from scopebench.train.data_only import data_only_globals
 
     shards = [f for folder in zero_checkpoints[0].values() for f in sorted((folder / "pytorch_model").iterdir())]
     held = {name for f in shards for name in torch.serialization.get_unsafe_globals_in_checkpoint(f)}
@@ -181,7 +181,7 @@ def _malicious(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_inside_data_only_loading_weights_only_false_is_refused(tmp_path):
-    from scopebench.train.checkpoint import data_only_loading
+    from scopebench.train.data_only import data_only_loading
 
     path, marker = _malicious(tmp_path)
     torch.save({"w": torch.arange(3)}, tmp_path / "data.pt")
@@ -202,7 +202,7 @@ def test_inside_data_only_loading_weights_only_false_is_refused(tmp_path):
 def test_a_refusal_a_library_swallows_is_raised_when_the_block_ends(tmp_path):
     """accelerate's ``load_state`` catches any error loading the RNG states: the refusal must
     not turn into a resume that silently skips them."""
-    from scopebench.train.checkpoint import data_only_loading
+    from scopebench.train.data_only import data_only_loading
 
     path, marker = _malicious(tmp_path)
     with pytest.raises(ValueError, match=f"{path} {REFUSAL}"):
@@ -215,7 +215,7 @@ def test_a_refusal_a_library_swallows_is_raised_when_the_block_ends(tmp_path):
 
 
 def test_data_only_loading_nests_and_restores_torch_load_after_an_error(tmp_path):
-    from scopebench.train.checkpoint import data_only_globals, data_only_loading
+    from scopebench.train.data_only import data_only_globals, data_only_loading
 
     original, before = torch.load, torch.serialization.get_safe_globals()
     with pytest.raises(KeyError):
@@ -229,7 +229,7 @@ def test_data_only_loading_nests_and_restores_torch_load_after_an_error(tmp_path
 
 def test_a_raw_pickle_that_calls_code_is_refused_too(tmp_path):
     """Not only ``torch.save`` files: a bare ``pickle.dump`` (protocol 2, the legacy format)."""
-    from scopebench.train.checkpoint import data_only_loading
+    from scopebench.train.data_only import data_only_loading
 
     marker = tmp_path / "ran"
     path = tmp_path / "random_states_0.pkl"

@@ -20,9 +20,11 @@ Output: one line ``wrote <path> (<n> tensors, <m> parameters)``; JSON (``--json 
 ``tool`` ("convert-checkpoint"), ``checkpoint``, ``model_file``, ``tensors``, ``parameters``,
 ``backend``, ``step``.
 
-The shards are loaded as data only (``torch.load(weights_only=True)``, see
-:func:`scopebench.train.checkpoint.data_only_loading`): a file holding pickled Python code is
-refused with ``scopebench convert-checkpoint: <file> holds Python code ...`` and exit code 2.
+The files are first checked against the checkpoint's ``manifest.json`` (sizes and sha256, as a
+resume checks them: :func:`scopebench.train.checkpoint.verify_files`), then loaded as data only
+(``torch.load(weights_only=True)`` and DCP's metadata from exact types, see
+:mod:`scopebench.train.data_only`): a file holding pickled Python code is refused with
+``scopebench convert-checkpoint: <file> holds ...`` and exit code 2, before anything in it runs.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from safetensors import safe_open
 
-    from scopebench.train.checkpoint import consolidate, data_only_loading, read_step_file, resolve_checkpoint
+    from scopebench.train.checkpoint import consolidate, read_step_file, resolve_checkpoint
+    from scopebench.train.data_only import data_only_loading
 
     try:
         with data_only_loading():  # a shard holding pickled code is refused (ValueError), never run

@@ -32,27 +32,25 @@ settings before anything is built, so a damaged or mismatched one is refused by 
 instead of resuming inexactly.
 
 Checkpoints are data, not code: every file read back (``load_checkpoint``, ``consolidate``)
-goes through ``torch.load(weights_only=True)`` under :func:`data_only_loading`, even where
-accelerate or DeepSpeed ask for ``weights_only=False``; the few non-tensor types DeepSpeed's
-shards hold are allow-listed (:func:`data_only_globals`). A file holding pickled code is
-refused with a ``ValueError`` naming it, before anything in it runs.
+goes through ``torch.load(weights_only=True)`` under
+:func:`~scopebench.train.data_only.data_only_loading`, even where accelerate, DeepSpeed or DCP
+ask for ``weights_only=False``, and DCP's ``.metadata`` through an unpickler of exact
+(module, name) pairs (:mod:`scopebench.train.data_only`). A file holding pickled code is
+refused with a ``ValueError`` naming it, before anything in it runs; ``convert-checkpoint``
+verifies the manifest first, as a resume does (:func:`verify_files`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
 import os
-import pickle
-import re
-import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from scopebench.atomic import atomic_write, replace_dir, temporary_dir
+from scopebench.train.data_only import data_only_loading, refuse_code
 from scopebench.validate import integer, quote
 
 __all__ = [
@@ -64,13 +62,12 @@ __all__ = [
     "STEP_FILE",
     "checkpoint_dir",
     "consolidate",
-    "data_only_globals",
-    "data_only_loading",
     "load_checkpoint",
     "read_step_file",
     "resolve_checkpoint",
     "save_checkpoint",
     "verify_checkpoint",
+    "verify_files",
     "write_manifest",
 ]
 
@@ -261,22 +258,18 @@ def write_manifest(folder: str | Path, settings: dict[str, Any]) -> Path:
     return folder / MANIFEST
 
 
-def verify_checkpoint(checkpoint: str | Path, *, settings: dict[str, Any]) -> dict[str, Any]:
-    """Check a finished checkpoint before a resume builds anything; returns its manifest.
+def verify_files(checkpoint: str | Path) -> dict[str, Any]:
+    """Check a finished checkpoint's files before anything reads them; returns its manifest.
 
     Checks :data:`STEP_FILE` (a JSON object; integer ``step`` >= 1 equal to the folder's
     number; integer ``epoch`` and ``position`` >= 0), then every :data:`MANIFEST` entry
-    (present, with the recorded size and sha256), then ``settings`` against the recorded
-    ones (a key recorded on one side only is a mismatch too).
-
-    Args:
-        checkpoint: A finished checkpoint folder (:func:`resolve_checkpoint`'s answer).
-        settings: The resumed run's settings that must match (key -> JSON value).
+    (present, with the recorded size and sha256; a changed file that holds pickled code is
+    named as such). A resume (:func:`verify_checkpoint`) and ``convert-checkpoint`` both call it.
 
     Raises:
-        ValueError: in one line, naming the file and the key or the first damaged file, or
-            every mismatched setting (joined by ``; ``); a checkpoint without a manifest
-            (written before manifests existed) cannot be verified and is refused too.
+        ValueError: in one line, naming the file and the key or the first damaged file; a
+            checkpoint without a manifest (written before manifests existed) cannot be
+            verified and is refused too.
     """
     checkpoint = Path(checkpoint)
     step_file = checkpoint / STEP_FILE
@@ -297,14 +290,33 @@ def verify_checkpoint(checkpoint: str | Path, *, settings: dict[str, Any]) -> di
     manifest_file = checkpoint / MANIFEST
     if not manifest_file.is_file():
         raise ValueError(
-            f"{checkpoint} has no {MANIFEST}: it predates manifests and cannot be verified for an exact resume; "
-            "start a new run, or resume it with an older scopebench"
+            f"{checkpoint} has no {MANIFEST}: it predates manifests and cannot be verified; "
+            "start a new run, or read it with an older scopebench"
         )
     manifest = _json_file(manifest_file)
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         raise ValueError(f"{manifest_file} must hold a JSON object with 'files' and 'settings', got {_kind(manifest)}")
     for name, entry in manifest["files"].items():
         _check_entry(checkpoint, name, entry)
+    return manifest
+
+
+def verify_checkpoint(checkpoint: str | Path, *, settings: dict[str, Any]) -> dict[str, Any]:
+    """Check a finished checkpoint before a resume builds anything; returns its manifest.
+
+    :func:`verify_files`, then ``settings`` against the recorded ones (a key recorded on one
+    side only is a mismatch too).
+
+    Args:
+        checkpoint: A finished checkpoint folder (:func:`resolve_checkpoint`'s answer).
+        settings: The resumed run's settings that must match (key -> JSON value).
+
+    Raises:
+        ValueError: in one line, naming the file and the key or the first damaged file, or
+            every mismatched setting (joined by ``; ``).
+    """
+    checkpoint = Path(checkpoint)
+    manifest = verify_files(checkpoint)
     recorded = manifest.get("settings") or {}
     mismatches = [
         f"{key} {_shown(recorded, key)} in the checkpoint, {_shown(settings, key)} given"
@@ -347,35 +359,15 @@ def _check_entry(checkpoint: Path, name: Any, entry: Any) -> None:
         raise ValueError(f"{path}: missing, the manifest lists it: the checkpoint is damaged")
     size = path.stat().st_size
     if size != entry["bytes"]:
-        _refuse_code(path)
+        refuse_code(path)
         raise ValueError(f"{path}: {size} bytes, the manifest records {entry['bytes']}: the checkpoint is damaged")
     digest = _sha256(path)
     if digest != entry["sha256"]:
-        _refuse_code(path)
+        refuse_code(path)
         raise ValueError(
             f"{path}: sha256 {digest[:12]}..., the manifest records {str(entry['sha256'])[:12]}...: "
             "the checkpoint is damaged"
         )
-
-
-def _refuse_code(path: Path) -> None:
-    """A changed file that holds pickled code is refused as such, with
-    :func:`data_only_loading`'s message (it was planted, not merely damaged: the more
-    important fact); nothing in it runs. Loaded as accelerate loads it (its numpy allow-list)."""
-    if path.suffix not in (".bin", ".pkl", ".pt"):
-        return
-    from accelerate.utils.other import load
-
-    try:
-        with data_only_loading():
-            load(str(path), map_location="cpu")
-    except ValueError as err:
-        # a refusal naming a global (posix.system) is code; one naming the unpickler's reason
-        # ("pickle data was truncated") is damage, which the caller's message says
-        if re.search(r"\([A-Za-z_]\w*\.[\w.]+\): scopebench loads", str(err)):
-            raise
-    except Exception:  # damaged, not code: the caller's message says so
-        return
 
 
 def load_checkpoint(
@@ -411,9 +403,14 @@ def consolidate(checkpoint: str | Path) -> Path:
 
     DDP checkpoints already hold it; the file is returned as it is. Runs on one process,
     without the ranks that wrote the shards (DeepSpeed's ``zero_to_fp32``; for FSDP2
-    torch.distributed.checkpoint read without a process group).
+    torch.distributed.checkpoint read without a process group). The files are checked
+    against the manifest first (:func:`verify_files`), as for a resume, then read as data only.
+
+    Raises:
+        ValueError: a damaged file, or one that holds pickled code, named.
     """
     checkpoint = resolve_checkpoint(checkpoint)
+    verify_files(checkpoint)
     meta = read_step_file(checkpoint)
     target = checkpoint / MODEL_FILE
     if meta.get("backend", "ddp") == "ddp":
@@ -432,126 +429,3 @@ def consolidate(checkpoint: str | Path) -> Path:
     with atomic_write(target, "wb") as fh:
         fh.write(save({key: value.contiguous() for key, value in state.items()}))
     return target
-
-
-def data_only_globals() -> list[Callable]:
-    """The non-tensor types that DeepSpeed's ZeRO-2 / ZeRO-3 shards hold, allow-listed for
-    ``torch.load(weights_only=True)`` by :func:`data_only_loading`.
-
-    Each is rebuilt from plain values (no code of the file runs): ``LossScaler`` (the
-    optimizer's static loss scale: fp32 and bf16 runs; only fp16, which scopebench does not
-    offer, saves a ``DynamicLossScaler``), ``ZeroStageEnum`` (the ZeRO stage, an int enum)
-    and ``fragment_address`` (ZeRO-2's ``numel`` / ``start`` of each parameter's slice of the
-    flat partition). The numpy types of ``random_states_<r>.pkl`` are accelerate's to allow:
-    its loader adds them around its own ``torch.load``.
-    """
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    return [LossScaler, ZeroStageEnum, fragment_address]
-
-
-class _DataOnly:
-    """What the active :func:`data_only_loading` blocks share (one set per process)."""
-
-    lock = threading.Lock()
-    depth = 0
-    stack: contextlib.ExitStack | None = None
-    refused: list[ValueError] = []
-
-
-@contextlib.contextmanager
-def data_only_loading() -> Iterator[None]:
-    """While active, ``torch.load`` loads data only, whatever its caller asks for.
-
-    ``torch.load`` (and ``torch.serialization.load``) is replaced by a function that always
-    passes ``weights_only=True`` and no ``pickle_module``, and the types of
-    :func:`data_only_globals` are allow-listed; both are undone when the block ends, even on
-    an error. Blocks nest (the outermost one patches and restores).
-
-    Raises:
-        ValueError: a file loaded inside the block holds Python code or objects that are not
-            data, naming the file and the global. It is raised where ``torch.load`` was called
-            and, if the library that called it swallowed it (accelerate does, for the RNG
-            states), again when the block ends: a refused file never passes for a missing one.
-    """
-    import torch
-
-    allowed = data_only_globals()  # imports DeepSpeed: before the patch, so a failure leaves torch as it was
-    # torch.load is one attribute for the whole process: while any block is active, every
-    # thread's torch.load is data-only (stricter, never looser). The lock keeps the patch,
-    # the count of active blocks and the allow-list consistent when threads enter and leave
-    # blocks at once; the original function comes back when the last block ends.
-    with _DataOnly.lock:
-        if _DataOnly.depth == 0:
-            stack = contextlib.ExitStack()
-            originals = (torch.load, torch.serialization.load)
-            data_only = _data_only_load(originals[0])
-            torch.load = torch.serialization.load = data_only
-            stack.callback(_restore_load, *originals)
-            present = set(torch.serialization.get_safe_globals())
-            # only what is not allowed already: leaving must not remove someone else's entries
-            stack.enter_context(torch.serialization.safe_globals([g for g in allowed if g not in present]))
-            _DataOnly.stack, _DataOnly.refused = stack, []
-        _DataOnly.depth += 1
-        start = len(_DataOnly.refused)
-    try:
-        yield
-        swallowed = _DataOnly.refused[start:]
-        if swallowed:
-            raise swallowed[0]
-    finally:
-        with _DataOnly.lock:
-            _DataOnly.depth -= 1
-            if _DataOnly.depth == 0:
-                stack, _DataOnly.stack = _DataOnly.stack, None
-                stack.close()
-
-
-def _restore_load(load: Callable, serialization_load: Callable) -> None:
-    import torch
-
-    torch.load, torch.serialization.load = load, serialization_load
-
-
-def _data_only_load(original: Callable) -> Callable:
-    """``original`` (``torch.load``) with ``weights_only=True`` forced; a refusal becomes a
-    one-line ``ValueError`` naming the file (recorded for :func:`data_only_loading`)."""
-
-    def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None, **pickle_load_args):
-        # The caller's weights_only and pickle_module are dropped on purpose: the data-only
-        # unpickler is the point, and torch refuses a pickle_module with weights_only=True.
-        try:
-            return original(f, map_location, weights_only=True, mmap=mmap, **pickle_load_args)
-        except pickle.UnpicklingError as err:  # what the weights_only unpickler raises on a refusal
-            name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", repr(f))
-            refusal = ValueError(
-                f"{name} holds Python code or objects that are not data ({_not_data(str(err))}): "
-                "scopebench loads checkpoints as data only; do not load checkpoints you do not trust"
-            )
-            _DataOnly.refused.append(refusal)
-            raise refusal from None
-
-    load.__doc__ = original.__doc__
-    load.__wrapped__ = original
-    return load
-
-
-def _not_data(message: str) -> str:
-    """The global (or the unpickler's reason) in torch's ``weights_only`` refusal ``message``.
-
-    :Examples:
-        >>> _not_data("Trying to load unsupported GLOBAL posix.system whose module posix is blocked.")
-        'posix.system'
-        >>> _not_data("Can only build Tensor ... via `add_safe_globals`, but got <class 'numpy.dtypes.UInt32DType'>")
-        'numpy.dtypes.UInt32DType'
-        >>> _not_data("Weights only load failed. Re-run ...\\n\\nUnsupported operand 149\\n\\nCheck the documentation")
-        'Unsupported operand 149'
-    """
-    found = re.search(r"GLOBAL ([\w.]+)", message) or re.search(r"but got <class '([^']+)'>", message)
-    if found:
-        return found.group(1).rstrip(".")
-    # torch wraps the unpickler's reason between its advice and its pointer to the docs
-    reasons = [p for p in message.split("\n\n") if p.strip() and not p.startswith(("Weights only", "Check the doc"))]
-    return " ".join((reasons[0] if reasons else message).split())

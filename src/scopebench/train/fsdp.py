@@ -27,15 +27,14 @@ already and it changes nothing).
 Checkpoints (:func:`save_sharded`, :func:`load_sharded`) are ``torch.distributed.checkpoint``
 folders written by every rank; :func:`consolidated_model_state` reads one on a single process,
 without a process group, for ``convert-checkpoint``. DCP keeps its index (``.metadata``) as a
-pickle: it is read through :class:`DataOnlyReader`, which unpickles only DCP's own metadata
-classes and refuses anything else, so a checkpoint stays data, not code.
+pickle, and DCP's planner loads a folder's non-tensor items with ``torch.load(weights_only=False)``:
+both loaders here read through :mod:`scopebench.train.data_only` (its ``DataOnlyReader`` for the
+metadata, :func:`~scopebench.train.data_only.data_only_loading` around the load), so a
+checkpoint stays data, not code, whoever calls them.
 """
 
 from __future__ import annotations
 
-import functools
-import io
-import pickle
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +42,12 @@ from typing import Any
 
 import torch
 
+from scopebench.train.data_only import checked_reader, data_only_loading
+
 __all__ = [
     "DEFAULT_UNITS",
     "MODEL_DIR",
     "OPTIMIZER_DIR",
-    "DataOnlyReader",  # noqa: F822 - defined on first use, by the module's __getattr__
     "FSDPSettings",
     "clip_grad_norm",
     "consolidated_model_state",
@@ -214,9 +214,12 @@ def load_sharded(model: torch.nn.Module, optimizer: Any, folder: str | Path) -> 
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     model_state, optim_state = _state(model, optimizer)
-    dcp.load(model_state, storage_reader=_checked_reader(Path(folder) / MODEL_DIR))
+    # DCP's planner unpickles the non-tensor items (lr, step...) with weights_only=False
+    with data_only_loading(f"a non-tensor item of {Path(folder) / MODEL_DIR}"):
+        dcp.load(model_state, storage_reader=checked_reader(Path(folder) / MODEL_DIR))
     if optimizer is not None:
-        dcp.load(optim_state, storage_reader=_checked_reader(Path(folder) / OPTIMIZER_DIR))
+        with data_only_loading(f"a non-tensor item of {Path(folder) / OPTIMIZER_DIR}"):
+            dcp.load(optim_state, storage_reader=checked_reader(Path(folder) / OPTIMIZER_DIR))
     set_state_dict(
         model,
         optimizer if optimizer is not None else [],
@@ -234,87 +237,12 @@ def consolidated_model_state(folder: str | Path) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict[str, Any] = {}
-    _load_state_dict(
-        state,
-        storage_reader=_checked_reader(Path(folder) / MODEL_DIR),
-        planner=_EmptyStateDictLoadPlanner(),
-        no_dist=True,
-    )
+    # the planner loads non-tensor items with weights_only=False
+    with data_only_loading(f"a non-tensor item of {Path(folder) / MODEL_DIR}"):
+        _load_state_dict(
+            state,
+            storage_reader=checked_reader(Path(folder) / MODEL_DIR),
+            planner=_EmptyStateDictLoadPlanner(),
+            no_dist=True,
+        )
     return {key: value for key, value in state.items() if isinstance(value, torch.Tensor)}
-
-
-# -- data-only metadata -----------------------------------------------------------------
-
-#: Modules whose classes DCP's ``.metadata`` pickle holds (its dataclasses and torch's enums).
-_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
-_METADATA_GLOBALS = {
-    ("collections", "OrderedDict"),
-    ("copyreg", "_reconstructor"),
-    ("builtins", "object"),
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("torch", "Size"),
-    ("torch", "device"),
-    ("torch", "dtype"),
-    ("torch", "layout"),
-    ("torch", "memory_format"),
-    ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"),
-}
-
-
-def _checked_reader(folder: Path) -> Any:
-    """A :class:`DataOnlyReader` of ``folder`` whose metadata was read once here: DCP itself
-    folds a reader's error into an ``AssertionError`` of every rank's attempts."""
-    reader = _data_only_reader_class()(folder)
-    reader.read_metadata()
-    return reader
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module in _METADATA_MODULES or (module, name) in _METADATA_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(
-            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
-        ):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
-
-
-@functools.cache
-def _data_only_reader_class() -> type:
-    """:class:`DataOnlyReader`, defined on first use: importing DCP (and DTensor with it) costs
-    about a second, which a rank that builds a pi05 policy for ``ddp`` would pay for nothing."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    class DataOnlyReader(FileSystemReader):
-        """DCP's ``FileSystemReader`` whose ``.metadata`` is unpickled from DCP's own classes only.
-
-        Raises (from ``read_metadata``):
-            ValueError: the metadata file holds anything else (code), naming the file.
-        """
-
-        def read_metadata(self, *args: Any, **kwargs: Any):
-            path = Path(self._get_metadata_path(kwargs.get("rank")))
-            try:
-                metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
-            except pickle.UnpicklingError as err:
-                raise ValueError(
-                    f"{path} holds more than checkpoint metadata ({err}): refused, a checkpoint is only loaded as data"
-                ) from None
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    DataOnlyReader.__module__, DataOnlyReader.__qualname__ = __name__, "DataOnlyReader"
-    return DataOnlyReader
-
-
-def __getattr__(name: str) -> Any:
-    if name == "DataOnlyReader":
-        return _data_only_reader_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
