@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -215,6 +216,139 @@ def test_a_tool_refuses_a_broken_folder_in_one_line_before_any_run(small, tmp_pa
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("scopebench profile-dataloader:")]
     assert code == 2 and len(lines) == 1 and "file-000.mp4 holds 10 frames" in lines[0], err
+    assert "Traceback" not in err and started == []
+
+
+# -- path templates: every file named stays inside the folder ---------------------------------------
+def _edit_info(root, **changes):
+    info = json.loads((root / "meta/info.json").read_text())
+    info.update(changes)
+    (root / "meta/info.json").write_text(json.dumps(info))
+
+
+def _openers(root):
+    """Both ways in: the dataset itself, and what every tool calls before it starts a run."""
+    return lambda: RobotDataset(root, chunk_size=CHUNK), DatasetSettings(lerobot=str(root)).materialize
+
+
+def _outside_data(root, outside):
+    """The genuine parquet files copied out of the folder, so a template may lead to them."""
+    shutil.copytree(root / "data/chunk-000", outside / "chunk-000")
+    return "chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+
+
+def _outside_videos(root, outside):
+    shutil.copytree(root / "videos", outside)
+    return "{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+
+
+ESCAPES = {  # case -> key, what is copied outside, whether the template says "../outside" (else its absolute path)
+    "data_path with ..": ("data_path", _outside_data, True),
+    "absolute data_path": ("data_path", _outside_data, False),
+    "video_path with ..": ("video_path", _outside_videos, True),
+    "absolute video_path": ("video_path", _outside_videos, False),
+}
+
+
+@pytest.mark.parametrize("case", list(ESCAPES))
+def test_a_template_leading_out_of_the_folder_is_refused_though_the_files_there_are_genuine(small, tmp_path, case):
+    """Genuine copies wait outside, so the template is the only thing wrong: before, they were
+    read and decoded (FFmpeg on any file the user can read) and the run went on."""
+    key, place, dotdot = ESCAPES[case]
+    root = shutil.copytree(small[0], tmp_path / "ds")
+    outside = tmp_path / "outside"
+    rest = place(root, outside)
+    value = f"../outside/{rest}" if dotdot else f"{outside}/{rest}"
+    _edit_info(root, **{key: value})
+    message = rf"ds/meta/info\.json: {key} '{re.escape(value)}' must be a path inside the dataset folder"
+    for opens in _openers(root):
+        with pytest.raises(ValueError, match=message):
+            opens()
+
+
+TEMPLATE_SYNTAX = {
+    "attribute access": ("data_path", "data/chunk-{chunk_index.real:03d}/file-{file_index:03d}.parquet"),
+    "dunder attribute": ("data_path", "data/chunk-{chunk_index.__class__}/file-{file_index:03d}.parquet"),
+    "index access": ("data_path", "data/chunk-{chunk_index[0]}/file-{file_index:03d}.parquet"),
+    "conversion": ("data_path", "data/chunk-00{chunk_index!r}/file-{file_index:03d}.parquet"),
+    "nested spec": ("data_path", "data/chunk-{chunk_index:03d}/file-{file_index:{chunk_index}}.parquet"),
+    "unknown field": ("data_path", "data/chunk-{episode_chunk:03d}/file-{file_index:03d}.parquet"),
+    "4-digit width": ("data_path", "data/chunk-{chunk_index:03d}/file-{file_index:1000d}.parquet"),
+    "unbalanced brace": ("data_path", "data/chunk-{chunk_index:03d/file-{file_index:03d}.parquet"),
+    "camera name attribute": ("video_path", "videos/{video_key.__class__}/chunk-{chunk_index:03d}/f.mp4"),
+    "camera name width": ("video_path", "videos/{video_key:>9}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"),
+}
+
+
+@pytest.mark.parametrize("case", list(TEMPLATE_SYNTAX))
+def test_a_template_with_more_than_plain_fields_is_refused_in_one_line(small, tmp_path, case):
+    """``str.format`` evaluates attribute and index access; only plain named fields with a plain
+    format spec are allowed (some of these read the right files before, and are refused anyway)."""
+    key, value = TEMPLATE_SYNTAX[case]
+    root = shutil.copytree(small[0], tmp_path / "ds")
+    _edit_info(root, **{key: value})
+    for opens in _openers(root):
+        with pytest.raises(ValueError, match=rf"ds/meta/info\.json: {key} '{re.escape(value)}'") as raised:
+            opens()
+        assert "\n" not in str(raised.value)
+
+
+def _rename_camera(root, old, new):
+    import pyarrow.parquet as pq
+
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"][new] = info["features"].pop(old)
+    (root / "meta/info.json").write_text(json.dumps(info))
+    path = root / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    pq.write_table(
+        table.rename_columns([c.replace(f"videos/{old}/", f"videos/{new}/") for c in table.column_names]), path
+    )
+    stats = json.loads((root / "meta/stats.json").read_text())
+    stats[new] = stats.pop(old)
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+
+
+def test_a_camera_name_leading_out_of_the_folder_is_refused(small, tmp_path):
+    """The camera name fills ``{video_key}``: a feature named ``../../outside`` made
+    ``videos/../../outside/...``, a genuine video outside the folder, which was decoded."""
+    root = shutil.copytree(small[0], tmp_path / "ds")
+    camera = "../../outside"
+    _rename_camera(root, "observation.images.camera0", camera)
+    shutil.copytree(root / "videos/observation.images.camera0", tmp_path / "outside")
+    message = r"ds/meta/info\.json: video_path '.*' with video_key='\.\./\.\./outside', .* outside the dataset folder"
+    for opens in _openers(root):
+        with pytest.raises(ValueError, match=message):
+            opens()
+
+
+def test_symlinks_inside_the_folder_are_followed_wherever_they_point(small, tmp_path):
+    """Hugging Face's hub cache links each snapshot file to a blob outside the snapshot folder:
+    a lexical rule reads it, ``Path.resolve()`` would not."""
+    root = shutil.copytree(small[0], tmp_path / "ds")
+    shutil.move(root / "videos", tmp_path / "blobs_videos")
+    (root / "videos").symlink_to(tmp_path / "blobs_videos", target_is_directory=True)
+    data = root / "data/chunk-000/file-001.parquet"
+    shutil.move(data, tmp_path / "blob.parquet")
+    data.symlink_to(tmp_path / "blob.parquet")
+    DatasetSettings(lerobot=str(root)).materialize()
+    ds, genuine = RobotDataset(root, chunk_size=CHUNK), RobotDataset(small[0], chunk_size=CHUNK)
+    for i in (0, 11, len(ds) - 1):  # files 000 and 001
+        got, want = ds[i], genuine[i]
+        assert torch.equal(got["state"], want["state"]) and torch.equal(got["camera0"], want["camera0"])
+
+
+def test_a_tool_refuses_a_template_leading_out_of_the_folder_in_one_line(small, tmp_path, capsys, started):
+    from scopebench.cli import main
+
+    from .conftest import TINY
+
+    root = shutil.copytree(small[0], tmp_path / "ds")
+    _edit_info(root, data_path="../outside/" + _outside_data(root, tmp_path / "outside"))
+    code = main(["profile-dataloader", "--config", TINY, f"--dataset.lerobot={root}", "--batches", "2"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("scopebench profile-dataloader:")]
+    assert code == 2 and len(lines) == 1 and "info.json: data_path '../outside/chunk-" in lines[0], err
     assert "Traceback" not in err and started == []
 
 

@@ -24,23 +24,41 @@ what a frame read would trip on later, each error naming the file: another forma
 a missing file or column, rows and episodes that disagree, timestamps out of step with
 ``fps``, task indices without a task, and (:meth:`LeRobotFolder.check_videos`) a missing,
 unreadable or undecodable video, or one shorter than its episodes' rows or timestamps.
+
+The ``data_path`` and ``video_path`` templates come from the folder, so they are checked
+before they name a file (:func:`check_template`, :func:`template_path`): plain fields from
+LeRobot's set with a plain format spec, and every path they give relative to the folder
+with no ``..`` part. The rule is lexical, so symlinks inside the folder are followed
+wherever they point: Hugging Face's hub cache links each file of a snapshot to a blob
+outside the snapshot folder.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import string
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from scopebench.policy.data import ACTION_KEY, STATE_KEY
+from scopebench.policy.data import ACTION_KEY, DATA_PATH, STATE_KEY, VIDEO_PATH
 from scopebench.policy.video import TOLERANCE_SEC, probe_video
 
 INFO_KEYS = ("codebase_version", "fps", "features", "data_path", "total_frames")
 DATA_COLUMNS = (STATE_KEY, ACTION_KEY, "timestamp", "frame_index", "episode_index", "index", "task_index")
 EPISODE_COLUMNS = ("episode_index", "length", "dataset_from_index", "dataset_to_index")
 CAMERA_DTYPES = ("video", "image")
+#: info.json's path templates -> the fields LeRobot v3.0 formats them with, and an example
+TEMPLATES = {
+    "data_path": (("chunk_index", "file_index"), DATA_PATH),
+    "video_path": (("video_key", "chunk_index", "file_index"), VIDEO_PATH),
+}
+# Integers: a standard spec without fill or nested fields; a width of at most 3 digits, since
+# "{chunk_index:0999999999d}" would build a string of a gigabyte. The camera name: as it is.
+_INDEX_SPEC = re.compile(r"[<>=^]?[+\- ]?#?0?\d{0,3}[,_]?[bdoxX]?")
+_NAME_SPEC = re.compile(r"s?")
 
 
 def read_json(path: Path) -> dict:
@@ -78,6 +96,69 @@ def camera_shape(feature: dict) -> tuple[int, int]:
     if len(shape) == 3 and shape[0] in (1, 3) and shape[2] not in (1, 3):
         return shape[1], shape[2]
     return shape[0], shape[1]
+
+
+def check_template(template, key: str, info_path: Path) -> None:
+    """Refuse a path template of ``info_path`` (``key`` is ``data_path`` or ``video_path``) that
+    could name more than a file of the dataset or run code: ``str.format`` evaluates attribute
+    and index access (``{chunk_index.__class__}``), and an absolute or ``..`` template reads any
+    file the user can (FFmpeg decodes whatever it is given).
+
+    Allowed: a non-empty relative path without a ``..`` part, whose fields are plain names of
+    :data:`TEMPLATES` with no conversion and a plain format spec (``03d``; none or ``s`` for
+    ``video_key``).
+
+    >>> check_template(DATA_PATH, "data_path", Path("meta/info.json"))
+    >>> check_template("../{file_index}.parquet", "data_path", Path("info.json"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: info.json: data_path '../{file_index}.parquet' must be a path inside the dataset folder: ...
+    """
+    allowed, example = TEMPLATES[key]
+    where = f"{info_path}: {key} {template!r}"
+    if not isinstance(template, str) or not template.strip():
+        raise ValueError(f"{where} must be a non-empty path template, such as {example!r}")
+    if template.startswith(("/", "~")) or ".." in PurePosixPath(template).parts:
+        raise ValueError(
+            f"{where} must be a path inside the dataset folder: relative, with no '..' part (such as {example!r})"
+        )
+    try:
+        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(template) if name is not None]
+    except ValueError as err:
+        raise ValueError(f"{where} is not a format template ({err}); such as {example!r}") from err
+    for name, spec, conversion in fields:
+        if name not in allowed:
+            raise ValueError(
+                f"{where}: field {{{name}}} is not allowed; fields are plain names from {list(allowed)}, "
+                "without attribute or index access ('.', '[')"
+            )
+        if conversion is not None:
+            raise ValueError(f"{where}: field {{{name}}} has conversion !{conversion}; none is allowed")
+        if not (_NAME_SPEC if name == "video_key" else _INDEX_SPEC).fullmatch(spec):
+            allowed_spec = (
+                "none or 's'" if name == "video_key" else "a plain integer spec such as '03d', width <= 3 digits"
+            )
+            raise ValueError(f"{where}: field {{{name}}} has format spec {spec!r}; allowed: {allowed_spec}")
+
+
+def template_path(root: Path, template: str, key: str, info_path: Path, **fields) -> Path:
+    """``root / template.format(**fields)`` for a template :func:`check_template` passed,
+    refused where a value leads out of ``root``: a camera name (``video_key``, a key of
+    info.json's ``features``) with a ``..`` part or a leading ``/``.
+
+    The check is lexical, not :meth:`Path.resolve`: a symlink inside ``root`` is followed
+    wherever it points (the hub cache's snapshot files are links to blobs outside the snapshot
+    folder). Any ``..`` is refused, even one that would lexically land back inside: after a
+    symlink, the system takes ``link/..`` in the link's target.
+    """
+    relative = PurePosixPath(template.format(**fields))
+    path = root / relative
+    if relative.is_absolute() or ".." in relative.parts:
+        values = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        raise ValueError(
+            f"{info_path}: {key} {template!r} with {values} gives {path}, outside the dataset folder {root}; "
+            "paths must stay inside it (relative, with no '..' part)"
+        )
+    return path
 
 
 def _read_parquet(path: Path, columns=None):
@@ -164,6 +245,9 @@ class LeRobotFolder:
         self.images = [c for c in self.cameras if features[c]["dtype"] == "image"]
         if self.videos and "video_path" not in info:
             raise ValueError(f"{self.info_path} lacks key 'video_path' for its video features {self.videos}")
+        for key in TEMPLATES:  # an image-only folder may hold video_path null (LeRobot writes it so)
+            if key == "data_path" or self.videos or info.get(key) is not None:
+                check_template(info[key], key, self.info_path)
         self.stats = read_json(root / "meta" / "stats.json")
         self.tasks = self._read_tasks(root / "meta" / "tasks.parquet")
         self._read_episodes()
@@ -200,7 +284,10 @@ class LeRobotFolder:
 
     def _video_path(self, camera: str, row: dict) -> Path:
         chunk, file = (int(row[f"videos/{camera}/{k}"]) for k in ("chunk_index", "file_index"))
-        return self.root / self.info["video_path"].format(video_key=camera, chunk_index=chunk, file_index=file)
+        return self._path("video_path", video_key=camera, chunk_index=chunk, file_index=file)
+
+    def _path(self, key: str, **fields) -> Path:
+        return template_path(self.root, self.info[key], key, self.info_path, **fields)
 
     # -- rows --------------------------------------------------------------------------------
     def _read_rows(self) -> None:
@@ -208,7 +295,7 @@ class LeRobotFolder:
 
         tables, paths = [], []
         for chunk, file in self.data_files:
-            path = self.root / self.info["data_path"].format(chunk_index=chunk, file_index=file)
+            path = self._path("data_path", chunk_index=chunk, file_index=file)
             table = _read_parquet(path, [*DATA_COLUMNS, *self.images])
             tables.append(table.select([*DATA_COLUMNS, *self.images]))
             paths.append(path)
