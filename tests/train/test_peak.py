@@ -59,3 +59,18 @@ def test_sustained_matmul_rate_lasts_the_window_and_refuses_bad_windows():
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="seconds must be > 0"):
             sustained_cpu_matmul_flops(bad)
+
+
+def test_measuring_the_cpu_peak_leaves_the_global_rng_alone():
+    """The peak is measured once per process (cached): drawing its matrices from the global RNG made
+    the first training run in a process take other noise than the next."""
+    import torch
+
+    from scopebench.train.peak import measure_cpu_matmul_flops, sustained_cpu_matmul_flops
+
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    measure_cpu_matmul_flops(size=64, repeats=1)
+    sustained_cpu_matmul_flops(0.001, size=64)
+    assert torch.equal(torch.rand(3), expected)

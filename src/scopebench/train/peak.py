@@ -58,6 +58,16 @@ class PeakFlops:
     """``measured_cpu_matmul``, ``table:<device name>``, ``override``, or None when unknown."""
 
 
+def _operands(size: int, dtype):
+    """Two random ``size x size`` matrices from a generator of their own: a measurement must not
+    draw from the global RNG, or a run's losses would depend on whether the (cached) peak was
+    measured earlier in the process (the first training run in a process differed from the next)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return (torch.randn(size, size, generator=generator).to(dtype) for _ in range(2))
+
+
 def measure_cpu_matmul_flops(dtype_name: str = "float32", size: int = 2048, repeats: int = 6) -> float:
     """Best FLOP/s of a ``size x size`` matmul (``2 size^3`` FLOPs) on this process's threads.
 
@@ -67,8 +77,7 @@ def measure_cpu_matmul_flops(dtype_name: str = "float32", size: int = 2048, repe
     import torch
 
     dtype = getattr(torch, dtype_name)
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
+    a, b = _operands(size, dtype)
     for _ in range(2):  # BLAS picks its kernels and the threads wake up
         a @ b
     best = float("inf")
@@ -94,8 +103,7 @@ def sustained_cpu_matmul_flops(seconds: float, dtype_name: str = "float32", size
     if not seconds > 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
     dtype = getattr(torch, dtype_name)
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
+    a, b = _operands(size, dtype)
     a @ b  # BLAS picks its kernels and the threads wake up
     count, start = 0, time.perf_counter()
     while count < 2 or time.perf_counter() - start < seconds:
