@@ -267,7 +267,9 @@ def test_consolidation_reads_genuine_shards_and_refuses_a_byte_item_holding_code
 def _issue_gadget(real: bytes, marker: Path) -> bytes:
     """Runs ``touch marker`` through a dotted STACK_GLOBAL, pops the result, then unpickles
     ``real`` (the genuine metadata): a loader that admits it returns normal metadata."""
-    call = _gadget_bytes("torch.distributed.checkpoint.metadata", "os.system", marker, "STACK_GLOBAL")[2:-1]  # no PROTO/STOP
+    call = _gadget_bytes("torch.distributed.checkpoint.metadata", "os.system", marker, "STACK_GLOBAL")[
+        2:-1
+    ]  # no PROTO/STOP
     body = real[2:]  # the genuine stream after its PROTO opcode
     return b"\x80\x04" + call + b"0" + body  # POP the call's result
 
