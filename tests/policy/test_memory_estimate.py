@@ -13,7 +13,8 @@ import torch
 from scopebench.cli import main
 from scopebench.policy.config import make_config
 from scopebench.policy.memory import full_batch, largest_batch, training_memory
-from scopebench.train.memory import GB, model_state_bytes
+from scopebench.train.backends import model_state_bytes
+from scopebench.train.memory import GB
 
 from .conftest import TINY
 

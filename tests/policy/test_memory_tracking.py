@@ -19,7 +19,7 @@ from scopebench.profiler import ProfilerConfig
 from scopebench.profiler.device import MB
 from scopebench.profiler.memory import CATEGORIES, MemoryTracking
 from scopebench.stats import r_squared
-from scopebench.train.memory import model_state_bytes
+from scopebench.train.backends import model_state_bytes
 
 from .memory_driver import measure
 
@@ -189,7 +189,7 @@ def test_profiler_memory_is_validated():
 def test_the_zero_defaults_are_deepspeeds():
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-    from scopebench.train.memory import ZERO_DEFAULTS
+    from scopebench.train.backends import ZERO_DEFAULTS
 
     config = DeepSpeedZeroConfig()
     assert ZERO_DEFAULTS == {

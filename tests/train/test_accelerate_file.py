@@ -25,9 +25,10 @@ def test_each_shipped_file_selects_its_backend_and_configs_links_to_them(backend
     file = load_accelerate_file(path)
     assert file.backend == backend and file.num_processes == 2 and file.precision == "bf16"
     assert (REPO / "configs" / "accelerate" / path.name).resolve() == path.resolve()
-    if backend in ("ddp", "fsdp2"):
+    if backend in ("ddp", "fsdp2", "hsdp"):
         assert file.zero == {} and file.zero_stage is None
         assert (file.fsdp is None) == (backend == "ddp")
+        assert (file.mesh is None) == (backend != "hsdp")
     else:
         assert file.zero_stage == int(backend[-1]) and file.zero["offload_optimizer_device"] == "none"
         assert file.gradient_accumulation_steps == 1 and file.gradient_clipping == 1.0
@@ -39,12 +40,13 @@ def test_canary_accelerate_reads_the_shipped_files(backend):
     from accelerate.commands.config.config_args import load_config_from_file
 
     config = load_config_from_file(str(shipped_accelerate_file(backend)))
-    kind = {"ddp": "MULTI_GPU", "fsdp2": "FSDP"}.get(backend, "DEEPSPEED")
+    kind = {"ddp": "MULTI_GPU", "fsdp2": "FSDP", "hsdp": "FSDP"}.get(backend, "DEEPSPEED")
     assert str(config.distributed_type).endswith(kind)
     if backend.startswith("zero"):
         assert config.deepspeed_config["zero_stage"] == int(backend[-1])
-    if backend == "fsdp2":
+    if backend in ("fsdp2", "hsdp"):
         assert config.fsdp_config["fsdp_version"] == 2
+    assert bool(config.parallelism_config) == (backend == "hsdp")  # what selects hsdp, as accelerate reads it
 
 
 @pytest.mark.parametrize(

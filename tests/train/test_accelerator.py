@@ -43,7 +43,7 @@ def test_bf16_precision_autocasts_on_cpu():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"backend": "deepspeed"}, r"backend must be one of 'ddp', 'zero2', 'zero3', 'fsdp2', got 'deepspeed'"),
+        ({"backend": "deepspeed"}, r"backend must be one of 'ddp', 'zero2', 'zero3', 'fsdp2', 'hsdp', got 'deepspeed'"),
         ({"precision": "fp16"}, r"precision must be one of 'fp32', 'bf16', got 'fp16'"),
         ({"find_unused_params": "yes"}, r"find_unused_params must be true or false, got 'yes'"),
         ({"timeout_sec": 0}, r"group_timeout_sec must be a finite number > 0, got 0"),

@@ -1,9 +1,9 @@
-"""Consolidate a ZeRO or FSDP2 checkpoint's shards into one ``model.safetensors`` (upstream ``convert_checkpoint.sh``).
+"""Consolidate a ZeRO, FSDP2 or HSDP checkpoint's shards into one ``model.safetensors`` (upstream ``convert_checkpoint.sh``).
 
 What it does: reads the ``pytorch_model/`` shards and ``latest`` of a checkpoint written by
 ``scopebench train`` under ZeRO-2 or ZeRO-3 (DeepSpeed's ``zero_to_fp32``: the fp32 master
 weights of every rank's partition, put back together on one process, no GPU needed), or the
-``fsdp_model/`` shards of an FSDP2 checkpoint (torch.distributed.checkpoint, read without a
+``fsdp_model/`` shards of an FSDP2 or HSDP checkpoint (torch.distributed.checkpoint, read without a
 process group, its ``.metadata`` unpickled from DCP's own classes only), and writes ``model.safetensors`` into the checkpoint folder, atomically. A DDP checkpoint
 already holds it (nothing to do). The file loads with
 ``scopebench.policy.checkpoint.load_policy(<checkpoint>)`` (``make_policy`` on the saved
@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "consolidate ZeRO or FSDP2 shards of a training checkpoint into model.safetensors"
+HELP = "consolidate ZeRO, FSDP2 or HSDP shards of a training checkpoint into model.safetensors"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,8 +57,12 @@ def run(args: argparse.Namespace) -> int:
     with safe_open(str(path), "pt") as fh:
         keys = list(fh.keys())
         parameters = sum(_numel(fh.get_slice(key).get_shape()) for key in keys)
-    backend = meta.get("backend", "ddp")
-    note = " (a DDP checkpoint: already consolidated)" if backend == "ddp" else ""
+    from scopebench.train.backends import DEFAULT_BACKEND, MODEL_FILE, find_backend
+
+    backend = meta.get("backend", DEFAULT_BACKEND)
+    recorded = find_backend(backend)
+    whole = recorded is not None and MODEL_FILE in recorded.checkpoint_files
+    note = f" (a {recorded.title} checkpoint: already consolidated)" if whole else ""
     print(f"wrote {path} ({len(keys)} tensors, {parameters} parameters){note}")
     if args.json:
         from scopebench.policy.tools import write_json

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from scopebench.commands._policy_options import add_config_arguments
 
     add_config_arguments(parser)
-    parser.add_argument("--backend", default=None, help="ddp, zero2, zero3 or fsdp2 (default: the config's)")
+    parser.add_argument("--backend", default=None, help="ddp, zero2, zero3, fsdp2 or hsdp (default: the config's)")
     parser.add_argument("--nproc", type=int, default=None, help="ranks the model is trained on (default: the config's)")
     parser.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=None, help="per rank")
     parser.add_argument("--precision", default=None, help="fp32 or bf16 (autocast)")

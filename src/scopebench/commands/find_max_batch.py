@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from scopebench.commands._policy_options import add_config_arguments
 
     add_config_arguments(parser)
-    parser.add_argument("--backend", default=None, help="ddp, zero2, zero3 or fsdp2 (default: the config's)")
+    parser.add_argument("--backend", default=None, help="ddp, zero2, zero3, fsdp2 or hsdp (default: the config's)")
     parser.add_argument("--nproc", type=int, default=None, help="ranks (default: the config's nproc_per_node)")
     parser.add_argument("--memory-gb", type=float, default=None, help="memory of one rank (GB, 1e9 bytes)")
     parser.add_argument("--max-batch", type=int, default=None, help="largest batch to try (default: the dataset's)")

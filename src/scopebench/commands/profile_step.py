@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fused-adamw", choices=["true", "false"], default=None, help="FUSED_ADAMW")
     parser.add_argument(
         "--accelerate-config", "--accelerate_config", dest="accelerate_config", default=None,
-        help="accelerate config file: the backend (configs/accelerate/ddp.yaml, deepspeed_zero2.yaml, deepspeed_zero3.yaml, fsdp2.yaml)",
+        help="accelerate config file: the backend (configs/accelerate/ddp.yaml, deepspeed_zero2.yaml, deepspeed_zero3.yaml, fsdp2.yaml, hsdp.yaml)",
     )  # fmt: skip
 
 

@@ -25,7 +25,7 @@ and this process waits for them. ``torchrun``, ``accelerate launch`` or SLURM ma
 ranks instead (docs/distributed.md says how to do it without exposing their TCP store).
 ``--accelerate-config``
 chooses the backend (``configs/accelerate/ddp.yaml``, ``deepspeed_zero2.yaml``,
-``deepspeed_zero3.yaml``, ``fsdp2.yaml``; default: the file of the config's ``backend``); where the file
+``deepspeed_zero3.yaml``, ``fsdp2.yaml``, ``hsdp.yaml``; default: the file of the config's ``backend``); where the file
 and the training config both set precision, gradient accumulation or clipping, the
 training config wins and the values in force are printed. Any config key is overridable
 (``--batch_size=8``, ``--training.save_freq=10``). A new run refuses an ``--output_dir``
@@ -52,7 +52,7 @@ import signal
 import sys
 from pathlib import Path
 
-HELP = "train the policy (pi05 or yours) with checkpoints and resume (DDP, DeepSpeed ZeRO-2/3, FSDP2)"
+HELP = "train the policy (pi05 or yours) with checkpoints and resume (DDP, DeepSpeed ZeRO-2/3, FSDP2, HSDP)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
         check_writable_dir("training.output_dir", output_dir)
         check_local_nproc("nproc_per_node", config.train.nproc_per_node, resolve_device(config.train.device).type)
         launcher = get_dist_info()
+        if not launcher.is_distributed:  # the ranks this command would start: refused before they start
+            from scopebench.policy.run.train import check_backend
+
+            check_backend(config.train, config.train.nproc_per_node)
         with own_run_folder(output_dir, info=launcher) as handed:
             # under the lock: a run that ended just before it was taken left its checkpoints
             check_output_dir(output_dir, resume)

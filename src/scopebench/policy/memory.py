@@ -75,6 +75,7 @@ def training_memory(
     precision: str = "fp32",
     units: tuple[str, ...] | None = None,
     zero: dict[str, Any] | None = None,
+    file: Any = None,
 ) -> dict[str, Any]:
     """Per-rank bytes at a training step's peak: ``parameters``, ``gradients``,
     ``optimizer_state``, ``gather_buffers``, ``activations`` and ``peak``
@@ -82,23 +83,28 @@ def training_memory(
 
     Args:
         units: FSDP2's unit classes (default: :data:`scopebench.train.fsdp.DEFAULT_UNITS`).
-        zero: DeepSpeed settings over :data:`scopebench.train.memory.ZERO_DEFAULTS`.
+        zero: DeepSpeed settings over :data:`scopebench.train.backends.ZERO_DEFAULTS`.
+        file: The run's accelerate file (HSDP's mesh sizes), if any.
     """
     from scopebench.policy.model import Pi05Policy
+    from scopebench.train.backends import get_backend
     from scopebench.train.fsdp import DEFAULT_UNITS
-    from scopebench.train.memory import gather_buffer_bytes, model_state_bytes, step_peak_bytes
+    from scopebench.train.memory import step_peak_bytes
 
+    backend = get_backend(backend)
     with torch.device("meta"):
         model = Pi05Policy(config)
     params = sum(p.numel() for p in model.parameters())
-    states = model_state_bytes(params, backend=backend, world_size=world_size, optimizer=optimizer, precision=precision)
-    states["gather_buffers"] = gather_buffer_bytes(
+    states = backend.model_state_bytes(
+        params, world_size=world_size, optimizer=optimizer, precision=precision, file=file
+    )
+    states["gather_buffers"] = backend.gather_buffer_bytes(
         model,
-        backend=backend,
         world_size=world_size,
         precision=precision,
         units=tuple(units or DEFAULT_UNITS),
         zero=zero,
+        file=file,
     )
     slope, intercept = activations_per_sample(config, precision)
     activations = intercept + slope * batch_size
@@ -114,10 +120,10 @@ def training_memory(
 
 def run_memory(settings: Any, config: Pi05Config, world_size: int, batch_size: int | None = None) -> dict[str, Any]:
     """:func:`training_memory` of a run's :class:`~scopebench.policy.settings.TrainSettings`
-    (backend, precision, optimizer, FSDP2 units of its accelerate file) on ``world_size`` ranks."""
-    from scopebench.policy.run.train import resolve_accelerate_file
+    (backend, precision, optimizer, FSDP units and HSDP mesh of its accelerate file) on ``world_size`` ranks."""
+    from scopebench.train.accelerate_file import resolve_accelerate_file
 
-    file = resolve_accelerate_file(settings)
+    file = resolve_accelerate_file(settings.backend, settings.accelerate_config)
     return training_memory(
         config,
         batch_size=settings.batch_size if batch_size is None else batch_size,
@@ -126,6 +132,7 @@ def run_memory(settings: Any, config: Pi05Config, world_size: int, batch_size: i
         optimizer=not settings.no_optim,
         precision=settings.precision,
         units=file.fsdp.units if file.fsdp is not None else None,
+        file=file,
     )
 
 

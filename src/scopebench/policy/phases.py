@@ -24,11 +24,13 @@ workers the decoding runs in them, off this process's clock, and ``decode`` is a
 
 ``backward_step`` (derived) is ``bwd`` through ``zero_grad_sched``. With gradient
 accumulation, ``dataload_wait``, ``forward`` and ``bwd`` cover all the micro-batches of the
-step. Under DeepSpeed ZeRO and FSDP2 the backend does more inside some phases:
-:data:`PHASE_CONTENTS`.
+step. Under DeepSpeed ZeRO, FSDP2 and HSDP the backend does more inside some phases:
+:data:`PHASE_CONTENTS`, what each backend says (:mod:`scopebench.train.backends`).
 """
 
 from __future__ import annotations
+
+from scopebench.train.backends import all_backends, get_backend
 
 __all__ = [
     "BACKEND_NAMES",
@@ -50,37 +52,10 @@ DECODE_PHASE = "decode"
 INFERENCE_PHASES = ("preprocess", "prefill", "denoise", "postprocess")
 
 #: Training backend -> its name in prose.
-BACKEND_NAMES = {"ddp": "DDP", "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp2": "FSDP2"}
-_STEP = "engine.step: clipping, AdamW on this rank's shard, zero_grad"
+BACKEND_NAMES: dict[str, str] = {b.name: b.title for b in all_backends()}
 #: Backend -> training phase -> what it holds there, for the phases whose work depends on the
 #: backend (the other phases hold what the list above says).
-PHASE_CONTENTS: dict[str, dict[str, str]] = {
-    "ddp": {
-        "bwd": "backward + DDP's gradient all-reduce",
-        "optim_step": "AdamW",
-        "zero_grad_sched": "zero_grad + LR schedule",
-    },
-    "zero2": {
-        "bwd": "engine.backward + gradient reduce to the owning rank",
-        "unscale_clip": "empty (DeepSpeed clips inside engine.step)",
-        "optim_step": f"{_STEP}, all-gather of the updated parameters",
-        "zero_grad_sched": "LR schedule",
-    },
-    "zero3": {
-        "forward": "forward + per-layer parameter all-gather",
-        "bwd": "engine.backward + parameter all-gather + gradient reduce-scatter",
-        "unscale_clip": "empty (DeepSpeed clips inside engine.step)",
-        "optim_step": _STEP,
-        "zero_grad_sched": "LR schedule",
-    },
-    "fsdp2": {
-        "forward": "forward + per-unit parameter all-gather (and the reshard after each unit)",
-        "bwd": "backward + parameter re-gather + gradient reduce-scatter",
-        "unscale_clip": "clipping by the total norm over every rank's gradient shards (an all-reduce)",
-        "optim_step": "AdamW on this rank's shards",
-        "zero_grad_sched": "zero_grad + LR schedule",
-    },
-}
+PHASE_CONTENTS: dict[str, dict[str, str]] = {b.name: dict(b.phase_contents) for b in all_backends()}
 
 
 def describe_phases(backend: str) -> str:
@@ -91,4 +66,4 @@ def describe_phases(backend: str) -> str:
     >>> describe_phases("ddp")
     "DDP: bwd = backward + DDP's gradient all-reduce; optim_step = AdamW; zero_grad_sched = zero_grad + LR schedule"
     """
-    return f"{BACKEND_NAMES[backend]}: " + "; ".join(f"{p} = {what}" for p, what in PHASE_CONTENTS[backend].items())
+    return get_backend(backend).describe_phases()

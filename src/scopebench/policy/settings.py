@@ -37,7 +37,8 @@ from typing import Any
 from scopebench.distributed.device import check_device
 from scopebench.policy.config import ATTENTION_IMPLEMENTATIONS, PRESETS
 from scopebench.policy.data import SyntheticRobotConfig
-from scopebench.train.accelerator import BACKENDS, PRECISIONS
+from scopebench.train.backends import DEFAULT_BACKEND, backend_names, get_backend
+from scopebench.train.backends.base import PRECISIONS
 from scopebench.train.optim import SCHEDULERS
 from scopebench.validate import choice, flag, integer, load_yaml, number, optional, yaml_mapping
 
@@ -95,9 +96,10 @@ class TrainSettings:
     """Batches prefetched per worker (ignored with 0 workers)."""
     nproc_per_node: int = 1
     """Processes to start on this machine when no launcher started them (this one is rank 0)."""
-    backend: str = "ddp"
-    """``ddp`` (DistributedDataParallel), ``zero2`` or ``zero3`` (DeepSpeed ZeRO; at least 2 ranks), or
-    ``fsdp2`` (torch's ``fully_shard``; one rank or more)."""
+    backend: str = DEFAULT_BACKEND
+    """``ddp`` (DistributedDataParallel), ``zero2`` or ``zero3`` (DeepSpeed ZeRO; at least 2 ranks),
+    ``fsdp2`` (torch's ``fully_shard``; one rank or more) or ``hsdp`` (``fully_shard`` on a 2-D mesh:
+    sharded within a node, replicated across nodes); :mod:`scopebench.train.backends`."""
     accelerate_config: str | None = None
     """accelerate config file with the ZeRO / FSDP2 knobs (None: ``configs/accelerate/`` file of ``backend``)."""
     gradient_accumulation_steps: int = 1
@@ -148,7 +150,7 @@ class TrainSettings:
         integer("num_workers", self.num_workers, low=0)
         integer("prefetch_factor", self.prefetch_factor, low=1)
         integer("nproc_per_node", self.nproc_per_node, low=1)
-        choice("backend", self.backend, BACKENDS)
+        choice("backend", self.backend, backend_names())
         if self.accelerate_config is not None and (
             not isinstance(self.accelerate_config, str) or not self.accelerate_config
         ):
@@ -206,7 +208,8 @@ def check_policy(policy: Any, policy_args: Any) -> None:
 def backend_conflict(
     backend: str, gradient_checkpointing: bool, no_optim: bool, world_size: int | None = None
 ) -> str | None:
-    """Why ``backend`` cannot run with these settings (None: it can). A solver declines the
+    """Why ``backend`` cannot run with these settings (None: it can): the backend's own
+    :meth:`~scopebench.train.backends.TrainingBackend.conflict`. A solver declines the
     combination with it (``Solver.skip``); :class:`TrainSettings` refuses it.
 
     :Examples:
@@ -214,23 +217,9 @@ def backend_conflict(
     >>> backend_conflict("zero2", False, False, world_size=1)[:60]
     'backend=zero2 shards training state across ranks and needs a'
     """
-    if backend == "zero3" and gradient_checkpointing:
-        return (
-            "gradient_checkpointing=true cannot run with backend=zero3: ZeRO-3 re-gathers and frees each "
-            "layer's parameters on every forward, which activation checkpointing's recomputation does not "
-            "handle; use backend=fsdp2 or zero2, or gradient_checkpointing=false"
-        )
-    if backend in ("zero2", "zero3") and no_optim:
-        return (
-            f"no_optim=true cannot run with backend={backend}: ZeRO shards the optimizer's state and "
-            "DeepSpeed's engine steps it; measure raw forward + backward with backend=ddp"
-        )
-    if backend in ("zero2", "zero3") and world_size is not None and world_size < 2:
-        return (
-            f"backend={backend} shards training state across ranks and needs at least 2 processes, got "
-            f"{world_size}: set nproc_per_node >= 2 (or start the ranks with a launcher), or use backend=ddp"
-        )
-    return None
+    return get_backend(backend).conflict(
+        gradient_checkpointing=gradient_checkpointing, no_optim=no_optim, world_size=world_size
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,14 +1,15 @@
 """Backend comparison: training-step configurations that differ only in ``backend``.
 
 Configurations of one benchmark and dataset whose parameters differ only in ``backend``
-(ddp / zero2 / zero3 / fsdp2) form a :class:`BackendComparison` (:func:`backend_comparisons`,
+(ddp / zero2 / zero3 / fsdp2 / hsdp) form a :class:`BackendComparison` (:func:`backend_comparisons`,
 grouped by the same :func:`~scopebench.report.figures.sweep_groups` as the scaling
 picture): per backend the median step (``step_time_sec``, without the scoring callback),
 its ratio to the fastest backend and, per phase, the median and its difference to the
 fastest. Its table is printed after the phase tables, and the ``backend-comparison`` rule
 of :mod:`scopebench.report.diagnosis` gives each backend slower than the fastest one line
 (:attr:`BackendComparison.explanations`) that names the phases behind the difference and
-what they hold under that backend (``PHASE_CONTENTS`` of :mod:`scopebench.policy.phases`).
+what they hold under that backend (``PHASE_CONTENTS`` of :mod:`scopebench.policy.phases`, what each
+backend of :mod:`scopebench.train.backends` says).
 """
 
 from __future__ import annotations
@@ -21,12 +22,18 @@ from scopebench.report.figures import sweep_groups
 from scopebench.report.results import Configuration
 from scopebench.report.tables import config_kind, phase_rows
 
-__all__ = ["BACKEND_EXPLAINED_PCT", "BACKEND_PAIRS", "BackendComparison", "backend_comparisons", "config_backend"]
+__all__ = ["BACKEND_EXPLAINED_PCT", "BackendComparison", "backend_comparisons", "config_backend"]
 
 #: The phases named are the largest slow-downs that together make up this share of the step difference (%).
 BACKEND_EXPLAINED_PCT = 80.0
-#: Ratios printed when both backends are present (first / second).
-BACKEND_PAIRS = (("zero3", "zero2"), ("zero2", "ddp"), ("fsdp2", "zero2"), ("fsdp2", "ddp"))
+
+
+def _backend_pairs() -> tuple[tuple[str, str], ...]:
+    """Ratios printed when both backends are present (first / second): each backend against
+    those it names in ``compared_with``."""
+    from scopebench.train.backends import all_backends
+
+    return tuple((b.name, other) for b in reversed(all_backends()) for other in b.compared_with)
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,8 @@ class BackendComparison:
     ratio: dict[str, float]
     """Backend -> its median step over the fastest backend's."""
     pairs: dict[str, float]
-    """``"zero3/zero2"`` -> ratio of the median steps, for the :data:`BACKEND_PAIRS` present."""
+    """``"zero3/zero2"`` -> ratio of the median steps, for each backend against those it is
+    ``compared_with`` (:mod:`scopebench.train.backends`), where both are present."""
     phases: tuple[str, ...]
     median_ms: dict[str, dict[str, float]]
     """Backend -> phase -> median ms, for the phases it reports (regions, composites, ``untracked``)."""
@@ -106,12 +114,14 @@ def config_backend(config: Configuration) -> str | None:
 
 
 def _phase_contents(backend: str) -> tuple[str, dict[str, str]]:
-    """``(name, {phase: "phase = what it holds"})`` of one backend, from
-    :data:`scopebench.policy.phases.PHASE_CONTENTS` (a backend it does not know holds nothing extra)."""
-    from scopebench.policy.phases import BACKEND_NAMES, PHASE_CONTENTS
+    """``(name, {phase: "phase = what it holds"})`` of one backend, from its
+    ``phase_contents`` (:mod:`scopebench.train.backends`; a backend it does not know holds nothing extra)."""
+    from scopebench.train.backends import find_backend
 
-    contents = PHASE_CONTENTS.get(backend, {})
-    return BACKEND_NAMES.get(backend, backend), {phase: f"{phase} = {what}" for phase, what in contents.items()}
+    known = find_backend(backend)
+    if known is None:
+        return backend, {}
+    return known.title, {phase: f"{phase} = {what}" for phase, what in known.phase_contents.items()}
 
 
 def _named_phases(delta: dict[str, float | None], step_delta: float) -> list[str]:
@@ -187,7 +197,7 @@ def _comparison(group: dict[str, Any]) -> BackendComparison:
         fastest=fastest,
         step_ms=step,
         ratio={b: step[b] / step[fastest] for b in backends},
-        pairs={f"{x}/{y}": step[x] / step[y] for x, y in BACKEND_PAIRS if x in step and y in step},
+        pairs={f"{x}/{y}": step[x] / step[y] for x, y in _backend_pairs() if x in step and y in step},
         phases=tuple(phases),
         median_ms=median,
         delta_ms=delta,

@@ -21,8 +21,6 @@ FRAGMENTATION_PCT = 10.0
 CREEP_PCT = 5.0
 #: memory rank imbalance: ``mem_rank_imbalance_pct`` above this (%).
 MEMORY_IMBALANCE_PCT = 10.0
-#: Backends that shard parameters, and those they are compared with.
-_SHARDED, _REPLICATED = ("zero3", "fsdp2"), ("ddp", "zero2")
 
 
 def _finding(*args: Any):
@@ -89,15 +87,26 @@ def memory_rank_imbalance(config: Configuration, others: list[Configuration]) ->
     ]
 
 
+def _shards_parameters(config: Configuration) -> bool | None:
+    """Whether ``config``'s backend shards the parameters (None: no known backend)."""
+    from scopebench.report.backend_comparison import config_backend
+    from scopebench.train.backends import find_backend
+
+    backend = find_backend(config_backend(config))
+    return None if backend is None else backend.shards_parameters
+
+
 def sharding_does_not_pay(config: Configuration, others: list[Configuration]) -> list:
+    """A backend that shards the parameters (ZeRO-3, FSDP2, HSDP) whose gather buffers cost more
+    than the parameter memory it saves against one that keeps them whole (DDP, ZeRO-2)."""
     from scopebench.report.backend_comparison import config_backend
 
     backend = config_backend(config)
     gather, params = config.values("mem_gather_buffers_mb"), config.values("mem_parameters_mb")
-    if backend not in _SHARDED or not gather or not params:
+    if not _shards_parameters(config) or not gather or not params:
         return []
     for other in others:
-        if other is config or config_backend(other) not in _REPLICATED or other.dataset != config.dataset:
+        if other is config or _shards_parameters(other) is not False or other.dataset != config.dataset:
             continue
         whole = other.values("mem_parameters_mb")
         if not whole:

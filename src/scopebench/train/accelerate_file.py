@@ -1,7 +1,8 @@
 """accelerate config files: which backend they select, and the DeepSpeed settings they hold.
 
 The suite ships one file per training backend (``configs/accelerate/``, a link to this
-package's ``accelerate_configs/`` so that an installed package finds them too):
+package's ``accelerate_configs/`` so that an installed package finds them too), named by the
+backend (:attr:`~scopebench.train.backends.TrainingBackend.accelerate_file`):
 
 =========  ===========================  ==========================================
 backend    file                          what it is
@@ -10,7 +11,11 @@ backend    file                          what it is
 ``zero2``  ``deepspeed_zero2.yaml``      DeepSpeed ZeRO-2: optimizer state + gradients sharded
 ``zero3``  ``deepspeed_zero3.yaml``      DeepSpeed ZeRO-3: parameters sharded too
 ``fsdp2``  ``fsdp2.yaml``                torch FSDP2 (``fully_shard``): everything sharded
+``hsdp``   ``hsdp.yaml``                 FSDP2 on a 2-D mesh: sharded in a node, replicated across
 =========  ===========================  ==========================================
+
+Which backend a file selects, and the knobs it reads, each backend says itself
+(``selects`` / ``read_file``).
 
 The same files are what ``accelerate launch --config_file`` reads, so a run started by
 ``scopebench train`` and one started by hand get the same backend. :func:`load_accelerate_file`
@@ -19,8 +24,9 @@ training config is the source of truth for training hyper-parameters: where a fi
 sets one (``mixed_precision``, ``gradient_accumulation_steps``, ``gradient_clipping``), the
 training config wins and :func:`settings_in_force` says so.
 
-The ``fsdp2`` file is accelerate's FSDP format (``distributed_type: FSDP``, ``fsdp_config``
-with ``fsdp_version: 2``), so ``accelerate launch`` accepts it; the suite reads its knobs
+The ``fsdp2`` and ``hsdp`` files are accelerate's FSDP format (``distributed_type: FSDP``,
+``fsdp_config`` with ``fsdp_version: 2``; ``hsdp`` adds ``parallelism_config``), so ``accelerate
+launch`` accepts them; the suite reads their knobs
 (``fsdp_transformer_layer_cls_to_wrap``, ``fsdp_reshard_after_forward``, ``fsdp_offload_params``)
 into :class:`scopebench.train.fsdp.FSDPSettings` and applies ``fully_shard`` itself, on CPU as
 on CUDA (accelerate's plugin does nothing without CUDA). ``fsdp_activation_checkpointing`` is
@@ -34,37 +40,24 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from scopebench.train.backends import all_backends, get_backend
 from scopebench.validate import choice, integer, number, optional, yaml_mapping
 
 __all__ = [
     "BACKEND_FILES",
-    "ZERO_STAGES",
     "AccelerateFile",
     "load_accelerate_file",
+    "resolve_accelerate_file",
     "settings_in_force",
     "shipped_accelerate_file",
 ]
 
 #: Backend -> the shipped accelerate config file of that backend.
-BACKEND_FILES = {
-    "ddp": "ddp.yaml",
-    "zero2": "deepspeed_zero2.yaml",
-    "zero3": "deepspeed_zero3.yaml",
-    "fsdp2": "fsdp2.yaml",
-}
-#: DeepSpeed backends -> ZeRO stage.
-ZERO_STAGES = {"zero2": 2, "zero3": 3}
-#: accelerate's ``distributed_type`` values that mean DDP (or one process).
-_DDP_TYPES = ("NO", "MULTI_GPU", "MULTI_CPU")
+BACKEND_FILES = {b.name: b.accelerate_file for b in all_backends()}
+#: accelerate's ``distributed_type`` values the suite runs.
+_TYPES = ("NO", "MULTI_GPU", "MULTI_CPU", "DEEPSPEED", "FSDP")
 #: accelerate ``mixed_precision`` -> the training config's ``precision``.
 _PRECISION_OF = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}
-#: DeepSpeed keys of the file that the suite uses, with accelerate's defaults.
-_ZERO_KEYS = {
-    "offload_optimizer_device": "none",
-    "offload_param_device": "none",
-    "zero3_init_flag": False,
-    "zero3_save_16bit_model": False,
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +67,7 @@ class AccelerateFile:
     path: str
     """The file."""
     backend: str
-    """``ddp``, ``zero2``, ``zero3`` or ``fsdp2`` (from ``distributed_type``, ``zero_stage``, ``fsdp_version``)."""
+    """The backend it selects (from ``distributed_type``, ``zero_stage``, ``parallelism_config``)."""
     num_processes: int = 1
     """Processes on all machines (``num_processes``)."""
     precision: str | None = None
@@ -86,13 +79,15 @@ class AccelerateFile:
     zero: dict[str, Any] = field(default_factory=dict)
     """The ZeRO knobs (offload devices, ``zero3_init_flag``, ``zero3_save_16bit_model``)."""
     fsdp: Any = None
-    """The FSDP2 knobs (:class:`scopebench.train.fsdp.FSDPSettings`) of an ``fsdp2`` file, else None."""
+    """The FSDP2 knobs (:class:`scopebench.train.fsdp.FSDPSettings`) of an FSDP file, else None."""
     activation_checkpointing: bool | None = None
     """``fsdp_config.fsdp_activation_checkpointing``, if set (the training config wins)."""
+    mesh: dict[str, Any] | None = None
+    """HSDP's ``parallelism_config`` sizes (replicate, shard: integers or ``auto``), else None."""
 
     @property
     def zero_stage(self) -> int | None:
-        return ZERO_STAGES.get(self.backend)
+        return get_backend(self.backend).zero_stage
 
 
 def shipped_accelerate_file(backend: str) -> Path:
@@ -103,8 +98,24 @@ def shipped_accelerate_file(backend: str) -> Path:
     >>> shipped_accelerate_file("zero2").name
     'deepspeed_zero2.yaml'
     """
-    choice("backend", backend, BACKEND_FILES)
-    return Path(str(resources.files("scopebench.train") / "accelerate_configs" / BACKEND_FILES[backend]))
+    name = get_backend(backend).accelerate_file
+    return Path(str(resources.files("scopebench.train") / "accelerate_configs" / name))
+
+
+def resolve_accelerate_file(backend: str, path: str | Path | None = None) -> AccelerateFile:
+    """The accelerate file of a run (``path``, else the shipped one of ``backend``), checked
+    against ``backend`` (the ``accelerate_config`` and ``backend`` settings).
+
+    Raises:
+        ValueError: the file selects another backend, naming both.
+    """
+    file = load_accelerate_file(path or shipped_accelerate_file(backend))
+    if file.backend != get_backend(backend).name:
+        raise ValueError(
+            f"accelerate_config {file.path} selects backend {file.backend}, but backend={backend}; "
+            f"set backend={file.backend} or pass a {backend} file"
+        )
+    return file
 
 
 def load_accelerate_file(path: str | Path) -> AccelerateFile:
@@ -121,31 +132,20 @@ def load_accelerate_file(path: str | Path) -> AccelerateFile:
     def key(name: str) -> str:
         return f"{name} in {path}"
 
-    kind = choice(key("distributed_type"), raw.get("distributed_type", "NO"), (*_DDP_TYPES, "DEEPSPEED", "FSDP"))
+    kind = choice(key("distributed_type"), raw.get("distributed_type", "NO"), _TYPES)
     ds = raw.get("deepspeed_config") or {}
     if not isinstance(ds, dict):
         raise ValueError(f"{key('deepspeed_config')} must be a mapping, got {ds!r}")
     if kind == "DEEPSPEED":
-        stage = choice(key("deepspeed_config.zero_stage"), ds.get("zero_stage"), tuple(ZERO_STAGES.values()))
-        backend = next(name for name, s in ZERO_STAGES.items() if s == stage)
-        if ds.get("deepspeed_config_file"):
-            raise ValueError(
-                f"{key('deepspeed_config.deepspeed_config_file')}: a separate DeepSpeed JSON is not supported; "
-                "put zero_stage, offload devices and zero3 flags in deepspeed_config"
-            )
-    elif kind == "FSDP":
-        backend = "fsdp2"
-    else:
-        backend = "ddp"
-    fsdp, checkpointing = _fsdp_knobs(raw, key) if kind == "FSDP" else (None, None)
+        stages = [b.zero_stage for b in all_backends() if b.zero_stage is not None]
+        choice(key("deepspeed_config.zero_stage"), ds.get("zero_stage"), tuple(stages))
+    backend = next(b for b in all_backends() if b.selects(kind, raw))
+    knobs = backend.read_file(raw, key)
     mixed = raw.get("mixed_precision")
     precision = None if mixed is None else _PRECISION_OF[choice(key("mixed_precision"), mixed, _PRECISION_OF)]
-    zero = {name: ds.get(name, default) for name, default in _ZERO_KEYS.items()}
-    for name in ("offload_optimizer_device", "offload_param_device"):
-        choice(key(f"deepspeed_config.{name}"), zero[name], ("none", "cpu", "nvme"))
     return AccelerateFile(
         path=str(path),
-        backend=backend,
+        backend=backend.name,
         num_processes=integer(key("num_processes"), raw.get("num_processes", 1), low=1),
         precision=precision,
         gradient_accumulation_steps=optional(
@@ -154,54 +154,16 @@ def load_accelerate_file(path: str | Path) -> AccelerateFile:
         gradient_clipping=optional(
             number, key("deepspeed_config.gradient_clipping"), ds.get("gradient_clipping"), low=0
         ),
-        zero=zero if backend in ZERO_STAGES else {},
-        fsdp=fsdp,
-        activation_checkpointing=checkpointing,
+        **knobs,
     )
-
-
-def _fsdp_knobs(raw: dict[str, Any], key) -> tuple[Any, bool | None]:
-    """The :class:`~scopebench.train.fsdp.FSDPSettings` of an FSDP file, and its activation
-    checkpointing flag (None when unset)."""
-    from scopebench.train.fsdp import FSDPSettings
-    from scopebench.validate import flag
-
-    cfg = raw.get("fsdp_config") or {}
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{key('fsdp_config')} must be a mapping, got {cfg!r}")
-    choice(key("fsdp_config.fsdp_version"), cfg.get("fsdp_version", 1), (2,))
-    wrap = cfg.get("fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP")
-    choice(key("fsdp_config.fsdp_auto_wrap_policy"), wrap, ("TRANSFORMER_BASED_WRAP",))
-    state = cfg.get("fsdp_state_dict_type", "SHARDED_STATE_DICT")
-    choice(key("fsdp_config.fsdp_state_dict_type"), state, ("SHARDED_STATE_DICT",))
-    units = cfg.get("fsdp_transformer_layer_cls_to_wrap")  # None: the policy's shard_modules
-    if isinstance(units, str):
-        units = [name.strip() for name in units.split(",")]
-    if units is not None and (
-        not isinstance(units, list) or not units or not all(isinstance(n, str) and n for n in units)
-    ):
-        raise ValueError(
-            f"{key('fsdp_config.fsdp_transformer_layer_cls_to_wrap')} must name module classes "
-            f"(comma-separated), got {units!r}"
-        )
-    knobs = {}
-    for name, field_name in (
-        ("fsdp_reshard_after_forward", "reshard_after_forward"),
-        ("fsdp_offload_params", "offload_params"),
-    ):
-        if name in cfg:
-            knobs[field_name] = flag(key(f"fsdp_config.{name}"), cfg[name])
-    checkpointing = cfg.get("fsdp_activation_checkpointing")
-    if checkpointing is not None:
-        flag(key("fsdp_config.fsdp_activation_checkpointing"), checkpointing)
-    return FSDPSettings(units=None if units is None else tuple(units), **knobs), checkpointing
 
 
 def settings_in_force(file: AccelerateFile, settings: Any) -> list[str]:
     """One line per setting the file and the training config both set, saying which wins.
 
     ``settings`` is a :class:`scopebench.policy.settings.TrainSettings` (``precision``,
-    ``gradient_accumulation_steps``, ``grad_clip``; ``gradient_checkpointing`` for ``fsdp2``).
+    ``gradient_accumulation_steps``, ``grad_clip``; ``gradient_checkpointing`` for a file with FSDP
+    knobs).
 
     :Examples:
 
@@ -220,7 +182,7 @@ def settings_in_force(file: AccelerateFile, settings: Any) -> list[str]:
         ),
         ("grad_clip", settings.grad_clip, "gradient_clipping", file.gradient_clipping),
     ]
-    if file.backend == "fsdp2":
+    if file.fsdp is not None:
         pairs.append(
             (
                 "gradient_checkpointing",

@@ -18,19 +18,12 @@ process must not believe it runs under torchrun). accelerate keeps its state in
 process-wide singletons; :func:`release_accelerator` clears them so that the next run
 starts from scratch.
 
-``backend`` selects how the model is wrapped: ``ddp`` (DistributedDataParallel with
-several ranks, nothing with one), DeepSpeed ZeRO-2 / ZeRO-3 through accelerate's
-DeepSpeed plugin (:func:`deepspeed_config`), or ``fsdp2``: torch's ``fully_shard``
-applied by :func:`scopebench.train.fsdp.shard_model` (accelerate's FSDP plugin does
-nothing without CUDA, so the suite shards the model itself and accelerate sees a
-``MULTI_CPU`` / ``MULTI_GPU`` run). The caller sends model, optimizer, scheduler and
-dataloader through ``accelerator.prepare`` for ``ddp`` and ZeRO, only the scheduler and the
-dataloader for ``fsdp2``; under DeepSpeed the prepared
-model is the DeepSpeed engine, whose ``backward`` / ``step`` the training step calls
-itself (:class:`scopebench.policy.run.steps.TrainStep`). accelerate's DeepSpeed path needs
-``cpu=False`` even on a machine without CUDA (DeepSpeed then runs on the CPU over gloo),
-and the launcher variables for the whole run, not only the constructor (DeepSpeed reads
-``LOCAL_RANK`` in ``prepare``): :func:`release_accelerator` restores them.
+``backend`` names the :class:`~scopebench.train.backends.TrainingBackend` whose
+``accelerator_kwargs`` build the accelerator (DDP; DeepSpeed ZeRO-2 / ZeRO-3 through
+accelerate's DeepSpeed plugin; FSDP2 and HSDP, sharded by the suite itself, seen by accelerate
+as a ``MULTI_CPU`` / ``MULTI_GPU`` run); the backend's ``prepare`` then wraps the model.
+DeepSpeed reads the launcher variables for the whole run, not only the constructor
+(``LOCAL_RANK`` in ``prepare``): :func:`release_accelerator` restores them.
 """
 
 from __future__ import annotations
@@ -41,26 +34,17 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from scopebench.train.accelerate_file import ZERO_STAGES
+from scopebench.train.backends import DEFAULT_BACKEND, backend_names, get_backend
+from scopebench.train.backends.base import PRECISIONS
 from scopebench.validate import choice, flag, integer, number, optional
 
 __all__ = [
-    "BACKENDS",
     "PRECISIONS",
-    "SHARDED_PARAMETERS",
     "AcceleratorSettings",
     "build_accelerator",
-    "check_launcher_backend",
-    "deepspeed_config",
     "release_accelerator",
 ]
 
-#: Training backends (``ddp`` covers the single-process case).
-BACKENDS = ("ddp", "zero2", "zero3", "fsdp2")
-#: Backends whose ranks each hold a shard of every parameter (no rank has the whole model).
-SHARDED_PARAMETERS = ("zero3", "fsdp2")
-#: Precision setting -> accelerate's ``mixed_precision``.
-PRECISIONS = {"fp32": "no", "bf16": "bf16"}
 _LAUNCHER_VARS = (
     "RANK",
     "WORLD_SIZE",
@@ -78,16 +62,15 @@ _LAUNCHER_VARS = (
 #: The environment as it was before :func:`build_accelerator` changed it (restored by
 #: :func:`release_accelerator`); None when nothing is to restore.
 _SAVED_ENV: dict[str, str | None] | None = None
-#: DeepSpeed's periodic log line, effectively off (the profiler reports the steps).
-_NEVER = 2**31 - 1
 
 
 @dataclass(frozen=True, kw_only=True)
 class AcceleratorSettings:
     """How the accelerator wraps the model."""
 
-    backend: str = "ddp"
-    """``ddp`` (DistributedDataParallel when there are several ranks), ``zero2``, ``zero3`` or ``fsdp2``."""
+    backend: str = DEFAULT_BACKEND
+    """A name of :func:`~scopebench.train.backends.backend_names` (``ddp``: DistributedDataParallel when
+    there are several ranks)."""
     precision: str = "fp32"
     """``fp32``, or ``bf16`` autocast over fp32 weights (DeepSpeed: its bf16 mode)."""
     find_unused_params: bool = True
@@ -106,7 +89,7 @@ class AcceleratorSettings:
     """ZeRO knobs of the accelerate file (:func:`scopebench.train.accelerate_file.load_accelerate_file`)."""
 
     def __post_init__(self) -> None:
-        choice("backend", self.backend, BACKENDS)
+        choice("backend", self.backend, backend_names())
         choice("precision", self.precision, PRECISIONS)
         flag("find_unused_params", self.find_unused_params)
         flag("torch_compile", self.torch_compile)
@@ -114,50 +97,6 @@ class AcceleratorSettings:
         integer("batch_size", self.micro_batch_size, low=1)
         integer("gradient_accumulation_steps", self.gradient_accumulation_steps, low=1)
         number("grad_clip", self.grad_clip, low=0)
-
-
-def deepspeed_config(settings: AcceleratorSettings) -> dict[str, Any]:
-    """The DeepSpeed config of a ZeRO backend (precision is filled in by accelerate).
-
-    :Examples:
-
-    >>> cfg = deepspeed_config(AcceleratorSettings(backend="zero3", micro_batch_size=4, grad_clip=1.0))
-    >>> cfg["zero_optimization"]["stage"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_clipping"]
-    (3, 4, 1.0)
-    """
-    stage = ZERO_STAGES[settings.backend]
-    knobs = {"offload_optimizer_device": "none", "offload_param_device": "none", **settings.zero}
-    zero: dict[str, Any] = {"stage": stage, "offload_optimizer": {"device": knobs["offload_optimizer_device"]}}
-    if stage == 3:
-        zero["offload_param"] = {"device": knobs["offload_param_device"]}
-        zero["stage3_gather_16bit_weights_on_model_save"] = bool(knobs.get("zero3_save_16bit_model", False))
-    return {
-        "train_micro_batch_size_per_gpu": settings.micro_batch_size,
-        "gradient_accumulation_steps": settings.gradient_accumulation_steps,
-        "gradient_clipping": settings.grad_clip,
-        "zero_optimization": zero,
-        # torch's AdamW (fused or not) rather than DeepSpeed's JIT-built CPU/fused Adam.
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": _NEVER,
-        "wall_clock_breakdown": False,
-    }
-
-
-def check_launcher_backend(backend: str) -> None:
-    """Refuse a backend that disagrees with the DeepSpeed config ``accelerate launch`` was given.
-
-    Raises:
-        ValueError: naming the launcher's ZeRO stage and ``backend``.
-    """
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
-        return
-    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
-    wanted = next((name for name, s in ZERO_STAGES.items() if str(s) == stage), None)
-    if wanted != backend:
-        raise ValueError(
-            f"accelerate launch started this process with a DeepSpeed ZeRO-{stage or '?'} config, but "
-            f"backend={backend}: pass the same file with --accelerate-config, or set backend={wanted or 'zero2'}"
-        )
 
 
 def _export_launcher_environment(info: Any, deepspeed: bool) -> None:
@@ -183,7 +122,7 @@ def _export_launcher_environment(info: Any, deepspeed: bool) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
     # An explicit ``ddp`` must not pick up a DeepSpeed plugin from a launcher's variables.
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true" if deepspeed else "false"
-    # ``fsdp2`` is applied by the suite (scopebench.train.fsdp), never by accelerate's plugin.
+    # FSDP is applied by the suite (scopebench.train.fsdp), never by accelerate's plugin.
     os.environ["ACCELERATE_USE_FSDP"] = "false"
     os.environ.pop("ACCELERATE_CONFIG_DS_FIELDS", None)
 
@@ -207,11 +146,11 @@ def build_accelerator(settings: AcceleratorSettings, info: Any, device: Any):
     """
     import torch
     from accelerate import Accelerator
-    from accelerate.utils import DeepSpeedPlugin, DistributedDataParallelKwargs, InitProcessGroupKwargs
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
-    deepspeed = settings.backend in ZERO_STAGES
-    if deepspeed and info.world_size < 2:
-        raise ValueError(f"backend={settings.backend} needs at least 2 processes, got {info.world_size}")
+    backend = get_backend(settings.backend)
+    if info.world_size < backend.min_ranks:
+        raise ValueError(f"backend={backend.name} needs at least {backend.min_ranks} processes, got {info.world_size}")
     cpu = torch.device(device).type != "cuda"
     group_kwargs = {"backend": "gloo" if cpu else "nccl"}
     if settings.timeout_sec is not None:
@@ -220,33 +159,10 @@ def build_accelerator(settings: AcceleratorSettings, info: Any, device: Any):
     if info.world_size > 1:  # with one process a backend would make accelerate ask for a group
         handlers.append(InitProcessGroupKwargs(**group_kwargs))
     release_accelerator()  # a previous run's singletons must not leak into this one
-    _export_launcher_environment(info, deepspeed)
-    plugin = None
-    if deepspeed:
-        import logging
-
-        from deepspeed.utils import logger as deepspeed_logger
-
-        deepspeed_logger.setLevel(logging.WARNING)
-        # The values are passed twice: the plugin otherwise fills its own from a launcher's
-        # ACCELERATE_* variables (the accelerate file), and the training config wins.
-        plugin = DeepSpeedPlugin(
-            hf_ds_config=deepspeed_config(settings),
-            zero_stage=ZERO_STAGES[settings.backend],
-            gradient_accumulation_steps=settings.gradient_accumulation_steps,
-            gradient_clipping=settings.grad_clip,
-            zero3_init_flag=bool(settings.zero.get("zero3_init_flag")),
-        )
-    # FSDP2 on CUDA casts to bf16 through its MixedPrecisionPolicy (scopebench.train.fsdp),
-    # not through autocast; on the CPU it uses autocast like ddp.
-    fsdp_casts = settings.backend == "fsdp2" and not cpu
+    _export_launcher_environment(info, backend.uses_deepspeed)
     accelerator = Accelerator(
-        cpu=cpu and not deepspeed,
-        mixed_precision="no" if fsdp_casts else PRECISIONS[settings.precision],
+        **backend.accelerator_kwargs(settings, cpu=cpu),
         kwargs_handlers=handlers,
-        deepspeed_plugin=plugin,
-        # fsdp2 compiles each sharded unit itself (scopebench.train.fsdp.shard_model).
-        dynamo_backend="inductor" if settings.torch_compile and settings.backend != "fsdp2" else "no",
         # One LR-schedule step per optimizer step (accelerate's default steps it once per
         # process, so warmup_steps would count world_size times too fast).
         step_scheduler_with_optimizer=False,

@@ -6,7 +6,7 @@ Layout of a run's output folder (the upstream training layout)::
         model.safetensors        the weights (DDP; under ZeRO after ``convert-checkpoint``)
         optimizer.bin            AdamW state (DDP; under ZeRO inside ``pytorch_model/``)
         pytorch_model/, latest   DeepSpeed's sharded weights and optimizer state (ZeRO)
-        fsdp_model/, fsdp_optimizer/   torch.distributed.checkpoint shards (FSDP2, every rank writes its own)
+        fsdp_model/, fsdp_optimizer/   torch.distributed.checkpoint shards (FSDP2, HSDP: every rank writes its own)
         scheduler.bin            the LR schedule
         random_states_<r>.pkl    every rank's Python / numpy / torch RNG states
         train_config.yaml        the run config, to resume from (``--config`` of ``scopebench train``)
@@ -17,9 +17,10 @@ Layout of a run's output folder (the upstream training layout)::
 
 Everything but ``training_step.json`` is ``accelerator.save_state`` (accelerate saves the
 model, optimizer, scheduler and RNG states; under DeepSpeed the engine writes its shards),
-except under FSDP2, whose model and optimizer shards are written by every rank with
-``torch.distributed.checkpoint`` (:func:`scopebench.train.fsdp.save_sharded`) beside
-accelerate's scheduler and RNG files.
+plus what the backend writes itself (:meth:`~scopebench.train.backends.TrainingBackend.save`):
+under FSDP2 and HSDP every rank writes the model and optimizer shards with
+``torch.distributed.checkpoint`` beside accelerate's scheduler and RNG files. Which files a
+finished checkpoint holds and how its shards are consolidated are the backend's too.
 A checkpoint is written into a temporary folder beside its final name by every rank; after a
 barrier rank 0 writes :data:`MANIFEST` (:func:`write_manifest`: relative path, size and
 sha256 of every file the ranks wrote, and the settings an exact resume needs unchanged), then
@@ -50,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from scopebench.atomic import atomic_write, replace_dir, temporary_dir
+from scopebench.train.backends import DEFAULT_BACKEND, MODEL_FILE, TrainingBackend, find_backend, get_backend
 from scopebench.train.data_only import data_only_loading, refuse_code
 from scopebench.validate import integer, quote
 
@@ -75,17 +77,15 @@ CHECKPOINTS = "checkpoints"
 LAST = "last"
 STEP_FILE = "training_step.json"
 CONFIG_FILE = "train_config.yaml"
-MODEL_FILE = "model.safetensors"
 MANIFEST = "manifest.json"
 #: Format of :data:`MANIFEST` (raise it when its keys change meaning).
 MANIFEST_FORMAT = 1
-#: Files a finished checkpoint holds besides :data:`STEP_FILE`, by backend (``{rank}`` per rank).
-_REQUIRED = {
-    "ddp": (MODEL_FILE, "random_states_{rank}.pkl"),
-    "zero2": ("latest", "pytorch_model", "random_states_{rank}.pkl"),
-    "zero3": ("latest", "pytorch_model", "random_states_{rank}.pkl"),
-    "fsdp2": ("fsdp_model/.metadata", "random_states_{rank}.pkl"),
-}
+
+
+def _recorded_backend(meta: dict[str, Any]) -> TrainingBackend:
+    """The backend a checkpoint's step file records (one written before backends were recorded,
+    or by an unknown one: the default's files)."""
+    return find_backend(meta.get("backend", DEFAULT_BACKEND)) or get_backend(DEFAULT_BACKEND)
 
 
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
@@ -106,9 +106,10 @@ def save_checkpoint(
     meta: dict[str, Any],
     files: dict[str, str] | None = None,
     settings: dict[str, Any] | None = None,
-    sharded: tuple[Any, Any] | None = None,
+    backend: str | TrainingBackend = DEFAULT_BACKEND,
+    state: tuple[Any, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step``; every rank calls this (DeepSpeed and FSDP2 save
+    """Write the checkpoint of ``step``; every rank calls this (DeepSpeed, FSDP2 and HSDP save
     their shards on every rank). Returns the checkpoint folder.
 
     Args:
@@ -119,7 +120,8 @@ def save_checkpoint(
         files: Extra text files (name -> content) written by rank 0.
         settings: The settings an exact resume needs unchanged (key -> JSON value), recorded
             in :data:`MANIFEST` for :func:`verify_checkpoint`.
-        sharded: FSDP2's ``(model, optimizer)``, saved through torch.distributed.checkpoint.
+        backend: The run's backend, which writes what ``save_state`` does not.
+        state: The run's ``(model, optimizer)``, for the backend's own files.
     """
     from scopebench.distributed import gather_objects
 
@@ -127,10 +129,7 @@ def save_checkpoint(
     tmp = temporary_dir(final) if accelerator.is_main_process else None
     tmp = Path(gather_objects(None if tmp is None else str(tmp))[0])
     accelerator.save_state(str(tmp))
-    if sharded is not None:
-        from scopebench.train.fsdp import save_sharded
-
-        save_sharded(*sharded, tmp)
+    get_backend(backend).save(*(state or (None, None)), tmp)
     accelerator.wait_for_everyone()  # every rank's files are complete: the manifest covers them all
     if accelerator.is_main_process:
         for name, text in (files or {}).items():
@@ -182,7 +181,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     path = path.resolve()
     meta = read_step_file(path)
     missing = []
-    for pattern in _REQUIRED.get(meta.get("backend", "ddp"), _REQUIRED["ddp"]):
+    for pattern in _recorded_backend(meta).checkpoint_files:
         ranks = range(int(meta.get("world_size", 1))) if "{rank}" in pattern else [0]
         missing += [name for name in (pattern.format(rank=r) for r in ranks) if not (path / name).exists()]
     if missing:
@@ -371,61 +370,57 @@ def _check_entry(checkpoint: Path, name: Any, entry: Any) -> None:
 
 
 def load_checkpoint(
-    accelerator: Any, checkpoint: str | Path, *, world_size: int, backend: str, sharded: tuple[Any, Any] | None = None
+    accelerator: Any,
+    checkpoint: str | Path,
+    *,
+    world_size: int,
+    backend: str | TrainingBackend,
+    state: tuple[Any, Any] | None = None,
 ) -> dict[str, Any]:
-    """Restore a checkpoint into the prepared objects of ``accelerator`` (and FSDP2's
-    ``sharded`` model and optimizer); returns its :data:`STEP_FILE` facts.
+    """Restore a checkpoint into the prepared objects of ``accelerator`` and, through the
+    backend, its own files into ``state`` (the run's model and optimizer); returns its
+    :data:`STEP_FILE` facts.
 
     Raises:
         ValueError: the checkpoint was written by another backend or number of ranks
             (ZeRO shards and per-rank RNG states do not carry over).
     """
+    backend = get_backend(backend)
     checkpoint = resolve_checkpoint(checkpoint)
     meta = read_step_file(checkpoint)
-    saved = (meta.get("backend", "ddp"), int(meta.get("world_size", 1)))
-    if saved != (backend, world_size):
+    saved = (meta.get("backend", DEFAULT_BACKEND), int(meta.get("world_size", 1)))
+    if saved != (backend.name, world_size):
         raise ValueError(
             f"checkpoint {checkpoint} was written with backend={saved[0]} on {saved[1]} rank(s); this run has "
-            f"backend={backend} on {world_size}: resume with the same backend and number of ranks, or "
+            f"backend={backend.name} on {world_size}: resume with the same backend and number of ranks, or "
             f"`scopebench convert-checkpoint {checkpoint}` for its weights alone (model.safetensors)"
         )
     with data_only_loading():  # accelerate and DeepSpeed's engine would unpickle anything
         accelerator.load_state(str(checkpoint))
-        if sharded is not None:
-            from scopebench.train.fsdp import load_sharded
-
-            load_sharded(*sharded, checkpoint)
+        backend.load(*(state or (None, None)), checkpoint)
     return meta
 
 
 def consolidate(checkpoint: str | Path) -> Path:
-    """Write ``model.safetensors`` (fp32, full weights) from a ZeRO or FSDP2 checkpoint's shards.
+    """Write ``model.safetensors`` (fp32, full weights) from a sharded checkpoint (ZeRO, FSDP2, HSDP).
 
-    DDP checkpoints already hold it; the file is returned as it is. Runs on one process,
-    without the ranks that wrote the shards (DeepSpeed's ``zero_to_fp32``; for FSDP2
-    torch.distributed.checkpoint read without a process group). The files are checked
-    against the manifest first (:func:`verify_files`), as for a resume, then read as data only.
+    A checkpoint that already holds it (DDP) is returned as it is. Runs on one process,
+    without the ranks that wrote the shards (the backend's ``consolidated_state``: DeepSpeed's
+    ``zero_to_fp32``; for FSDP torch.distributed.checkpoint read without a process group). The
+    files are checked against the manifest first (:func:`verify_files`), as for a resume, then
+    read as data only.
 
     Raises:
         ValueError: a damaged file, or one that holds pickled code, named.
     """
     checkpoint = resolve_checkpoint(checkpoint)
     verify_files(checkpoint)
-    meta = read_step_file(checkpoint)
     target = checkpoint / MODEL_FILE
-    if meta.get("backend", "ddp") == "ddp":
+    state = _recorded_backend(read_step_file(checkpoint)).consolidated_state(checkpoint)
+    if state is None:
         return target
     from safetensors.torch import save
 
-    if meta.get("backend") == "fsdp2":
-        from scopebench.train.fsdp import consolidated_model_state
-
-        state = consolidated_model_state(checkpoint)
-    else:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        with data_only_loading():  # zero_to_fp32 loads every shard with weights_only=False
-            state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
     with atomic_write(target, "wb") as fh:
         fh.write(save({key: value.contiguous() for key, value in state.items()}))
     return target

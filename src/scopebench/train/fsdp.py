@@ -1,7 +1,8 @@
-"""FSDP2: torch's ``fully_shard`` applied by the suite itself, the same code on CPU and CUDA.
+"""FSDP2's mechanics: torch's ``fully_shard`` applied by the suite itself, the same code on CPU and CUDA.
 
-accelerate applies its FSDP plugin only on CUDA (without it the run is ``MULTI_CPU`` and the
-parameters stay plain), so the ``fsdp2`` backend does not go through accelerate's plugin:
+The ``fsdp2`` and ``hsdp`` backends (:mod:`scopebench.train.backends.fsdp2`, ``hsdp``) use
+these functions. accelerate applies its FSDP plugin only on CUDA (without it the run is
+``MULTI_CPU`` and the parameters stay plain), so those backends do not go through accelerate's plugin:
 :func:`shard_model` calls ``torch.distributed.fsdp.fully_shard`` on the model the way
 torchtitan does, on gloo ranks here and on NCCL ranks on GPUs. accelerate still provides the
 process-group view, the data sharding, the gathers and the RNG/scheduler checkpoint files.
@@ -127,6 +128,7 @@ def shard_model(
     precision: str,
     compile_units: bool = False,
     modules=None,
+    mesh=None,
 ) -> list[str]:
     """``fully_shard`` every unit of ``model`` then the root, in place; returns the units' names.
 
@@ -136,7 +138,9 @@ def shard_model(
     Must come before the optimizer is built (it replaces the parameters by ``DTensor`` shards).
     With ``compile_units`` each unit's ``forward`` is compiled on its own (inductor), as
     torchtitan compiles per block: FSDP2's gather / reshard hooks stay eager around it, and
-    the parameter names (checkpoint keys) do not change.
+    the parameter names (checkpoint keys) do not change. ``mesh``: the device mesh (None: every
+    rank on one dimension; a 2-D ``(replicate, shard)`` mesh shards within its second dimension
+    and replicates across its first: HSDP).
 
     Raises:
         ValueError: no module of ``model`` has one of the unit classes (naming them).
@@ -159,6 +163,8 @@ def shard_model(
         mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
     offload = CPUOffloadPolicy() if (settings.offload_params and cuda) else OffloadPolicy()
     options = dict(mp_policy=mixed, offload_policy=offload)
+    if mesh is not None:
+        options["mesh"] = mesh
     # A joint layer returns its prefix (k, v) for the inference cache as views; nothing
     # modifies them in place, which is what FSDP2's warning about view outputs is about.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPJointLayer\) returned a view tensor")

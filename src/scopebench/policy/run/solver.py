@@ -89,12 +89,12 @@ class TrainSolverMixin(_PolicySolverMixin):
         training, the accelerate file of ``backend`` are checked."""
         from scopebench.policy.dataset import check_batch_fits, synthetic_samples
         from scopebench.policy.settings import DatasetSettings, TrainSettings, backend_conflict, settings_from
-        from scopebench.train import BACKENDS
-        from scopebench.validate import choice, integer
+        from scopebench.train.backends import DEFAULT_BACKEND, get_backend
+        from scopebench.validate import integer
 
         world = _policy_world_size(params, launcher_world_size)
         if cls.task == "train":
-            backend = choice("backend", params.get("backend", "ddp"), BACKENDS)
+            backend = get_backend(params.get("backend", DEFAULT_BACKEND)).name
             flags = (params.get("gradient_checkpointing", False), params.get("no_optim", False))
             conflict = backend_conflict(backend, *flags, world_size=world)
             if conflict:
@@ -114,11 +114,11 @@ class TrainSolverMixin(_PolicySolverMixin):
 
     @classmethod
     def _check_accelerate_file(cls, settings: Any) -> None:
-        from scopebench.policy.run.train import resolve_accelerate_file
+        from scopebench.train.accelerate_file import resolve_accelerate_file
 
         if cls.task == "train":
             try:
-                resolve_accelerate_file(settings)
+                resolve_accelerate_file(settings.backend, settings.accelerate_config)
             except FileNotFoundError as err:
                 raise ValueError(f"accelerate_config: {err}") from None
         return None

@@ -90,6 +90,8 @@ class TrainStep:
 
     Args:
         accelerator: Owns the backward, the clipping and the gathers.
+        backend: The run's :class:`~scopebench.train.backends.TrainingBackend` (None: the default,
+            ``ddp``): whether the model is DeepSpeed's engine or sharded by ``fully_shard``.
         model: The prepared model (DDP-wrapped with several ranks, DeepSpeed's engine, or the
             model sharded in place by FSDP2's ``fully_shard``).
         optimizer: The prepared optimizer, or None (``no_optim``: gradients are dropped).
@@ -109,6 +111,7 @@ class TrainStep:
         *,
         accelerator: Any,
         model: torch.nn.Module,
+        backend: Any = None,
         optimizer: Any,
         scheduler: Any,
         batches: Iterator,
@@ -154,10 +157,14 @@ class TrainStep:
         self.gather_every = gather_every
         self.accumulation = accumulation
         self.memory = memory
+        if backend is None:
+            from scopebench.train.backends import DEFAULT_BACKEND, get_backend
+
+            backend = get_backend(DEFAULT_BACKEND)
         #: DeepSpeed's engine (the prepared model) under ZeRO, else None.
-        self.engine = model if accelerator.distributed_type == DistributedType.DEEPSPEED else None
-        #: FSDP2: the model sharded by ``fully_shard`` (gradient sync and clipping are its own).
-        self.fsdp = callable(getattr(model, "set_requires_gradient_sync", None))
+        self.engine = model if backend.uses_deepspeed else None
+        #: FSDP2 / HSDP: the model sharded by ``fully_shard`` (gradient sync and clipping are its own).
+        self.fsdp = backend.fully_shards
         #: The global gradient norm before clipping at the last step (a tensor; None without clipping).
         self.grad_norm: torch.Tensor | None = None
         self.params = [p for p in model.parameters() if p.requires_grad]

@@ -34,7 +34,8 @@ from scopebench.distributed.device import resolve_device
 from scopebench.distributed.run import RankRun
 from scopebench.policy.phases import BACKWARD_STEP_PHASES
 from scopebench.policy.run.steps import MEMORY_KEYS, BatchStream, DataloaderStep, TrainStep, config_for_dataset
-from scopebench.policy.settings import TrainSettings, backend_conflict
+from scopebench.policy.settings import TrainSettings
+from scopebench.train.backends import DEFAULT_BACKEND, TrainingBackend, get_backend
 from scopebench.validate import choice
 
 __all__ = [
@@ -57,29 +58,23 @@ WORKER = "scopebench.policy.run.train:run_worker"
 def training_memory_check(settings: TrainSettings, processes: int = 1, world_size: int = 1, config: Any = None) -> None:
     """Refuse a preset, then a batch, that cannot fit in the free memory.
 
-    First the model states alone (fp32 weights, gradients and AdamW state, counted on the
-    meta device; :func:`scopebench.train.memory.model_state_bytes` says what each backend
-    shards), refused naming ``preset``; then with ``config`` (the run's model config) the
-    step's peak with the activations of ``batch_size`` samples, measured by a fake forward
+    First the model states alone (:func:`check_model_states`, counted on the meta device),
+    refused naming ``preset``; then with ``config`` (the run's model config) the step's peak
+    with the activations of ``batch_size`` samples, measured by a fake forward
     (:func:`scopebench.policy.memory.training_memory`), refused naming ``batch_size``.
     Skipped with ``check_memory: false``.
     """
     from scopebench.policy import make_policy
-    from scopebench.train.memory import GB, check_memory_fits, model_state_bytes
+    from scopebench.train.memory import GB, check_memory_fits
 
     if not settings.check_memory:
         return
     with torch.device("meta"):
         params = make_policy(settings.preset).num_params()
-    states = model_state_bytes(
-        params, backend=settings.backend, world_size=world_size, optimizer=not settings.no_optim, precision="fp32"
-    )
-    what = f"{params / 1e9:.2f} B parameters x {sum(states.values()) / params:g} bytes: fp32 weights, gradients"
-    what += "" if settings.no_optim else " and AdamW state"
-    what += "" if settings.backend == "ddp" else f" ({settings.backend} over {world_size} rank(s))"
     device = resolve_device(settings.device)
-    check = dict(device=device, override_key="check_memory", processes=processes)
-    check_memory_fits("preset", settings.preset, needed_bytes=int(sum(states.values())), what=what, **check)
+    check_model_states(
+        settings, "preset", settings.preset, params, world_size=world_size, device=device, processes=processes
+    )
     if config is None:
         return
     from scopebench.policy.memory import run_memory
@@ -91,21 +86,58 @@ def training_memory_check(settings: TrainSettings, processes: int = 1, world_siz
         f"and {peak['activations'] / GB:.1f} GB of activations for {settings.batch_size} samples per rank, "
         "measured by a fake forward"
     )
+    check = dict(device=device, override_key="check_memory", processes=processes)
     check_memory_fits("batch_size", settings.batch_size, needed_bytes=int(peak["peak"]), what=what, **check)
 
 
-def resolve_accelerate_file(settings: TrainSettings):
-    """The accelerate file of a run (``accelerate_config``, else the shipped one of ``backend``),
-    checked against ``backend``."""
-    from scopebench.train import load_accelerate_file, shipped_accelerate_file
+def check_model_states(
+    settings: TrainSettings, key: str, value: Any, params: int, *, world_size: int, device: Any, processes: int = 1
+) -> None:
+    """The one check that a model's states fit: fp32 weights, gradients and (unless
+    ``no_optim``) AdamW state of ``params`` parameters, as the run's backend holds them per
+    rank (:meth:`~scopebench.train.backends.TrainingBackend.model_state_bytes`), times the
+    ``processes`` sharing the memory; refused naming ``key`` = ``value`` (``preset``, ``policy``).
+    """
+    from scopebench.train.memory import check_memory_fits
 
-    file = load_accelerate_file(settings.accelerate_config or shipped_accelerate_file(settings.backend))
-    if file.backend != settings.backend:
-        raise ValueError(
-            f"accelerate_config {file.path} selects backend {file.backend}, but backend={settings.backend}; "
-            f"set backend={file.backend} or pass a {settings.backend} file"
-        )
-    return file
+    backend = get_backend(settings.backend)
+    states = backend.model_state_bytes(params, world_size=world_size, optimizer=not settings.no_optim)
+    size = f"{params / 1e9:.2f} B" if params >= 1e8 else f"{params / 1e6:.1f} M"
+    what = f"{size} parameters x {sum(states.values()) / params:g} bytes: fp32 weights, gradients"
+    what += "" if settings.no_optim else " and AdamW state"
+    if backend.shards_parameters or backend.shards_optimizer:
+        what += f" ({backend.name} over {world_size} rank(s))"
+    check_memory_fits(
+        key,
+        value,
+        needed_bytes=int(sum(states.values())),
+        what=what,
+        device=device,
+        override_key="check_memory",
+        processes=processes,
+    )
+
+
+def check_backend(settings: TrainSettings, world_size: int, nodes: int = 1):
+    """The run's backend, its accelerate file checked against it, and the backend checked against
+    the settings and the layout of ``world_size`` ranks on ``nodes`` nodes (its conflicts, its
+    minimum ranks, HSDP's mesh), before anything is built or any rank started; returns
+    ``(backend, accelerate file)``.
+
+    Raises:
+        ValueError: naming the setting, the file and key, or the layout that cannot run.
+    """
+    from scopebench.train import resolve_accelerate_file
+
+    backend = get_backend(settings.backend)
+    file = resolve_accelerate_file(settings.backend, settings.accelerate_config)
+    conflict = backend.conflict(
+        gradient_checkpointing=settings.gradient_checkpointing, no_optim=settings.no_optim, world_size=world_size
+    )
+    if conflict:
+        raise ValueError(conflict)
+    backend.check_layout(file, world_size, nodes)
+    return backend, file
 
 
 def model_overrides(settings: TrainSettings) -> dict[str, Any]:
@@ -184,21 +216,17 @@ class PolicyTrainRun(RankRun):
         resume_from: str | Path | None = None,
         **run: Any,
     ) -> None:
-        import dataclasses
         import warnings
 
-        from scopebench.train import SHARDED_PARAMETERS, check_launcher_backend
+        from scopebench.train.backends import check_launcher
         from scopebench.train.checkpoint import resolve_checkpoint
 
         choice("task", task, TASKS)
-        if settings.backend == "zero3" and settings.torch_compile:
-            warnings.warn(
-                "torch_compile=true with backend=zero3: ZeRO-3 re-partitions parameters on every forward, which "
-                "compiled graphs do not handle; training runs eager",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            settings = dataclasses.replace(settings, torch_compile=False)
+        #: The run's training backend, resolved once (the dataloader task trains nothing: the default's).
+        self.backend: TrainingBackend = get_backend(settings.backend if task == "train" else DEFAULT_BACKEND)
+        settings, warning = self.backend.run_settings(settings)
+        if warning:
+            warnings.warn(warning, RuntimeWarning, stacklevel=2)
         for key in ("nproc", "device", "group_timeout_sec"):  # a worker's kwargs repeat them; settings are the source
             run.pop(key, None)
         run.setdefault("name", "pi05_train")
@@ -209,8 +237,9 @@ class PolicyTrainRun(RankRun):
             **run,
         )
         self.settings = settings
-        self.accelerate_file = resolve_accelerate_file(settings) if task == "train" else None
-        check_launcher_backend(settings.backend if task == "train" else "ddp")
+        #: The run's accelerate file (training only), checked against the backend and the layout.
+        self.accelerate_file = None
+        check_launcher(self.backend)
         self.eval_batch_size = eval_batch_size
         self.resume_from = None if resume_from is None else str(resolve_checkpoint(resume_from))
         #: The held-out validation loss computed by every rank before each callback (with ``eval_batch_size``).
@@ -219,11 +248,7 @@ class PolicyTrainRun(RankRun):
         self.chunk_size = chunk_size
         self.task = task
         if task == "train":
-            conflict = backend_conflict(
-                settings.backend, settings.gradient_checkpointing, settings.no_optim, self.world_size
-            )
-            if conflict:
-                raise ValueError(conflict)
+            _, self.accelerate_file = check_backend(settings, self.world_size, self.info.nodes)
         #: Processes sharing this machine's memory (local ranks on a CPU).
         self.local_processes = self.nproc if self.device.type == "cpu" and not self.info.is_distributed else 1
         if task == "train" and settings.policy == "pi05":  # a user policy's model is checked once built
@@ -246,8 +271,8 @@ class PolicyTrainRun(RankRun):
             resolve_factory(settings.policy)  # a module or function not found: refused before any rank starts
         #: The run's :class:`~scopebench.policy.user.UserPolicy` (after start).
         self.policy = None
-        #: Whether every rank holds only a shard of each parameter (ZeRO-3, FSDP2).
-        self.sharded = task == "train" and settings.backend in SHARDED_PARAMETERS
+        #: Whether every rank holds only a shard of each parameter (ZeRO-3, FSDP2, HSDP).
+        self.sharded = task == "train" and self.backend.shards_parameters
         self.accelerator = None
         self.model = None
         self._own_group = False
@@ -290,13 +315,11 @@ class PolicyTrainRun(RankRun):
         # FLOP count cannot read; DeepSpeed partitions the built model itself when it is prepared.
         self.policy = policy = run_policy(s, dataset_root=self.dataset_root, chunk_size=self.chunk_size, task=self.task)
         self._check_policy()
-        if self.task == "train" and s.backend == "fsdp2":
-            from scopebench.train.fsdp import join_single_rank_group
-
-            self._own_group = join_single_rank_group(self.device)  # fully_shard needs a group, even of one
+        if self.task == "train":
+            self._own_group = self.backend.join_group(self.device)
         self.accelerator = acc = build_accelerator(
             AcceleratorSettings(
-                backend=s.backend if self.task == "train" else "ddp",
+                backend=self.backend.name,
                 precision=s.precision,
                 find_unused_params=s.find_unused_params,
                 torch_compile=s.torch_compile,
@@ -341,20 +364,14 @@ class PolicyTrainRun(RankRun):
             return
         check_batch_fits(s.batch_size, len(policy.dataset), self.world_size, f"the dataset of policy {s.policy}")
         if self.task == "train" and s.check_memory:
-            from scopebench.train.memory import check_memory_fits, model_state_bytes
-
             params = sum(p.numel() for p in policy.model.parameters())
-            states = model_state_bytes(params, backend=s.backend, world_size=self.world_size, optimizer=not s.no_optim)
-            what = f"{params / 1e6:.1f} M parameters: fp32 weights, gradients" + (
-                "" if s.no_optim else " and AdamW state"
-            )
-            check_memory_fits(
+            check_model_states(
+                s,
                 "policy",
                 s.policy,
-                needed_bytes=int(sum(states.values())),
-                what=what,
+                params,
+                world_size=self.world_size,
                 device=self.device,
-                override_key="check_memory",
                 processes=self.local_processes,
             )
 
@@ -386,34 +403,25 @@ class PolicyTrainRun(RankRun):
 
         s, acc = self.settings, self.accelerator
         self.model = model
-        optimizer = scheduler = None
-        self.fsdp_units = []
-        if s.backend == "fsdp2":  # sharded in place before the optimizer sees the parameters
-            from scopebench.train.fsdp import shard_model
 
-            self.fsdp_units = shard_model(
-                model,
-                self.accelerate_file.fsdp,
-                device=self.device,
-                precision=s.precision,
-                compile_units=s.torch_compile,
-                modules=self.policy.shard_modules,
-            )
-            prepared = model
-            if not s.no_optim:
-                params = [p for p in model.parameters() if p.requires_grad]
-                optimizer = build_adamw(params, lr=s.learning_rate, weight_decay=s.weight_decay, fused=s.fused_adamw)
-                scheduler = build_scheduler(optimizer, name=s.scheduler, warmup_steps=s.warmup_steps)
-                scheduler, loader = acc.prepare(scheduler, loader)
-            else:
-                loader = acc.prepare(loader)
-        elif not s.no_optim:
-            params = [p for p in model.parameters() if p.requires_grad]
+        def build_optimizer(params):
             optimizer = build_adamw(params, lr=s.learning_rate, weight_decay=s.weight_decay, fused=s.fused_adamw)
-            scheduler = build_scheduler(optimizer, name=s.scheduler, warmup_steps=s.warmup_steps)
-            prepared, optimizer, scheduler, loader = acc.prepare(model, optimizer, scheduler, loader)
-        else:
-            prepared, loader = acc.prepare(model, loader)
+            return optimizer, build_scheduler(optimizer, name=s.scheduler, warmup_steps=s.warmup_steps)
+
+        prepared = self.backend.prepare(
+            acc,
+            model,
+            loader,
+            build_optimizer=None if s.no_optim else build_optimizer,
+            settings=s,
+            file=self.accelerate_file,
+            device=self.device,
+            modules=self.policy.shard_modules,
+            world_size=self.world_size,
+            nodes=self.info.nodes,
+        )
+        #: FSDP's units sharded on their own (their names), else empty.
+        self.fsdp_units = prepared.units
         ops = DeviceOps(self.device)
         peak_gpu = [0.0]
 
@@ -426,10 +434,11 @@ class PolicyTrainRun(RankRun):
 
         self.work = TrainStep(
             accelerator=acc,
-            model=prepared,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            batches=BatchStream(loader),
+            backend=self.backend,
+            model=prepared.model,
+            optimizer=prepared.optimizer,
+            scheduler=prepared.scheduler,
+            batches=BatchStream(prepared.loader),
             prepare=prepare,
             loss=functools.partial(policy_loss, self.policy, name=s.policy),
             grad_clip=s.grad_clip,
@@ -465,7 +474,7 @@ class PolicyTrainRun(RankRun):
 
         meta = {
             **self.training_state(),
-            "backend": self.settings.backend,
+            "backend": self.backend.name,
             "world_size": self.world_size,
             "global_batch_size": self.global_batch_size,
         }
@@ -474,7 +483,14 @@ class PolicyTrainRun(RankRun):
             settings = {key: value for key, value in own.items() if key not in RESUME_MAY_CHANGE}
         extra = {POLICY_CONFIG_FILE: json.dumps(self.policy_record(), indent=2) + "\n", **(files or {})}
         return save_checkpoint(
-            self.accelerator, output_dir, self.work.steps, meta=meta, files=extra, settings=settings, sharded=self._dcp
+            self.accelerator,
+            output_dir,
+            self.work.steps,
+            meta=meta,
+            files=extra,
+            settings=settings,
+            backend=self.backend,
+            state=(self.work.model, self.work.optimizer),
         )
 
     def policy_record(self) -> dict[str, Any]:
@@ -488,16 +504,15 @@ class PolicyTrainRun(RankRun):
         config = self.accelerator.unwrap_model(self.work.model).config
         return {"preset": s.preset, "config": dataclasses.asdict(config)}
 
-    @property
-    def _dcp(self):
-        """``(model, optimizer)`` whose state goes through torch.distributed.checkpoint (FSDP2), else None."""
-        return (self.work.model, self.work.optimizer) if self.settings.backend == "fsdp2" else None
-
     def _resume(self, checkpoint: str) -> None:
         from scopebench.train.checkpoint import load_checkpoint
 
         meta = load_checkpoint(
-            self.accelerator, checkpoint, world_size=self.world_size, backend=self.settings.backend, sharded=self._dcp
+            self.accelerator,
+            checkpoint,
+            world_size=self.world_size,
+            backend=self.backend,
+            state=(self.work.model, self.work.optimizer),
         )
         self.work.steps = meta["step"]
         per_batch = self.settings.batch_size * self.world_size

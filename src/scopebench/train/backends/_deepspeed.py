@@ -1,0 +1,162 @@
+"""What the DeepSpeed ZeRO backends share: the config, the plugin, the file's knobs, memory.
+
+``zero2`` and ``zero3`` run through accelerate's DeepSpeed plugin (accelerate needs
+``cpu=False`` even without CUDA: DeepSpeed then runs on the CPU over gloo); the prepared
+model is DeepSpeed's engine, whose ``backward`` / ``step`` the training step calls itself.
+Memory: ZeRO shards gradients and optimizer state, which under DeepSpeed is 12 bytes per
+parameter (an fp32 master copy beside AdamW's two moments, as DeepSpeed's own
+``estimate_zero2_model_states_mem_needs`` counts it; measured so on gloo ranks, fp32
+included); with ``bf16`` the weights and gradients are bf16. Checkpoints are DeepSpeed's
+``pytorch_model/`` shards and ``latest``, consolidated by ``zero_to_fp32``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scopebench.train.backends.base import ADAMW, PRECISIONS, RNG_FILES, TrainingBackend, bytes_per_element
+from scopebench.validate import choice
+
+__all__ = ["ZERO_DEFAULTS", "ZeroBackend", "deepspeed_config"]
+
+#: DeepSpeed's fp32 master copy of the weights, beside AdamW's moments.
+MASTER = 4
+#: DeepSpeed's ZeRO defaults the shipped accelerate files keep (``DeepSpeedZeroConfig``'s
+#: fields; tests/policy/test_memory_tracking.py checks them against deepspeed's own).
+ZERO_DEFAULTS = {
+    "reduce_bucket_size": 500_000_000,
+    "stage3_prefetch_bucket_size": 50_000_000,
+    "stage3_param_persistence_threshold": 100_000,
+}
+#: DeepSpeed keys of an accelerate file that the suite uses, with accelerate's defaults.
+ZERO_KEYS = {
+    "offload_optimizer_device": "none",
+    "offload_param_device": "none",
+    "zero3_init_flag": False,
+    "zero3_save_16bit_model": False,
+}
+#: DeepSpeed's periodic log line, effectively off (the profiler reports the steps).
+_NEVER = 2**31 - 1
+
+
+def deepspeed_config(settings: Any) -> dict[str, Any]:
+    """The DeepSpeed config of a ZeRO run (precision is filled in by accelerate); ``settings`` is
+    an :class:`~scopebench.train.accelerator.AcceleratorSettings` of a ZeRO backend.
+
+    :Examples:
+
+    >>> from scopebench.train.accelerator import AcceleratorSettings
+    >>> cfg = deepspeed_config(AcceleratorSettings(backend="zero3", micro_batch_size=4, grad_clip=1.0))
+    >>> cfg["zero_optimization"]["stage"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_clipping"]
+    (3, 4, 1.0)
+    """
+    from scopebench.train.backends import get_backend
+
+    stage = get_backend(settings.backend).zero_stage
+    knobs = {**ZERO_KEYS, **settings.zero}
+    zero: dict[str, Any] = {"stage": stage, "offload_optimizer": {"device": knobs["offload_optimizer_device"]}}
+    if stage == 3:
+        zero["offload_param"] = {"device": knobs["offload_param_device"]}
+        zero["stage3_gather_16bit_weights_on_model_save"] = bool(knobs.get("zero3_save_16bit_model", False))
+    return {
+        "train_micro_batch_size_per_gpu": settings.micro_batch_size,
+        "gradient_accumulation_steps": settings.gradient_accumulation_steps,
+        "gradient_clipping": settings.grad_clip,
+        "zero_optimization": zero,
+        # torch's AdamW (fused or not) rather than DeepSpeed's JIT-built CPU/fused Adam.
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": _NEVER,
+        "wall_clock_breakdown": False,
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeroBackend(TrainingBackend):
+    """DeepSpeed ZeRO at :attr:`zero_stage` (see the module docstring)."""
+
+    shards_optimizer: bool = True
+    min_ranks: int = 2
+    checkpoint_files: tuple[str, ...] = ("latest", "pytorch_model", RNG_FILES)
+
+    def conflict(self, *, gradient_checkpointing: bool, no_optim: bool, world_size: int | None = None) -> str | None:
+        if no_optim:
+            return (
+                f"no_optim=true cannot run with backend={self.name}: ZeRO shards the optimizer's state and "
+                "DeepSpeed's engine steps it; measure raw forward + backward with backend=ddp"
+            )
+        return super().conflict(gradient_checkpointing=gradient_checkpointing, no_optim=no_optim, world_size=world_size)
+
+    def selects(self, distributed_type: str, raw: Mapping[str, Any]) -> bool:
+        ds = raw.get("deepspeed_config") or {}
+        return distributed_type == "DEEPSPEED" and isinstance(ds, dict) and ds.get("zero_stage") == self.zero_stage
+
+    def read_file(self, raw: Mapping[str, Any], key: Callable[[str], str]) -> dict[str, Any]:
+        ds = raw.get("deepspeed_config") or {}
+        if ds.get("deepspeed_config_file"):
+            raise ValueError(
+                f"{key('deepspeed_config.deepspeed_config_file')}: a separate DeepSpeed JSON is not supported; "
+                "put zero_stage, offload devices and zero3 flags in deepspeed_config"
+            )
+        zero = {name: ds.get(name, default) for name, default in ZERO_KEYS.items()}
+        for name in ("offload_optimizer_device", "offload_param_device"):
+            choice(key(f"deepspeed_config.{name}"), zero[name], ("none", "cpu", "nvme"))
+        return {"zero": zero}
+
+    def model_state_bytes(
+        self, num_params: int, *, world_size: int = 1, optimizer: bool = True, precision: str = "fp32", file: Any = None
+    ) -> dict[str, float]:
+        low = bytes_per_element(precision, True)
+        params = world_size if self.shards_parameters else 1
+        return {
+            "parameters": num_params * low / params,
+            "gradients": num_params * low / world_size,
+            "optimizer_state": num_params * (ADAMW + MASTER) / world_size if optimizer else 0.0,
+        }
+
+    def gather_buffer_bytes(
+        self,
+        model: Any,
+        *,
+        world_size: int = 1,
+        precision: str = "fp32",
+        units: tuple[str, ...] = (),
+        zero: dict[str, Any] | None = None,
+        file: Any = None,
+    ) -> float:
+        """ZeRO's gradient bucket of ``reduce_bucket_size`` elements (DeepSpeed's default 5e8: 2 GB
+        in fp32, allocated whatever the model's size)."""
+        knobs = {**ZERO_DEFAULTS, **(zero or {})}
+        return float(knobs["reduce_bucket_size"] * bytes_per_element(precision, True))
+
+    def accelerator_kwargs(self, settings: Any, *, cpu: bool) -> dict[str, Any]:
+        import logging
+
+        from accelerate.utils import DeepSpeedPlugin
+        from deepspeed.utils import logger as deepspeed_logger
+
+        deepspeed_logger.setLevel(logging.WARNING)
+        # The values are passed twice: the plugin otherwise fills its own from a launcher's
+        # ACCELERATE_* variables (the accelerate file), and the training config wins.
+        plugin = DeepSpeedPlugin(
+            hf_ds_config=deepspeed_config(settings),
+            zero_stage=self.zero_stage,
+            gradient_accumulation_steps=settings.gradient_accumulation_steps,
+            gradient_clipping=settings.grad_clip,
+            zero3_init_flag=bool(settings.zero.get("zero3_init_flag")),
+        )
+        return dict(
+            cpu=False,  # DeepSpeed's path needs it, even without CUDA (it then runs on the CPU)
+            mixed_precision=PRECISIONS[settings.precision],
+            deepspeed_plugin=plugin,
+            dynamo_backend="inductor" if settings.torch_compile else "no",
+        )
+
+    def consolidated_state(self, checkpoint: Any) -> dict[str, Any]:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        from scopebench.train.data_only import data_only_loading
+
+        with data_only_loading():  # zero_to_fp32 loads every shard with weights_only=False
+            return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))

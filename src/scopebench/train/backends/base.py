@@ -1,0 +1,205 @@
+"""What a training backend is: :class:`TrainingBackend`, the one object every layer asks.
+
+A backend owns everything that differs between DDP, DeepSpeed ZeRO-2 / ZeRO-3, FSDP2 and
+HSDP: its name and prose name, its shipped accelerate file and how a file selects it, what it
+shards, its minimum ranks, the settings it cannot run with, its model-state and buffer
+memory, how the accelerator is built for it and how it wraps the model, optimizer,
+scheduler and loader, its checkpoint files (saving, loading, consolidating) and what each
+training phase holds under it. The base class is DDP's behaviour where one is needed; a
+backend overrides what differs (``ddp.py`` is the base with a name).
+
+Everything here imports torch, accelerate and DeepSpeed inside the methods that need them,
+so reading a backend's facts (a report, ``--help``) stays light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["MODEL_FILE", "RNG_FILES", "Prepared", "TrainingBackend", "bytes_per_element"]
+
+#: What ``accelerator.save_state`` writes for the weights (accelerate's ``SAFE_WEIGHTS_NAME``)
+#: and for every rank's RNG states.
+MODEL_FILE = "model.safetensors"
+RNG_FILES = "random_states_{rank}.pkl"
+#: Bytes per parameter: fp32 weights, fp32 gradients, AdamW's two fp32 moments.
+WEIGHT, GRADIENT, ADAMW = 4, 4, 8
+#: accelerate's ``mixed_precision`` for each ``precision`` setting.
+PRECISIONS = {"fp32": "no", "bf16": "bf16"}
+
+
+def bytes_per_element(precision: str, low: bool) -> int:
+    """Bytes of one weight or gradient element: 2 where the backend keeps them in bf16 under
+    ``bf16`` (``low``), else 4.
+
+    :Examples:
+        >>> bytes_per_element("bf16", True), bytes_per_element("bf16", False)
+        (2, 4)
+    """
+    return 2 if low and precision == "bf16" else 4
+
+
+@dataclass
+class Prepared:
+    """What :meth:`TrainingBackend.prepare` hands the training step."""
+
+    model: Any
+    """The model to call (DDP wrapper, DeepSpeed engine, or the sharded module itself)."""
+    optimizer: Any
+    scheduler: Any
+    loader: Any
+    units: list[str] = field(default_factory=list)
+    """FSDP units sharded on their own (their names), else empty."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingBackend:
+    """One training backend (see the module docstring). Instances are the registry's entries
+    (:mod:`scopebench.train.backends`); the run resolves one from the ``backend`` setting once
+    and hands it down."""
+
+    name: str
+    """The ``backend`` setting's value."""
+    title: str
+    """Its name in prose (``DeepSpeed ZeRO-2``)."""
+    order: int
+    """Where it comes in listings (choices, tables)."""
+    accelerate_file: str
+    """The shipped accelerate config file (``configs/accelerate/<file>``)."""
+    phase_contents: Mapping[str, str]
+    """Training phase -> what it holds under this backend, for the phases whose work depends on it."""
+    shards_parameters: bool = False
+    """Every rank holds a shard of each parameter (no rank has the whole model)."""
+    shards_optimizer: bool = False
+    """Gradients and optimizer state are sharded over the ranks."""
+    min_ranks: int = 1
+    """Fewest processes it runs on."""
+    zero_stage: int | None = None
+    """DeepSpeed ZeRO stage, for the DeepSpeed backends."""
+    fully_shards: bool = False
+    """torch's ``fully_shard`` applied by the suite (FSDP2, HSDP): gradient sync, clipping and
+    checkpoints are its own."""
+    checkpoint_files: tuple[str, ...] = (MODEL_FILE, RNG_FILES)
+    """Files a finished checkpoint holds besides its step file (``{rank}``: one per rank)."""
+    compared_with: tuple[str, ...] = ()
+    """Backends whose median-step ratio the backend comparison prints against this one."""
+
+    # -- settings ----------------------------------------------------------------------
+    @property
+    def uses_deepspeed(self) -> bool:
+        """accelerate's DeepSpeed plugin builds the run (the prepared model is an engine)."""
+        return self.zero_stage is not None
+
+    def conflict(self, *, gradient_checkpointing: bool, no_optim: bool, world_size: int | None = None) -> str | None:
+        """Why the backend cannot run with these settings (None: it can); a solver declines the
+        cell with it, the settings refuse it."""
+        if world_size is not None and world_size < self.min_ranks:
+            return (
+                f"backend={self.name} shards training state across ranks and needs at least {self.min_ranks} "
+                f"processes, got {world_size}: set nproc_per_node >= {self.min_ranks} (or start the ranks with a "
+                "launcher), or use backend=ddp"
+            )
+        return None
+
+    def check_layout(self, file: Any, world_size: int, nodes: int = 1) -> None:
+        """Refuse a layout of ranks the backend cannot use, before anything is built (any here)."""
+
+    def run_settings(self, settings: Any) -> tuple[Any, str | None]:
+        """``settings`` as the backend runs them, and a warning when it changed one."""
+        return settings, None
+
+    def describe_phases(self) -> str:
+        """One line: what the backend-dependent phases hold (``describe_phases`` of
+        :mod:`scopebench.policy.phases` shows one)."""
+        return f"{self.title}: " + "; ".join(f"{p} = {what}" for p, what in self.phase_contents.items())
+
+    # -- the accelerate file -----------------------------------------------------------
+    def selects(self, distributed_type: str, raw: Mapping[str, Any]) -> bool:
+        """Whether an accelerate file (``raw``, its ``distributed_type``) selects this backend."""
+        return distributed_type in ("NO", "MULTI_GPU", "MULTI_CPU")
+
+    def read_file(self, raw: Mapping[str, Any], key: Callable[[str], str]) -> dict[str, Any]:
+        """The backend's knobs of an accelerate file, validated (``key(name)`` names one in errors):
+        fields of :class:`~scopebench.train.accelerate_file.AccelerateFile`."""
+        return {}
+
+    # -- memory ------------------------------------------------------------------------
+    def model_state_bytes(
+        self, num_params: int, *, world_size: int = 1, optimizer: bool = True, precision: str = "fp32", file: Any = None
+    ) -> dict[str, float]:
+        """Bytes per rank of ``parameters``, ``gradients`` and ``optimizer_state``: every rank
+        holds all of them (fp32 weights and gradients, AdamW's two fp32 moments)."""
+        return {
+            "parameters": float(num_params * WEIGHT),
+            "gradients": float(num_params * GRADIENT),
+            "optimizer_state": float(num_params * ADAMW) if optimizer else 0.0,
+        }
+
+    def gather_buffer_bytes(
+        self,
+        model: Any,
+        *,
+        world_size: int = 1,
+        precision: str = "fp32",
+        units: tuple[str, ...] = (),
+        zero: dict[str, Any] | None = None,
+        file: Any = None,
+    ) -> float:
+        """Bytes per rank of the backend's communication buffers for ``model`` (meta device is
+        enough): DDP's gradient buckets, a flat copy of every gradient with more than one rank."""
+        total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return float(total * GRADIENT) if world_size > 1 else 0.0
+
+    # -- the run -----------------------------------------------------------------------
+    def accelerator_kwargs(self, settings: Any, *, cpu: bool) -> dict[str, Any]:
+        """``Accelerator`` keyword arguments for ``settings`` (an
+        :class:`~scopebench.train.accelerator.AcceleratorSettings`): DDP on the CPU or the GPU,
+        autocast for ``bf16``, accelerate's dynamo plugin for ``torch_compile``."""
+        return dict(
+            cpu=cpu,
+            mixed_precision=PRECISIONS[settings.precision],
+            deepspeed_plugin=None,
+            dynamo_backend="inductor" if settings.torch_compile else "no",
+        )
+
+    def join_group(self, device: Any) -> bool:
+        """Create a process group the backend needs even alone; returns whether it did (the run
+        destroys it)."""
+        return False
+
+    def prepare(
+        self,
+        accelerator: Any,
+        model: Any,
+        loader: Any,
+        *,
+        build_optimizer: Callable[[list], tuple[Any, Any]] | None,
+        settings: Any,
+        file: Any,
+        device: Any,
+        modules: Any = None,
+        world_size: int = 1,
+        nodes: int = 1,
+    ) -> Prepared:
+        """Wrap the model and build the optimizer and schedule (``build_optimizer(params) ->
+        (optimizer, scheduler)``; None: no optimizer), through ``accelerator.prepare``."""
+        if build_optimizer is None:
+            prepared, loader = accelerator.prepare(model, loader)
+            return Prepared(prepared, None, None, loader)
+        optimizer, scheduler = build_optimizer([p for p in model.parameters() if p.requires_grad])
+        prepared, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+        return Prepared(prepared, optimizer, scheduler, loader)
+
+    # -- checkpoints -------------------------------------------------------------------
+    def save(self, model: Any, optimizer: Any, folder: Any) -> None:
+        """Every rank: write what ``accelerator.save_state`` does not (nothing here)."""
+
+    def load(self, model: Any, optimizer: Any, folder: Any) -> None:
+        """Every rank: read back what :meth:`save` wrote, as data only (nothing here)."""
+
+    def consolidated_state(self, checkpoint: Any) -> dict[str, Any] | None:
+        """The full fp32 weights of a checkpoint's shards, on one process; None when the
+        checkpoint already holds :data:`MODEL_FILE`."""
+        return None
