@@ -5,7 +5,7 @@ Nothing is submitted and no data is loaded. The grid follows benchopt's rules (e
 ``parameters``; ``"a, b": [[...], ...]`` couples parameters); the defaults are read from
 the benchmark's own classes (:func:`~scopebench.preflight.grid.load_classes`, benchopt's
 grid syntax). Each cell is then checked by its solver's own ``check_cell`` (the check its
-``skip`` calls too: :meth:`scopebench.profiler.ProfiledSolverMixin.check_cell`), as
+``skip`` calls too: :meth:`scopebench.harness.ProfiledSolverMixin.check_cell`), as
 inside the cell's job (its SLURM tasks are its ranks). A Submitit parallel config and each cell's job go through
 :mod:`scopebench.cluster` (benchopt 1.10's merge, Submitit's validation and sbatch writer).
 
@@ -33,8 +33,8 @@ from scopebench.cluster import (
     sbatch_script,
     slurm_minutes,
 )
+from scopebench.harness.solver import MachineReason
 from scopebench.preflight.grid import Classes, expand, load_classes, parse_pattern
-from scopebench.profiler.solver import MachineReason
 from scopebench.validate import load_yaml, quote
 
 __all__ = [

@@ -14,12 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from scopebench.harness.solver import MachineReason, ProfiledSolverMixin
 from scopebench.imaging.common.denoisers import ONLY_2D, denoiser_unavailable
 from scopebench.imaging.inference.engine import ReconstructionConfig
 from scopebench.imaging.inference.problems import describe_problem
 from scopebench.imaging.inference.run import PnPRun
 from scopebench.imaging.inference.topology import Topology, check_topology
-from scopebench.profiler.solver import MachineReason, ProfiledSolverMixin
 
 __all__ = ["PnPSolverMixin", "cell_problems"]
 

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from scopebench.cluster import cell_layout
+from scopebench.harness.solver import ProfiledSolverMixin
 from scopebench.imaging.training.data import TrainingDataSpec
 from scopebench.imaging.training.run import TrainingRun, check_world_size
 from scopebench.imaging.training.trainer import SOLVER_PARAMS, configs_from_params
-from scopebench.profiler.solver import ProfiledSolverMixin
 
 __all__ = ["UnrolledSolverMixin"]
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from scopebench.distributed.device import resolve_device
-from scopebench.distributed.run import RankRun
+from scopebench.harness.run import RankRun
 from scopebench.policy.run.steps import InferenceStep
 from scopebench.policy.settings import InferenceSettings
 
@@ -107,7 +107,7 @@ class InferenceRun(RankRun):
     """Set-up, loop and teardown of one inference benchmark (a single process).
 
     Args:
-        settings: Validated settings (``device`` is the :class:`~scopebench.distributed.run.RankRun`'s).
+        settings: Validated settings (``device`` is the :class:`~scopebench.harness.run.RankRun`'s).
         dataset_root: Folder of the robot dataset (pi05: its first frame is the observation).
         chunk_size: The dataset's chunk size, used when ``settings.chunk_size`` is None.
         tool: How errors name the caller (a policy without ``sample`` is refused naming it).
@@ -115,7 +115,7 @@ class InferenceRun(RankRun):
             ``schedule[i % len(schedule)]``, and every value is warmed up (``n_warmup``
             calls each) before the first measured call. Default: ``[settings.num_steps]``.
         **run: ``profiler``, ``output_dir``, ``name``, ``keep_rows`` of
-            :class:`~scopebench.distributed.run.RankRun`.
+            :class:`~scopebench.harness.run.RankRun`.
     """
 
     def __init__(

@@ -5,10 +5,10 @@ gets, like the imaging solvers (:mod:`scopebench.imaging.inference.solver`): ``c
 (can a cell run: the one check ``skip`` and ``scopebench check-config`` call), ``skip`` (a
 backend the settings cannot run is declined with a reason), ``set_objective`` (every
 parameter validated before any work; builds the run object), ``pre_run_hook`` (starts the
-ranks and builds the run, untimed: :meth:`~scopebench.profiler.ProfiledSolverMixin.start_run`),
+ranks and builds the run, untimed: :meth:`~scopebench.harness.ProfiledSolverMixin.start_run`),
 ``run`` (the profiled loop, torn down on any exit:
-:meth:`~scopebench.profiler.ProfiledSolverMixin.finish_run`) and ``get_result`` (the work
-product and the run's :meth:`~scopebench.distributed.run.RankRun.metrics`).
+:meth:`~scopebench.harness.ProfiledSolverMixin.finish_run`) and ``get_result`` (the work
+product and the run's :meth:`~scopebench.harness.run.RankRun.metrics`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scopebench.profiler import ProfiledSolverMixin
+from scopebench.harness import ProfiledSolverMixin
 
 __all__ = ["DATALOADER_SETTINGS", "InferenceSolverMixin", "TrainSolverMixin"]
 

@@ -1,7 +1,7 @@
 """Solver-side glue: the eight ``profiler_*`` parameters and the profiler handle, without importing benchopt.
 
 Every solver of the suite mixes in :class:`ProfiledSolverMixin`, drives a run object
-(:class:`scopebench.distributed.run.RankRun`) started by
+(:class:`scopebench.harness.run.RankRun`) started by
 :meth:`~ProfiledSolverMixin.start_run` and driven by :meth:`~ProfiledSolverMixin.finish_run`,
 reaches its profiler as ``self.profiler`` and returns the run's ``metrics()``; whether a
 cell can run is :meth:`~ProfiledSolverMixin.check_cell`, which ``skip`` and
