@@ -4,8 +4,9 @@
   (ranks, device, profiler, set-up barrier, teardown; docs/design.md, "One run object per
   benchmark");
 * :mod:`~scopebench.harness.solver`: :class:`ProfiledSolverMixin`, the one solver lifecycle
-  and its ``check_cell``, with the reason a cell is declined for on this machine only
-  (:class:`MachineReason`).
+  (``skip``, ``set_objective``, ``get_next``, ``pre_run_hook``, ``run``) and its one skip
+  rule, ``check_cell``, and the kinds of reason a cell is declined for
+  (:class:`MachineReason`, :class:`LayoutReason`).
 
 It sits above :mod:`scopebench.distributed` (ranks, process groups), :mod:`scopebench.profiler`
 and :mod:`scopebench.host`, which never import it; the benchmarks' libraries
@@ -13,6 +14,6 @@ and :mod:`scopebench.host`, which never import it; the benchmarks' libraries
 """
 
 from scopebench.harness.run import RankRun
-from scopebench.harness.solver import MachineReason, ProfiledSolverMixin
+from scopebench.harness.solver import LayoutReason, MachineReason, ProfiledSolverMixin
 
-__all__ = ["MachineReason", "ProfiledSolverMixin", "RankRun"]
+__all__ = ["LayoutReason", "MachineReason", "ProfiledSolverMixin", "RankRun"]
