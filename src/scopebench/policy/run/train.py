@@ -33,7 +33,8 @@ import torch
 from scopebench.distributed.device import resolve_device
 from scopebench.harness.run import RankRun
 from scopebench.policy.phases import BACKWARD_STEP_PHASES
-from scopebench.policy.run.steps import MEMORY_KEYS, BatchStream, DataloaderStep, TrainStep, config_for_dataset
+from scopebench.policy.pi05 import config_for_dataset
+from scopebench.policy.run.steps import MEMORY_KEYS, BatchStream, DataloaderStep, TrainStep
 from scopebench.policy.settings import TrainSettings, backend_conflict
 from scopebench.validate import choice
 
@@ -459,8 +460,7 @@ class PolicyTrainRun(RankRun):
         import dataclasses
         import json
 
-        from scopebench.policy.checkpoint import POLICY_CONFIG_FILE
-        from scopebench.policy.run.trainer import RESUME_MAY_CHANGE
+        from scopebench.policy.checkpoint import POLICY_CONFIG_FILE, RESUME_MAY_CHANGE
         from scopebench.train.checkpoint import save_checkpoint
 
         meta = {
