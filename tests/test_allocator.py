@@ -96,7 +96,7 @@ def test_run_objects_apply_the_settings_when_they_start():
     four run objects start through RankRun.start."""
     code = (
         "from scopebench import allocator\n"
-        "from scopebench.distributed.run import RankRun\n"
+        "from scopebench.harness.run import RankRun\n"
         "class Run(RankRun):\n"
         "    def step(self, profiler): pass\n"
         "before = allocator._applied\n"

@@ -46,6 +46,3 @@ class Solver(PnPSolverMixin, BaseSolver):
         "slurm_nodes": [1],
         "slurm_ntasks_per_node": [None],
     }
-
-    def get_next(self, stop_val):
-        return stop_val + 1

@@ -23,9 +23,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from scopebench.profiler.device import MB
+__all__ = ["MB", "gpu_records", "host_record", "measured_nvml_index", "read_cpu_quota", "read_cpufreq", "versions"]
 
-__all__ = ["gpu_records", "host_record", "measured_nvml_index", "read_cpu_quota", "read_cpufreq", "versions"]
+#: Bytes per MiB, the unit of every ``_mb`` figure (defined here, below the profiler, which
+#: reads the host and re-exports it as :data:`scopebench.profiler.device.MB`).
+MB = 1024.0 * 1024.0
 
 #: Packages whose versions the record carries (``python`` is added).
 VERSIONED_PACKAGES = ("torch", "scopebench", "deepinv", "benchopt", "accelerate", "deepspeed")

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 import scopebench.profiler  # noqa: F401  (imported before joining: set-up fits a short group timeout)
-from scopebench.distributed.run import RankRun
+from scopebench.harness.run import RankRun
 
 
 def crash_on_import_time():  # pragma: no cover - runs in a worker

@@ -63,7 +63,7 @@ def _allocated_peak(prof) -> float:
 def measure(preset: str, backend: str, batch: int, cache: str, steps: int) -> dict:
     from scopebench.policy.dataset import RobotDataset
     from scopebench.policy.memory import run_memory
-    from scopebench.policy.run.steps import config_for_dataset
+    from scopebench.policy.pi05 import config_for_dataset
     from scopebench.policy.run.train import PolicyTrainRun, model_overrides
     from scopebench.policy.settings import load_run_config
     from scopebench.profiler import ProfilerConfig

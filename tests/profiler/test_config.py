@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scopebench.profiler import PROFILER_DEFAULTS, ProfiledSolverMixin, ProfilerConfig, create_profiler
+from scopebench.harness import ProfiledSolverMixin
+from scopebench.profiler import PROFILER_DEFAULTS, ProfilerConfig, create_profiler
 
 
 @pytest.mark.parametrize(
@@ -89,7 +90,7 @@ def test_unknown_parameter_is_refused():
 
 
 def test_solver_mixin_drives_a_run_object(tmp_path):
-    from scopebench.distributed.run import RankRun
+    from scopebench.harness.run import RankRun
 
     class Work(RankRun):
         def step(self, profiler):

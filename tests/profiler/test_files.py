@@ -8,7 +8,8 @@ import warnings
 import pytest
 import torch
 
-from scopebench.profiler import ProfiledSolverMixin, create_profiler
+from scopebench.harness import ProfiledSolverMixin
+from scopebench.profiler import create_profiler
 from scopebench.profiler.files import write_csv, write_exported
 
 
@@ -65,7 +66,7 @@ def test_unwritable_csv_at_the_end_warns_and_keeps_the_results(read_only_dir):
 
 
 def test_an_output_folder_unwritable_at_the_end_does_not_break_the_solver_loop(tmp_path, read_only_dir):
-    from scopebench.distributed.run import RankRun
+    from scopebench.harness.run import RankRun
 
     class Work(RankRun):
         def step(self, profiler):

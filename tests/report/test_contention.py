@@ -12,7 +12,7 @@ import time
 import pandas as pd
 import pytest
 
-from scopebench.distributed.run import RankRun
+from scopebench.harness.run import RankRun
 from scopebench.host_load import OwnTime, read_cpu_times, shares, usable_cpus
 from scopebench.profiler.sampler import PERIOD_SEC
 from scopebench.report.compare import compare, format_comparison

@@ -1,24 +1,23 @@
-"""Ranks, process groups, devices, cross-rank reductions and the run lifecycle (never imports benchopt).
+"""Ranks, process groups, devices and cross-rank reductions (never imports benchopt).
 
 * :mod:`~scopebench.distributed.info`: rank discovery (the one reader of launcher variables);
 * :mod:`~scopebench.distributed.device`: the device of a rank (``resolve_device``);
 * :mod:`~scopebench.distributed.launch`: :class:`DistSession`, local spawn and its fault reports
   (:mod:`~scopebench.distributed.faults`), the worker entry point :mod:`~scopebench.distributed.worker`;
-* :mod:`~scopebench.distributed.reduce`: barrier, broadcast and gather, no-ops on one process;
-* :mod:`~scopebench.distributed.run`: :class:`RankRun`, the base of every benchmark's run object.
+* :mod:`~scopebench.distributed.reduce`: barrier, broadcast and gather, no-ops on one process.
+
+The run lifecycle built on them (``RankRun``) is :mod:`scopebench.harness`, a layer above.
 """
 
 from scopebench.distributed.device import check_device, resolve_device
 from scopebench.distributed.info import DistInfo, get_dist_info, is_main, writes_reports
 from scopebench.distributed.launch import DistSession, RankFailure, check_local_nproc, default_backend
 from scopebench.distributed.reduce import barrier, broadcast_flag, gather_objects
-from scopebench.distributed.run import RankRun
 
 __all__ = [
     "DistInfo",
     "DistSession",
     "RankFailure",
-    "RankRun",
     "barrier",
     "broadcast_flag",
     "check_device",

@@ -10,7 +10,7 @@ The folders say who uses what:
   (:mod:`scopebench.imaging.training`).
 
 Each benchmark has one run object (``PnPRun``, ``TrainingRun``, on
-:class:`scopebench.distributed.run.RankRun`) used alike by its solver, its spawned ranks and the
+:class:`scopebench.harness.run.RankRun`) used alike by its solver, its spawned ranks and the
 scripts. The names most used from outside are re-exported here.
 """
 

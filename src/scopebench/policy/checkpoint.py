@@ -1,4 +1,4 @@
-"""Load a trained policy from a ``scopebench train`` checkpoint.
+"""Load a trained policy from a ``scopebench train`` checkpoint; what a resume of one may change.
 
 A checkpoint folder (:mod:`scopebench.train.checkpoint`) holds ``policy_config.json``
 (the preset and every field of the model's :class:`~scopebench.policy.config.Pi05Config`,
@@ -14,9 +14,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["POLICY_CONFIG_FILE", "load_policy"]
+__all__ = ["POLICY_CONFIG_FILE", "RESUME_MAY_CHANGE", "load_policy"]
 
 POLICY_CONFIG_FILE = "policy_config.json"
+#: Settings a resume may change: where and how often it logs and saves, how long it trains,
+#: and what only affects speed, memory checks or where the data is cached, never the steps
+#: taken. Every other training and dataset setting must match the checkpoint's.
+RESUME_MAY_CHANGE = (
+    "training.steps",
+    "training.log_freq",
+    "training.save_freq",
+    "training.output_dir",
+    "group_timeout_sec",
+    "check_memory",
+    "peak_tflops",
+    "num_workers",
+    "prefetch_factor",
+    "device",
+    "dataset.cache_dir",
+)
 
 
 def load_policy(checkpoint: str | Path, device: str = "cpu"):

@@ -35,8 +35,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from scopebench.policy import flops as flops_lib
-from scopebench.policy import tokenizer as tok
+import scopebench.policy.flops as flops_lib
+import scopebench.policy.tokenizer as tok
 from scopebench.policy.config import Pi05Config, VisionConfig
 
 # ----------------------------------------------------------------------------- helpers

@@ -19,13 +19,19 @@ the prefix's KV cache, ``sample`` the ``num_steps`` Euler steps of the action ex
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from scopebench.policy.config import Pi05Config, make_config
+from scopebench.policy.model import Pi05Policy
 from scopebench.policy.user import UserPolicy
 
-__all__ = ["make_pi05_policy", "pi05_args"]
+if TYPE_CHECKING:
+    from scopebench.policy.dataset import RobotDataset
+
+__all__ = ["config_for_dataset", "make_observation", "make_pi05_policy", "pi05_args", "policy_for_dataset"]
 
 
 def pi05_args(settings: Any, *, dataset_root: str, chunk_size: int, task: str = "train") -> dict[str, Any]:
@@ -52,6 +58,44 @@ def pi05_args(settings: Any, *, dataset_root: str, chunk_size: int, task: str = 
     return args
 
 
+def config_for_dataset(preset: str, dataset: RobotDataset, **overrides) -> Pi05Config:
+    """The config of ``preset`` with cameras, chunk and padded state/action sizes that fit ``dataset``."""
+    base = make_config(preset)
+    sizes = dict(
+        num_cameras=len(dataset.cameras),
+        chunk_size=dataset.chunk_size,
+        state_dim=max(base.state_dim, dataset.state_dim),
+        action_dim=max(base.action_dim, dataset.action_dim),
+    )
+    return make_config(preset, **{**sizes, **overrides})
+
+
+def policy_for_dataset(preset: str, dataset: RobotDataset, **overrides) -> Pi05Policy:
+    """A randomly initialised policy with :func:`config_for_dataset`'s config."""
+    config = config_for_dataset(preset, dataset, **overrides)
+    return Pi05Policy(config).to(getattr(torch, config.dtype))
+
+
+def make_observation(sample: Mapping, num_cameras: int, prompt_words: int) -> dict:
+    """A batch-1 observation from one dataset sample: its camera images, cycled to
+    ``num_cameras``; its task prompt, repeated to ``prompt_words`` words (then bounded by
+    the model's ``prompt_max_length`` tokens); its state.
+
+    :Examples:
+
+    >>> sample = {"camera0": torch.zeros(3, 4, 4), "state": torch.zeros(2), "prompt": "pick it"}
+    >>> obs = make_observation(sample, num_cameras=2, prompt_words=5)
+    >>> sorted(obs), obs["prompt"], tuple(obs["camera1"].shape)
+    (['camera0', 'camera1', 'prompt', 'state'], ['pick it pick it pick'], (1, 3, 4, 4))
+    """
+    cams = sorted(k for k in sample if k.startswith("camera"))
+    words = str(sample.get("prompt", "")).split() or ["go"]
+    obs = {f"camera{i}": sample[cams[i % len(cams)]][None] for i in range(num_cameras)}
+    obs["state"] = sample["state"][None]
+    obs["prompt"] = [" ".join(words[i % len(words)] for i in range(prompt_words))]
+    return obs
+
+
 def make_pi05_policy(
     *,
     dataset_root: str,
@@ -67,7 +111,7 @@ def make_pi05_policy(
 
     Args:
         dataset_root: Folder of the robot dataset (training samples; the inference observation
-            is its first frame, see :func:`scopebench.policy.run.inference.make_observation`).
+            is its first frame, see :func:`make_observation`).
         chunk_size: Actions per sample.
         preset: ``tiny``, ``small`` or ``pi05``.
         num_cameras: Cameras of the model (None: the dataset's).
@@ -78,8 +122,6 @@ def make_pi05_policy(
         **overrides: :class:`~scopebench.policy.config.Pi05Config` fields.
     """
     from scopebench.policy.dataset import RobotDataset, collate_robot_batch
-    from scopebench.policy.run.inference import make_observation
-    from scopebench.policy.run.steps import policy_for_dataset
     from scopebench.policy.runner import Preprocessor
     from scopebench.train.fsdp import DEFAULT_UNITS
 

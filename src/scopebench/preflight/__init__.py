@@ -5,7 +5,7 @@ Nothing is submitted and no data is loaded. The grid follows benchopt's rules (e
 ``parameters``; ``"a, b": [[...], ...]`` couples parameters); the defaults are read from
 the benchmark's own classes (:func:`~scopebench.preflight.grid.load_classes`, benchopt's
 grid syntax). Each cell is then checked by its solver's own ``check_cell`` (the check its
-``skip`` calls too: :meth:`scopebench.profiler.ProfiledSolverMixin.check_cell`), as
+``skip`` calls too: :meth:`scopebench.harness.ProfiledSolverMixin.check_cell`), as
 inside the cell's job (its SLURM tasks are its ranks). A Submitit parallel config and each cell's job go through
 :mod:`scopebench.cluster` (benchopt 1.10's merge, Submitit's validation and sbatch writer).
 
@@ -33,8 +33,8 @@ from scopebench.cluster import (
     sbatch_script,
     slurm_minutes,
 )
+from scopebench.harness.solver import LayoutReason, MachineReason
 from scopebench.preflight.grid import Classes, expand, load_classes, parse_pattern
-from scopebench.profiler.solver import MachineReason
 from scopebench.validate import load_yaml, quote
 
 __all__ = [
@@ -86,7 +86,8 @@ class Report:
     cluster: str | None
     """``slurm`` or ``local`` for the submitit backend: where Submitit would run the jobs."""
     errors: dict[int, str] = field(default_factory=dict)
-    """Cell index -> why it is invalid (naming the parameters)."""
+    """Cell index -> why it is invalid (naming the parameters): an error ``check_cell`` raised, or its
+    :class:`~scopebench.harness.solver.LayoutReason` (ranks that contradict the cell)."""
     skips: dict[int, str] = field(default_factory=dict)
     """Cell index -> why its solver would decline it (on SLURM it still takes a job)."""
     jobs: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -214,6 +215,9 @@ def preflight(
             reason = check(cell.solver_params, {"kind": cell.dataset, **cell.dataset_params}, world)
         except (ValueError, TypeError) as err:
             report.errors[cell.index] = str(err)
+            continue
+        if isinstance(reason, LayoutReason):  # the run would decline it; a config that asks for it is a mistake
+            report.errors[cell.index] = str(reason)
             continue
         if isinstance(reason, MachineReason):
             reason = f"{reason} (on this machine; a compute node may differ)"

@@ -18,12 +18,10 @@ from typing import Any
 
 from scopebench.profiler.base import Profiler, reduce_across_ranks
 from scopebench.profiler.config import MODES, PROFILER_DEFAULTS, ProfilerConfig
-from scopebench.profiler.solver import ProfiledSolverMixin
 
 __all__ = [
     "MODES",
     "PROFILER_DEFAULTS",
-    "ProfiledSolverMixin",
     "Profiler",
     "ProfilerConfig",
     "create_profiler",

@@ -10,9 +10,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from scopebench.host import MB
+
 __all__ = ["DeviceOps", "MB", "MAXRSS_UNIT", "peak_rss_mb"]
 
-MB = 1024.0 * 1024.0
 #: Bytes per unit of ``getrusage().ru_maxrss``: KiB on Linux, bytes on macOS.
 MAXRSS_UNIT = 1.0 if sys.platform == "darwin" else 1024.0
 

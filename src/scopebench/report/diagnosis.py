@@ -20,29 +20,26 @@ ratios of two regions use their medians; all statistics come from :mod:`scopeben
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from scopebench import stats
 from scopebench.report import memory_rules
 from scopebench.report.backend_comparison import backend_comparisons, config_backend
+from scopebench.report.findings import INPUT_WAIT_PCT, SKEW_PCT, SYNC_PCT, Finding, metric_median, step_share_pct
 from scopebench.report.host_rules import contended, gpu_throttled, low_gpu_utilisation
 from scopebench.report.results import LAYOUT_PARAMS, Configuration
 from scopebench.report.tables import config_kind, throughput
 
 __all__ = ["Finding", "RULES", "diagnose", "diagnose_all"]
 
-#: input-bound: ``dataload_wait`` above this share of the step (%).
-INPUT_WAIT_PCT = 5.0
+# INPUT_WAIT_PCT (input-bound), SYNC_PCT (host-sync-bound) and SKEW_PCT (rank-imbalance) are in
+# scopebench.report.findings: host_rules names the GPU's idle causes with them too.
 #: distributed overhead: multi-rank ``bwd / forward`` at least this ...
 DIST_MULTI_RATIO = 3.0
 #: ... while a single-rank run of the same solver has ``bwd / forward`` in this range ("close to 2x").
 DIST_SINGLE_RANGE = (1.5, 2.5)
 #: optimizer-bound: ``optim_step`` above this share of the step (%), on CUDA, without fused AdamW.
 OPTIM_PCT = 10.0
-#: host-sync-bound: ``sync_gather`` above this share of the step (%).
-SYNC_PCT = 5.0
-#: rank imbalance: ``rank_skew_pct`` (or a region's, for regions above :data:`SKEW_REGION_MIN_PCT` of the step) above this (%).
-SKEW_PCT = 10.0
+#: rank imbalance: a region's skew counts when the region is at least this share of the step (%).
 SKEW_REGION_MIN_PCT = 5.0
 #: profiler too costly: ``profiler_overhead_sec`` above this share of the step (%).
 OVERHEAD_PCT = 10.0
@@ -51,36 +48,6 @@ COMPILE_RATIO = 5.0
 #: communication-bound: a region's ``<region>_comm_sec`` above this share of the region's time (%).
 COMM_PCT = 30.0
 _OFF = {"", "none", "false", "off", "eager", "0", "no", "null"}
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One diagnosis line."""
-
-    rule: str
-    config: str
-    """The configuration's label."""
-    message: str
-    """The numbers that triggered the rule, with the threshold."""
-    advice: str = ""
-
-    def text(self) -> str:
-        return f"[{self.rule}] {self.config}: {self.message}" + (f" -> {self.advice}" if self.advice else "")
-
-
-def _median(config: Configuration, metric: str) -> float | None:
-    values = config.values(metric)
-    return stats.median(values) if values else None
-
-
-def _step_share_pct(config: Configuration, region: str) -> float | None:
-    """Mean of the region over the mean step, in %."""
-    if region not in config.region_columns:
-        return None
-    values, step = config.region_values(region), config.step_values()
-    if not values or not step or stats.mean(step) <= 0:
-        return None
-    return stats.mean(values) / stats.mean(step) * 100.0
 
 
 def _ratio(config: Configuration, top: str, bottom: str) -> float | None:
@@ -124,7 +91,7 @@ def _differences(a: Configuration, b: Configuration) -> int:
 
 def input_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
     out = []
-    share = _step_share_pct(config, "dataload_wait")
+    share = step_share_pct(config, "dataload_wait")
     if share is not None and share > INPUT_WAIT_PCT:
         out.append(
             Finding(
@@ -142,7 +109,7 @@ def input_bound(config: Configuration, others: list[Configuration]) -> list[Find
                 continue
             if not _agree(config, loader, ("batch_size", "nproc_per_node", "num_workers", "preset")):
                 continue
-            ceiling = _median(loader, "samples_per_sec")
+            ceiling = metric_median(loader, "samples_per_sec")
             if ceiling is not None and ceiling <= rate:
                 out.append(
                     Finding(
@@ -187,7 +154,7 @@ def distributed_overhead(config: Configuration, others: list[Configuration]) -> 
 
 
 def optimizer_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
-    share = _step_share_pct(config, "optim_step")
+    share = step_share_pct(config, "optim_step")
     if share is None or share <= OPTIM_PCT or not _on_cuda(config) or _on(config.param("fused_adamw")):
         return []
     return [
@@ -202,7 +169,7 @@ def optimizer_bound(config: Configuration, others: list[Configuration]) -> list[
 
 
 def host_sync_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
-    share = _step_share_pct(config, "sync_gather")
+    share = step_share_pct(config, "sync_gather")
     if share is None or share <= SYNC_PCT:
         return []
     return [
@@ -217,12 +184,12 @@ def host_sync_bound(config: Configuration, others: list[Configuration]) -> list[
 
 def rank_imbalance(config: Configuration, others: list[Configuration]) -> list[Finding]:
     parts = []
-    skew = _median(config, "rank_skew_pct")
+    skew = metric_median(config, "rank_skew_pct")
     if skew is not None and skew > SKEW_PCT:
         parts.append(f"step skew {skew:.1f}%")
     for region in config.regions:
-        region_skew = _median(config, f"{region}_rank_skew_pct")
-        share = _step_share_pct(config, region)
+        region_skew = metric_median(config, f"{region}_rank_skew_pct")
+        share = step_share_pct(config, region)
         if region_skew is not None and region_skew > SKEW_PCT and share is not None and share >= SKEW_REGION_MIN_PCT:
             parts.append(f"{region} skew {region_skew:.1f}%")
     if not parts:

@@ -12,25 +12,12 @@ columns (a CPU run, no NVML, the sampler off) the rules stay silent.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from scopebench import stats
 from scopebench.report.contention import OTHER_CPU_PCT, STEAL_PCT, contention, iteration_ranges
+from scopebench.report.findings import INPUT_WAIT_PCT, SKEW_PCT, SYNC_PCT, Finding, metric_median, step_share_pct
 from scopebench.report.results import Configuration
 
-if TYPE_CHECKING:
-    from scopebench.report import diagnosis as d
-
 __all__ = ["GPU_CLOCK_PCT", "LOW_GPU_UTIL_PCT", "contended", "gpu_throttled", "low_gpu_utilisation"]
-
-
-def _diagnosis():
-    """The diagnosis module (its helpers and thresholds), imported when a rule runs: it
-    imports this module to list these rules."""
-    from scopebench.report import diagnosis
-
-    return diagnosis
-
 
 #: low GPU utilisation: median ``gpu_util_pct`` below this (%), on CUDA.
 LOW_GPU_UTIL_PCT = 70.0
@@ -40,13 +27,12 @@ DIST_WAIT_PCT = 10.0
 GPU_CLOCK_PCT = 80.0
 
 
-def contended(config: Configuration, others: list[Configuration]) -> list[d.Finding]:
-    d = _diagnosis()
+def contended(config: Configuration, others: list[Configuration]) -> list[Finding]:
     found = contention(config)
     if found is None or not found.contended:
         return []
     return [
-        d.Finding(
+        Finding(
             "contended",
             config.label,
             f"{found.text()} (contended above {OTHER_CPU_PCT:g}% other or {STEAL_PCT:g}% steal): "
@@ -59,29 +45,27 @@ def contended(config: Configuration, others: list[Configuration]) -> list[d.Find
 
 def _gpu_idle_causes(config: Configuration) -> list[tuple[float, str]]:
     """(share %, cause) of what the phase table says keeps the GPU waiting, largest first."""
-    d = _diagnosis()
     causes = []
-    share = d._step_share_pct(config, "dataload_wait")
-    if share is not None and share > d.INPUT_WAIT_PCT:
+    share = step_share_pct(config, "dataload_wait")
+    if share is not None and share > INPUT_WAIT_PCT:
         causes.append((share, f"input-bound: dataload_wait is {share:.1f}% of the step"))
-    share = d._step_share_pct(config, "sync_gather")
-    if share is not None and share > d.SYNC_PCT:
+    share = step_share_pct(config, "sync_gather")
+    if share is not None and share > SYNC_PCT:
         causes.append((share, f"synchronisation: sync_gather is {share:.1f}% of the step"))
     if config.ranks() > 1:
         step = config.step_values()
         comm = [stats.mean(config.values(f"{r}_comm_sec")) for r in config.regions if config.values(f"{r}_comm_sec")]
         share = sum(comm) / stats.mean(step) * 100.0 if comm and step and stats.mean(step) > 0 else None
-        skew = d._median(config, "rank_skew_pct")
+        skew = metric_median(config, "rank_skew_pct")
         if share is not None and share > DIST_WAIT_PCT:
             causes.append((share, f"distributed waits: communication is {share:.1f}% of the step"))
-        elif skew is not None and skew > d.SKEW_PCT:
+        elif skew is not None and skew > SKEW_PCT:
             causes.append((skew, f"distributed waits: ranks wait for the slowest (step skew {skew:.1f}%)"))
     return sorted(causes, reverse=True)
 
 
-def low_gpu_utilisation(config: Configuration, others: list[Configuration]) -> list[d.Finding]:
-    d = _diagnosis()
-    util = d._median(config, "gpu_util_pct")
+def low_gpu_utilisation(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    util = metric_median(config, "gpu_util_pct")
     if util is None or util >= LOW_GPU_UTIL_PCT:
         return []
     causes = _gpu_idle_causes(config)
@@ -101,7 +85,7 @@ def low_gpu_utilisation(config: Configuration, others: list[Configuration]) -> l
         )
         advice = "larger batches, torch.compile or CUDA graphs (compile_mode), fewer small ops per step"
     return [
-        d.Finding(
+        Finding(
             "low-gpu-utilisation",
             config.label,
             f"GPU utilisation median {util:.0f}% (< {LOW_GPU_UTIL_PCT:g}%); {cause}",
@@ -110,10 +94,9 @@ def low_gpu_utilisation(config: Configuration, others: list[Configuration]) -> l
     ]
 
 
-def gpu_throttled(config: Configuration, others: list[Configuration]) -> list[d.Finding]:
+def gpu_throttled(config: Configuration, others: list[Configuration]) -> list[Finding]:
     from scopebench.profiler.sampler import throttle_names
 
-    d = _diagnosis()
     rows = config.recorded
     column = "objective_gpu_throttle"
     bits: dict[str, list[int]] = {}
@@ -123,8 +106,8 @@ def gpu_throttled(config: Configuration, others: list[Configuration]) -> list[d.
                 for name in throttle_names(int(mask)):
                     bits.setdefault(name, []).append(int(stop) - 1)
     parts = [f"{name} in {len(its)} iteration(s) ({iteration_ranges(its)})" for name, its in bits.items()]
-    clock, top = d._median(config, "gpu_sm_clock_mhz"), d._median(config, "gpu_sm_clock_max_mhz")
-    util = d._median(config, "gpu_util_pct")
+    clock, top = metric_median(config, "gpu_sm_clock_mhz"), metric_median(config, "gpu_sm_clock_max_mhz")
+    util = metric_median(config, "gpu_util_pct")
     slow_clock = clock is not None and top and util is not None and util >= LOW_GPU_UTIL_PCT
     slow_clock = slow_clock and clock / top * 100.0 < GPU_CLOCK_PCT
     if not parts and not slow_clock:
@@ -144,7 +127,7 @@ def gpu_throttled(config: Configuration, others: list[Configuration]) -> list[d.
         else f"no throttle reason reported but SM clock < {GPU_CLOCK_PCT:g}% of max"
     )
     return [
-        d.Finding(
+        Finding(
             "gpu-throttled",
             config.label,
             "; ".join([reasons, *facts]),

@@ -23,6 +23,7 @@ from typing import Any
 
 from scopebench import stats
 from scopebench.profiler.memory import CATEGORIES
+from scopebench.report.drawing import pyplot, short_label
 from scopebench.report.figures import sweep_groups
 from scopebench.report.results import Configuration
 
@@ -207,10 +208,8 @@ def _read_off(f: dict[str, Any]) -> str:
 # -- matplotlib -------------------------------------------------------------------------
 def category_figure(data: dict[str, Any], title: str):
     """Horizontal stacked bars: one per configuration and rank, one segment per category (MiB)."""
-    from scopebench.report.plots import _pyplot, _short
-
-    plt = _pyplot()
-    labels = [_short(x) for x in data["labels"]]
+    plt = pyplot()
+    labels = [short_label(x) for x in data["labels"]]
     fig, ax = plt.subplots(figsize=(10, 1.4 + 0.45 * len(labels)), layout="constrained")
     left = [0.0] * len(labels)
     for key in data["categories"]:
@@ -226,9 +225,7 @@ def category_figure(data: dict[str, Any], title: str):
 def batch_figure(fits: list[dict[str, Any]], title: str):
     """Measured peaks against the batch (hollow: did not fit; x: out of memory), their lines,
     the device limits and the largest batch read off each line."""
-    from scopebench.report.plots import _pyplot, _short
-
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
     for f in fits:
         fits_flags = f["fits"] or [True] * len(f["batch"])
@@ -236,9 +233,9 @@ def batch_figure(fits: list[dict[str, Any]], title: str):
         fit_points = [(b, m) for b, m, ok in zip(f["batch"], f["mb"], fits_flags) if ok]
         miss_points = [(b, m) for b, m, ok in zip(f["batch"], f["mb"], fits_flags) if not ok]
         if fit_points:
-            ax.plot(*zip(*fit_points), "o", color=color, label=_short(f["label"]))
+            ax.plot(*zip(*fit_points), "o", color=color, label=short_label(f["label"]))
         if miss_points:
-            ax.plot(*zip(*miss_points), "o", mfc="none", color=color, label=f"{_short(f['label'])}: does not fit")
+            ax.plot(*zip(*miss_points), "o", mfc="none", color=color, label=f"{short_label(f['label'])}: does not fit")
         if f["per_sample_mb"] is not None:
             xs = [0.0, _line_end(f)]
             ax.plot(xs, [f["fixed_mb"] + f["per_sample_mb"] * x for x in xs], "--", color=color, label=_line_name(f))
@@ -246,7 +243,7 @@ def batch_figure(fits: list[dict[str, Any]], title: str):
             ax.axhline(f["limit_mb"], color=_LIMIT_COLOR, ls=":", label=f"limit {f['limit_mb']:.4g} MiB")
             if f["oom_batches"]:
                 ax.plot(f["oom_batches"], [f["limit_mb"]] * len(f["oom_batches"]), "x", color=color, ms=9,
-                        label=f"{_short(f['label'])}: out of memory")  # fmt: skip
+                        label=f"{short_label(f['label'])}: out of memory")  # fmt: skip
         if f["largest_batch"] is not None:
             ax.axvline(f["largest_batch"], color=color, ls="-.", lw=1, label=_read_off(f))
         elif f["found_batch"] is not None:

@@ -1,16 +1,15 @@
 """Diagnosis rules over ``profiler_memory``'s columns (listed in ``docs/diagnosis.md``).
 
 :mod:`scopebench.report.diagnosis` runs them with its other rules; each returns the
-:class:`~scopebench.report.diagnosis.Finding` lines of one configuration, naming the numbers
+:class:`~scopebench.report.findings.Finding` lines of one configuration, naming the numbers
 that triggered it against the threshold. They read only ``mem_*`` columns, so a run without
 ``profiler_memory`` (the quickstart) never triggers them.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from scopebench import stats
+from scopebench.report.findings import Finding
 from scopebench.report.results import Configuration
 
 __all__ = ["fragmentation", "memory_creep", "memory_rank_imbalance", "sharding_does_not_pay"]
@@ -21,12 +20,6 @@ FRAGMENTATION_PCT = 10.0
 CREEP_PCT = 5.0
 #: memory rank imbalance: ``mem_rank_imbalance_pct`` above this (%).
 MEMORY_IMBALANCE_PCT = 10.0
-
-
-def _finding(*args: Any):
-    from scopebench.report.diagnosis import Finding
-
-    return Finding(*args)
 
 
 def fragmentation(config: Configuration, others: list[Configuration]) -> list:
@@ -40,7 +33,7 @@ def fragmentation(config: Configuration, others: list[Configuration]) -> list:
         else ""
     )
     return [
-        _finding(
+        Finding(
             "fragmentation",
             config.label,
             f"reserved - allocated is {stats.median(values):.1f}% of the allocated peak{sizes} (> {FRAGMENTATION_PCT:g}%)",
@@ -59,7 +52,7 @@ def memory_creep(config: Configuration, others: list[Configuration]) -> list:
     if first <= 0 or (last - first) / first * 100.0 <= CREEP_PCT:
         return []
     return [
-        _finding(
+        Finding(
             "memory-creep",
             config.label,
             f"the step peak grew from {first:.1f} MB to {last:.1f} MB over {len(peaks)} recorded iterations "
@@ -77,7 +70,7 @@ def memory_rank_imbalance(config: Configuration, others: list[Configuration]) ->
     worst = config.values("mem_worst_rank")
     who = f"; rank {int(stats.median(worst))} holds the most" if worst else ""
     return [
-        _finding(
+        Finding(
             "memory-rank-imbalance",
             config.label,
             f"step peaks differ by {stats.median(values):.1f}% between ranks (> {MEMORY_IMBALANCE_PCT:g}%){who}",
@@ -115,7 +108,7 @@ def sharding_does_not_pay(config: Configuration, others: list[Configuration]) ->
         cost = stats.median(gather)
         if saved < cost:
             return [
-                _finding(
+                Finding(
                     "sharding-does-not-pay",
                     config.label,
                     f"{backend} holds {saved:.1f} MB less of parameters than {config_backend(other)} "

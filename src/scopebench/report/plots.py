@@ -13,6 +13,7 @@ from typing import Any
 
 from scopebench.atomic import atomic_write
 from scopebench.report import figures, memory_figures
+from scopebench.report.drawing import pyplot, short_label
 from scopebench.report.results import Configuration
 
 __all__ = ["PICTURES", "figure_to_rgb", "save_png", "stacked_figure", "write_pngs"]
@@ -29,20 +30,6 @@ PICTURES = {
     "memory_categories": "profiler_memory: the step's peak by category, stacked, per configuration and rank",
     "memory_batch": "profiler_memory: step peak against batch size, its line, the device limit and the largest batch",
 }
-_LABEL_CHARS = 70
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _short(label: str) -> str:
-    return label if len(label) <= _LABEL_CHARS else label[: _LABEL_CHARS - 1] + "…"
 
 
 def slug(name: str) -> str:
@@ -57,8 +44,8 @@ def slug(name: str) -> str:
 
 def stacked_figure(data: dict[str, Any], title: str = ""):
     """Horizontal stacked bars: one per configuration, one segment per region (ms)."""
-    plt = _pyplot()
-    labels = [_short(x) for x in data["labels"]]
+    plt = pyplot()
+    labels = [short_label(x) for x in data["labels"]]
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.45 * len(labels)), layout="constrained")
     left = [0.0] * len(labels)
     cmap = plt.get_cmap("tab20")
@@ -78,7 +65,7 @@ def figure_to_rgb(fig):
     """An RGB float array in [0, 1] (no alpha channel) of a figure, which is then closed."""
     import numpy as np
 
-    plt = _pyplot()
+    plt = pyplot()
     fig.canvas.draw()
     rgba = np.asarray(fig.canvas.buffer_rgba())
     plt.close(fig)
@@ -86,13 +73,13 @@ def figure_to_rgb(fig):
 
 
 def _step_figure(series: list[dict[str, Any]], title: str):
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 5), layout="constrained")
     cmap = plt.get_cmap("tab10")
     for i, s in enumerate(series):
         color = cmap(i % 10)
         if s["step_ms"]:
-            ax.plot(s["iteration"], s["step_ms"], marker="o", ms=3, color=color, label=_short(s["label"]))
+            ax.plot(s["iteration"], s["step_ms"], marker="o", ms=3, color=color, label=short_label(s["label"]))
         if s["wall_ms"]:
             ax.plot(s["wall_iteration"], s["wall_ms"], ls=":", color=color, alpha=0.8)
     ax.set_xlabel("iteration")
@@ -109,11 +96,11 @@ def _step_figure(series: list[dict[str, Any]], title: str):
 
 
 def _metrics_figure(metrics: dict[str, list[dict[str, Any]]], title: str):
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False, layout="constrained")
     for ax, (name, lines) in zip(axes[0], metrics.items()):
         for line in lines:
-            ax.plot(line["x"], line["y"], label=_short(line["label"]))
+            ax.plot(line["x"], line["y"], label=short_label(line["label"]))
         ax.set_xlabel("iteration (stop_val)")
         ax.set_title(name)
         ax.legend(fontsize=7)
@@ -122,13 +109,13 @@ def _metrics_figure(metrics: dict[str, list[dict[str, Any]]], title: str):
 
 
 def _scaling_figure(groups: list[dict[str, Any]], title: str):
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, ax_eff) = plt.subplots(1, 2, figsize=(11, 4.5), layout="constrained")
     top = max(max(g["ranks"]) for g in groups)
     low = min(min(g["ranks"]) for g in groups)
     for g in groups:
-        ax.plot(g["ranks"], g["speedup"], marker="o", label=_short(g["label"]))
-        ax_eff.plot(g["ranks"], [e * 100 for e in g["efficiency"]], marker="o", label=_short(g["label"]))
+        ax.plot(g["ranks"], g["speedup"], marker="o", label=short_label(g["label"]))
+        ax_eff.plot(g["ranks"], [e * 100 for e in g["efficiency"]], marker="o", label=short_label(g["label"]))
     ax.plot([low, top], [1.0, top / low], "k--", label="ideal")
     ax_eff.axhline(100.0, color="k", ls="--", label="ideal")
     ax.set_xlabel("processes")
@@ -141,10 +128,10 @@ def _scaling_figure(groups: list[dict[str, Any]], title: str):
 
 
 def _latency_figure(series: list[dict[str, Any]], title: str):
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, ax_cdf) = plt.subplots(1, 2, figsize=(11, 4.5), layout="constrained")
     for s in series:
-        ax.hist(s["ms"], bins=min(30, max(5, len(s["ms"]) // 2)), alpha=0.5, label=_short(s["label"]))
+        ax.hist(s["ms"], bins=min(30, max(5, len(s["ms"]) // 2)), alpha=0.5, label=short_label(s["label"]))
         ordered = sorted(s["ms"])
         ax_cdf.step(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], where="post")
     ax.set_xlabel("latency per call (ms)")
@@ -157,10 +144,10 @@ def _latency_figure(series: list[dict[str, Any]], title: str):
 
 
 def _fit_figure(fits: list[dict[str, Any]], title: str):
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
     for f in fits:
-        line = ax.plot(f["num_steps"], f["ms"], "o", label=_short(f["label"]))[0]
+        line = ax.plot(f["num_steps"], f["ms"], "o", label=short_label(f["label"]))[0]
         xs = [0, max(f["num_steps"])]
         ax.plot(xs, [f["F_ms"] + x * f["s_ms"] for x in xs], "--", color=line.get_color(),
                 label=f"L(N) = {f['F_ms']:.2f} + N x {f['s_ms']:.3f} ms")  # fmt: skip
@@ -172,12 +159,12 @@ def _fit_figure(fits: list[dict[str, Any]], title: str):
 
 
 def _memory_figure(groups: list[dict[str, Any]], title: str):
-    plt = _pyplot()
+    plt = pyplot()
     params = sorted({g["param"] for g in groups})
     fig, axes = plt.subplots(1, len(params), figsize=(6 * len(params), 4.5), squeeze=False, layout="constrained")
     for ax, param in zip(axes[0], params):
         for g in (g for g in groups if g["param"] == param):
-            ax.plot(g["x"], g["mb"], marker="o", label=_short(g["label"]))
+            ax.plot(g["x"], g["mb"], marker="o", label=short_label(g["label"]))
             ax.set_ylabel(g["unit"])
         ax.set_xlabel(param)
         ax.legend(fontsize=7)
@@ -219,7 +206,7 @@ def benchmark_figures(configs: list[Configuration], title: str, memory_limit_mb:
 
 def save_png(fig, path: str | Path) -> Path:
     """Write ``fig`` as a PNG at ``path`` (atomically) and close it."""
-    plt = _pyplot()
+    plt = pyplot()
     path = Path(path)
     with atomic_write(path, "wb") as fh:
         fig.savefig(fh, format="png", dpi=90)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scopebench.distributed.run import RankRun
+from scopebench.harness.run import RankRun
 from scopebench.imaging.inference.engine import TASKS, PnPEngine, ReconstructionConfig, build_engine
 from scopebench.validate import choice, integer
 
@@ -58,7 +58,7 @@ class PnPRun(RankRun):
         task: ``pnp`` (regions ``gradient``, ``denoise``) or ``denoise`` (one denoiser
             pass per iteration, cost counted at set-up).
         **run: ``nproc``, ``profiler``, ``output_dir``, ``name``, ``group_timeout_sec``,
-            ``worker`` of :class:`~scopebench.distributed.run.RankRun` (the device comes from
+            ``worker`` of :class:`~scopebench.harness.run.RankRun` (the device comes from
             ``config.device``).
     """
 

@@ -1,12 +1,12 @@
 """The benchopt-free half of benchmark_inference's ``PnP`` and ``Denoiser`` solvers.
 
-``class Solver(PnPSolverMixin, BaseSolver)`` declares its parameter grid and ``task`` and
-gets ``check_cell`` (can a cell run: the one check ``skip`` and ``scopebench check-config``
-call), ``skip`` (layouts and optional packages that cannot run are declined with a reason),
-``set_objective`` (invalid values raise ``ValueError`` before anything starts; builds the
-:class:`~scopebench.imaging.inference.run.PnPRun`), ``pre_run_hook`` (starts the ranks and
-builds the engine, untimed), ``run`` (the profiled loop; the run is torn down on any exit)
-and ``get_result``.
+``class Solver(PnPSolverMixin, BaseSolver)`` declares its parameter grid and ``task``; the
+lifecycle and the skip rule are :class:`~scopebench.harness.solver.ProfiledSolverMixin`'s.
+This mixin adds ``check_cell`` (can a cell run: the one check ``skip`` and ``scopebench
+check-config`` call; layouts and optional packages that cannot run are declined with a
+reason, invalid values raise ``ValueError``), the run object
+(:class:`~scopebench.imaging.inference.run.PnPRun`, built by ``set_objective``, started
+untimed by ``pre_run_hook``) and ``get_result``.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from scopebench.harness.solver import LayoutReason, MachineReason, ProfiledSolverMixin
 from scopebench.imaging.common.denoisers import ONLY_2D, denoiser_unavailable
 from scopebench.imaging.inference.engine import ReconstructionConfig
 from scopebench.imaging.inference.problems import describe_problem
 from scopebench.imaging.inference.run import PnPRun
 from scopebench.imaging.inference.topology import Topology, check_topology
-from scopebench.profiler.solver import MachineReason, ProfiledSolverMixin
 
 __all__ = ["PnPSolverMixin", "cell_problems"]
 
@@ -52,7 +52,8 @@ def cell_problems(
     ``inapplicable``: the grid combination does not apply (a 2-D-only denoiser on a
     volume); ``unavailable``: it cannot run on this machine (a missing denoiser package,
     ``compile`` without a C compiler). ``skip`` declines all three; ``scopebench
-    check-config`` reports the first as an error and the others as skips.
+    check-config`` reports the first as an error (a :class:`LayoutReason`) and the others
+    as skips.
     """
     params = dict(spec)
     kind = params.pop("kind")
@@ -91,7 +92,7 @@ def _topology(params: dict[str, Any]) -> Topology:
 
 
 class PnPSolverMixin(ProfiledSolverMixin):
-    """Skip, validate, start, loop and report; the solver file sets ``task`` and ``output_dir``."""
+    """Check a cell, build its :class:`PnPRun`, report; the solver file sets ``task`` and ``output_dir``."""
 
     task: str = "pnp"
     """``pnp`` (gradient + denoise) or ``denoise`` (one denoiser pass per iteration)."""
@@ -99,14 +100,15 @@ class PnPSolverMixin(ProfiledSolverMixin):
 
     @classmethod
     def check_cell(cls, params: dict[str, Any], spec: dict[str, Any], launcher_world_size: int | None) -> str | None:
-        """:func:`cell_problems`: an invalid layout raises ``ValueError``; a grid combination
-        that does not apply or cannot run here (a :class:`MachineReason`) is the reason."""
+        """:func:`cell_problems`: a layout that contradicts the problem is a :class:`LayoutReason`,
+        a grid combination that does not apply a reason, one that cannot run here a
+        :class:`MachineReason`; an invalid value raises ``ValueError``."""
         super().check_cell(params, spec, launcher_world_size)
         invalid, inapplicable, unavailable = cell_problems(
             _reconstruction_config(params), _topology(params), spec, launcher_world_size
         )
         if invalid:
-            raise ValueError(invalid)
+            return LayoutReason(invalid)
         return inapplicable or (MachineReason(unavailable) if unavailable else None)
 
     def reconstruction_config(self) -> ReconstructionConfig:
@@ -116,31 +118,21 @@ class PnPSolverMixin(ProfiledSolverMixin):
     def topology(self) -> Topology:
         return _topology(self.cell_params())
 
-    def skip(self, spec: dict[str, Any], **_: Any) -> tuple[bool, str | None]:
-        self.validate_profiler()
-        self.reconstruction_config()  # invalid values raise; what check_cell raises now is the layout's
-        try:
-            return self.decline(spec)
-        except ValueError as err:  # a layout that contradicts the problem is declined, with its reason
-            return True, str(err)
+    def cell_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return spec
 
-    def set_objective(self, spec: dict[str, Any]) -> None:
-        self.pnp = PnPRun(
+    def make_run(self, spec: dict[str, Any]) -> PnPRun:
+        return PnPRun(
             spec,
             self.reconstruction_config(),
             task=self.task,
             nproc=self.topology().nproc_per_node,  # ranks per node (scopebench.cluster.job_layout)
-            profiler=self.validate_profiler(),
+            profiler=self.profiler_config,
             output_dir=self.output_dir,
             name=self.name.lower(),
             group_timeout_sec=self.group_timeout_sec,
         )
 
-    def pre_run_hook(self, stop_val: Any) -> None:
-        self.start_run(self.pnp)
-
-    def run(self, callback: Any) -> None:
-        self.finish_run(self.pnp, callback)
-
     def get_result(self) -> dict[str, Any]:
-        return {"x": self.pnp.x, **self.pnp.metrics()}
+        run = self.run_object
+        return {"x": run.x, **run.metrics()}

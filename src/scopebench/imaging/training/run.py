@@ -21,7 +21,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from scopebench.distributed.run import RankRun
+from scopebench.harness.run import RankRun
 from scopebench.imaging.common.denoisers import DenoiserSpec
 from scopebench.imaging.training.data import TrainingData, build_training_data
 from scopebench.imaging.training.trainer import TrainConfig, UnrolledTrainer
@@ -59,7 +59,7 @@ class TrainingRun(RankRun):
         train: Optimisation and distribution settings (or their ``asdict`` form).
         data: The training set already built from ``data_params`` (rank 0 under benchopt).
         **run: ``nproc``, ``device``, ``profiler``, ``output_dir``, ``name``,
-            ``group_timeout_sec``, ``worker`` of :class:`~scopebench.distributed.run.RankRun`.
+            ``group_timeout_sec``, ``worker`` of :class:`~scopebench.harness.run.RankRun`.
     """
 
     worker_target = WORKER_TARGET

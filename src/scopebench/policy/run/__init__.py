@@ -10,7 +10,7 @@ Mirrors :mod:`scopebench.imaging` (run objects beside the solvers' library half)
 * :mod:`~scopebench.policy.run.solver`: the benchopt-free half of the three solvers;
 * :mod:`~scopebench.policy.run.trainer`: ``scopebench train``'s loop, log and checkpoints.
 
-Both run objects are :class:`scopebench.distributed.run.RankRun` subclasses, like
+Both run objects are :class:`scopebench.harness.run.RankRun` subclasses, like
 ``PnPRun`` and ``TrainingRun``: one lifecycle for every benchmark. Nothing is imported
 here, so ``import scopebench.policy`` stays light.
 """

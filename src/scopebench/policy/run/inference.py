@@ -13,49 +13,30 @@ measured iterations, and the first call's excess over a steady call is reported 
 (below 5, a warning says compilation may not have happened).
 
 The observation is the policy's ``observation(1)``. pi05 builds it from the dataset's first
-frame (the objective scores against that frame's recorded actions): its camera images,
-cycled to ``num_cameras``; its task prompt, repeated to ``prompt_words`` words (then bounded
-by the model's ``prompt_max_length`` tokens); its state.
+frame (the objective scores against that frame's recorded actions):
+:func:`scopebench.policy.pi05.make_observation`.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from scopebench.distributed.device import resolve_device
-from scopebench.distributed.run import RankRun
+from scopebench.harness.run import RankRun
 from scopebench.policy.run.steps import InferenceStep
 from scopebench.policy.settings import InferenceSettings
 
-__all__ = ["COMPILE_RATIO_WARNING", "InferenceRun", "fit_latency", "make_observation"]
+__all__ = ["COMPILE_RATIO_WARNING", "InferenceRun", "fit_latency"]
 
 #: Below this first-call / steady-call ratio, compilation probably did not happen.
 COMPILE_RATIO_WARNING = 5.0
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def make_observation(sample: Mapping, num_cameras: int, prompt_words: int) -> dict:
-    """A batch-1 observation from one dataset sample (see the module docstring).
-
-    :Examples:
-
-    >>> sample = {"camera0": torch.zeros(3, 4, 4), "state": torch.zeros(2), "prompt": "pick it"}
-    >>> obs = make_observation(sample, num_cameras=2, prompt_words=5)
-    >>> sorted(obs), obs["prompt"], tuple(obs["camera1"].shape)
-    (['camera0', 'camera1', 'prompt', 'state'], ['pick it pick it pick'], (1, 3, 4, 4))
-    """
-    cams = sorted(k for k in sample if k.startswith("camera"))
-    words = str(sample.get("prompt", "")).split() or ["go"]
-    obs = {f"camera{i}": sample[cams[i % len(cams)]][None] for i in range(num_cameras)}
-    obs["state"] = sample["state"][None]
-    obs["prompt"] = [" ".join(words[i % len(words)] for i in range(prompt_words))]
-    return obs
 
 
 def fit_latency(num_steps: Sequence[float], latency: Sequence[float]) -> dict[str, float]:
@@ -107,7 +88,7 @@ class InferenceRun(RankRun):
     """Set-up, loop and teardown of one inference benchmark (a single process).
 
     Args:
-        settings: Validated settings (``device`` is the :class:`~scopebench.distributed.run.RankRun`'s).
+        settings: Validated settings (``device`` is the :class:`~scopebench.harness.run.RankRun`'s).
         dataset_root: Folder of the robot dataset (pi05: its first frame is the observation).
         chunk_size: The dataset's chunk size, used when ``settings.chunk_size`` is None.
         tool: How errors name the caller (a policy without ``sample`` is refused naming it).
@@ -115,7 +96,7 @@ class InferenceRun(RankRun):
             ``schedule[i % len(schedule)]``, and every value is warmed up (``n_warmup``
             calls each) before the first measured call. Default: ``[settings.num_steps]``.
         **run: ``profiler``, ``output_dir``, ``name``, ``keep_rows`` of
-            :class:`~scopebench.distributed.run.RankRun`.
+            :class:`~scopebench.harness.run.RankRun`.
     """
 
     def __init__(

@@ -1,14 +1,13 @@
 """The benchopt-free half of the policy solvers ``Pi05Train``, ``Pi05Dataloader``, ``Pi05Inference``.
 
-``class Solver(TrainSolverMixin, BaseSolver)`` declares its parameter grid and ``task`` and
-gets, like the imaging solvers (:mod:`scopebench.imaging.inference.solver`): ``check_cell``
-(can a cell run: the one check ``skip`` and ``scopebench check-config`` call), ``skip`` (a
-backend the settings cannot run is declined with a reason), ``set_objective`` (every
-parameter validated before any work; builds the run object), ``pre_run_hook`` (starts the
-ranks and builds the run, untimed: :meth:`~scopebench.profiler.ProfiledSolverMixin.start_run`),
-``run`` (the profiled loop, torn down on any exit:
-:meth:`~scopebench.profiler.ProfiledSolverMixin.finish_run`) and ``get_result`` (the work
-product and the run's :meth:`~scopebench.distributed.run.RankRun.metrics`).
+``class Solver(TrainSolverMixin, BaseSolver)`` declares its parameter grid and ``task``; the
+lifecycle and the skip rule are :class:`~scopebench.harness.solver.ProfiledSolverMixin`'s,
+like the imaging solvers' (:mod:`scopebench.imaging.inference.solver`). These mixins add
+``check_cell`` (can a cell run: the one check ``skip`` and ``scopebench check-config`` call;
+a backend the settings cannot run is declined with a reason), the run object (built by
+``set_objective`` from the validated settings, started untimed by ``pre_run_hook``) and
+``get_result`` (the work product and the run's
+:meth:`~scopebench.harness.run.RankRun.metrics`).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scopebench.profiler import ProfiledSolverMixin
+from scopebench.harness import ProfiledSolverMixin
 
 __all__ = ["DATALOADER_SETTINGS", "InferenceSolverMixin", "TrainSolverMixin"]
 
@@ -36,20 +35,13 @@ DATALOADER_SETTINGS = (
 
 
 class _PolicySolverMixin(ProfiledSolverMixin):
-    """What the three policy solvers share; subclasses build :attr:`policy_run` in ``set_objective``."""
+    """What the three policy solvers share: the objective's dataset as the cell's spec."""
 
     #: The benchmark's ``outputs/`` folder (set by the solver file).
     output_dir: Path = Path("outputs")
-    policy_run: Any = None
 
-    def get_next(self, stop_val: int) -> int:
-        return stop_val + 1
-
-    def pre_run_hook(self, stop_val: Any) -> None:
-        self.start_run(self.policy_run)
-
-    def run(self, callback: Any) -> None:
-        self.finish_run(self.policy_run, callback)
+    def cell_spec(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> dict[str, Any]:
+        return {"kind": dataset, "seed": seed}
 
 
 def _policy_world_size(params: dict[str, Any], launcher_world_size: int | None) -> int:
@@ -123,28 +115,24 @@ class TrainSolverMixin(_PolicySolverMixin):
                 raise ValueError(f"accelerate_config: {err}") from None
         return None
 
-    def skip(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> tuple[bool, str | None]:
-        return self.decline({"kind": dataset, "seed": seed})
-
-    def set_objective(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> None:
+    def make_run(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> Any:
         from scopebench.policy.run.train import PolicyTrainRun
         from scopebench.policy.settings import TrainSettings, settings_from
 
-        profiler = self.validate_profiler()
         settings = settings_from(TrainSettings, self, seed=seed)
-        self.policy_run = PolicyTrainRun(
+        return PolicyTrainRun(
             settings,
             dataset_root=dataset_root,
             chunk_size=chunk_size,
             task=self.task,
-            profiler=profiler,
+            profiler=self.profiler_config,
             output_dir=self.output_dir,
             name=f"pi05_{self.task}",
             eval_batch_size=len(eval_batch["actions"]),
         )
 
     def get_result(self) -> dict[str, Any]:
-        run = self.policy_run
+        run = self.run_object
         if self.task == "dataloader":
             return dict(dataloader=True, **run.metrics())
         # every rank computed the validation loss before this callback (ZeRO-3, FSDP2: a forward needs them all)
@@ -163,21 +151,17 @@ class InferenceSolverMixin(_PolicySolverMixin):
         settings_from(InferenceSettings, params, seed=spec.get("seed", 0))
         return super().check_cell(params, spec, launcher_world_size)
 
-    def skip(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> tuple[bool, str | None]:
-        return self.decline({"kind": dataset, "seed": seed})
-
-    def set_objective(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> None:
+    def make_run(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> Any:
         from scopebench.policy.run.inference import InferenceRun
         from scopebench.policy.settings import InferenceSettings, settings_from
 
-        profiler = self.validate_profiler()
         self.action_dim = eval_batch["actions"].shape[-1]
         settings = settings_from(InferenceSettings, self, seed=seed)
-        self.policy_run = InferenceRun(
+        return InferenceRun(
             settings,
             dataset_root=dataset_root,
             chunk_size=chunk_size,
-            profiler=profiler,
+            profiler=self.profiler_config,
             output_dir=self.output_dir,
             tool="Pi05Inference",
         )
@@ -185,7 +169,7 @@ class InferenceSolverMixin(_PolicySolverMixin):
     def get_result(self) -> dict[str, Any]:
         import torch
 
-        run = self.policy_run
+        run = self.run_object
         if run.settings.policy != "pi05":  # a user policy's output is not an action chunk of the dataset
             return dict(sampled=True, **run.metrics())
         actions = run.actions

@@ -14,8 +14,6 @@ from typing import Any
 
 import torch
 
-from scopebench.policy.config import Pi05Config, make_config
-from scopebench.policy.dataset import RobotDataset
 from scopebench.policy.model import Pi05Policy
 
 __all__ = [
@@ -24,8 +22,6 @@ __all__ = [
     "DataloaderStep",
     "InferenceStep",
     "TrainStep",
-    "config_for_dataset",
-    "policy_for_dataset",
     "validation_loss",
 ]
 
@@ -365,21 +361,3 @@ def validation_loss(model: Pi05Policy, batch: Mapping, stats: Mapping | None, se
 
     policy = UserPolicy(model=model, loss=lambda m, obs: m(obs), dataset=[None], preprocess=preprocess)
     return policy_validation_loss(policy, model, batch, seed)
-
-
-def config_for_dataset(preset: str, dataset: RobotDataset, **overrides) -> Pi05Config:
-    """The config of ``preset`` with cameras, chunk and padded state/action sizes that fit ``dataset``."""
-    base = make_config(preset)
-    sizes = dict(
-        num_cameras=len(dataset.cameras),
-        chunk_size=dataset.chunk_size,
-        state_dim=max(base.state_dim, dataset.state_dim),
-        action_dim=max(base.action_dim, dataset.action_dim),
-    )
-    return make_config(preset, **{**sizes, **overrides})
-
-
-def policy_for_dataset(preset: str, dataset: RobotDataset, **overrides) -> Pi05Policy:
-    """A randomly initialised policy with :func:`config_for_dataset`'s config."""
-    config = config_for_dataset(preset, dataset, **overrides)
-    return Pi05Policy(config).to(getattr(torch, config.dtype))

@@ -4,7 +4,7 @@
 driven alike by the benchopt solvers, the spawned ranks (:func:`run_worker`), the
 ``profile-step`` / ``profile-dataloader`` / ``find-unused-params`` commands and
 ``perf/policy_speed.py``, so a number printed by a tool and one in a parquet come
-from the same code. It is a :class:`~scopebench.distributed.run.RankRun`, like the imaging
+from the same code. It is a :class:`~scopebench.harness.run.RankRun`, like the imaging
 run objects::
 
     with PolicyTrainRun(settings, dataset_root=root, profiler=ProfilerConfig(...)) as run:
@@ -31,9 +31,10 @@ from typing import Any
 import torch
 
 from scopebench.distributed.device import resolve_device
-from scopebench.distributed.run import RankRun
+from scopebench.harness.run import RankRun
 from scopebench.policy.phases import BACKWARD_STEP_PHASES
-from scopebench.policy.run.steps import MEMORY_KEYS, BatchStream, DataloaderStep, TrainStep, config_for_dataset
+from scopebench.policy.pi05 import config_for_dataset
+from scopebench.policy.run.steps import MEMORY_KEYS, BatchStream, DataloaderStep, TrainStep
 from scopebench.policy.settings import TrainSettings
 from scopebench.train.backends import DEFAULT_BACKEND, TrainingBackend, get_backend
 from scopebench.validate import choice
@@ -187,7 +188,7 @@ class PolicyTrainRun(RankRun):
 
     Args:
         settings: Validated run settings (``nproc_per_node``, ``device`` and
-            ``group_timeout_sec`` are the :class:`~scopebench.distributed.run.RankRun`'s).
+            ``group_timeout_sec`` are the :class:`~scopebench.harness.run.RankRun`'s).
         dataset_root: Folder of the (already written) robot dataset.
         chunk_size: Actions per training sample (the policy's chunk size).
         task: ``train`` or ``dataloader`` (no model, no optimizer, no collective).
@@ -199,7 +200,7 @@ class PolicyTrainRun(RankRun):
             ``last`` pointer) to continue from: weights, optimizer, scheduler, RNG states,
             step count and data position (:mod:`scopebench.train.checkpoint`).
         **run: ``profiler``, ``output_dir``, ``name``, ``keep_rows``, ``worker`` of
-            :class:`~scopebench.distributed.run.RankRun`; with ``keep_rows`` every rank's
+            :class:`~scopebench.harness.run.RankRun`; with ``keep_rows`` every rank's
             recorded rows are also gathered into :attr:`rank_rows` by :meth:`loop`.
     """
 
@@ -468,8 +469,7 @@ class PolicyTrainRun(RankRun):
         import dataclasses
         import json
 
-        from scopebench.policy.checkpoint import POLICY_CONFIG_FILE
-        from scopebench.policy.run.trainer import RESUME_MAY_CHANGE
+        from scopebench.policy.checkpoint import POLICY_CONFIG_FILE, RESUME_MAY_CHANGE
         from scopebench.train.checkpoint import save_checkpoint
 
         meta = {

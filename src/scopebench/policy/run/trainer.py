@@ -16,7 +16,8 @@ it), so it takes the steps the uninterrupted run would have taken.
 
 A resume is exact or refused: :func:`check_resume` verifies the checkpoint (its manifest's
 sizes and sha256, its step file, the settings of :func:`resume_settings` and the model
-config) before anything is built; only the settings of :data:`RESUME_MAY_CHANGE` may differ,
+config) before anything is built; only the settings of
+:data:`~scopebench.policy.checkpoint.RESUME_MAY_CHANGE` may differ,
 and a changed ``training.steps`` / ``log_freq`` / ``save_freq`` is printed.
 """
 
@@ -27,27 +28,12 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from scopebench.policy.checkpoint import RESUME_MAY_CHANGE
 from scopebench.policy.phases import TRAIN_PHASES, describe_phases
 from scopebench.policy.settings import RunConfig
 
-__all__ = ["RESUME_MAY_CHANGE", "TrainLog", "check_output_dir", "check_resume", "resume_settings", "train_policy"]
+__all__ = ["TrainLog", "check_output_dir", "check_resume", "resume_settings", "train_policy"]
 
-#: Settings a resume may change: where and how often it logs and saves, how long it trains,
-#: and what only affects speed, memory checks or where the data is cached, never the steps
-#: taken. Every other training and dataset setting must match the checkpoint's.
-RESUME_MAY_CHANGE = (
-    "training.steps",
-    "training.log_freq",
-    "training.save_freq",
-    "training.output_dir",
-    "group_timeout_sec",
-    "check_memory",
-    "peak_tflops",
-    "num_workers",
-    "prefetch_factor",
-    "device",
-    "dataset.cache_dir",
-)
 #: The allowed changes printed on resume (the others are where or how fast, not what).
 _PRINTED_CHANGES = ("training.steps", "training.log_freq", "training.save_freq")
 
@@ -107,7 +93,7 @@ def check_resume(config: RunConfig, checkpoint: str | Path, world_size: int) -> 
 
     from scopebench.policy.checkpoint import POLICY_CONFIG_FILE
     from scopebench.policy.dataset import RobotDataset
-    from scopebench.policy.run.steps import config_for_dataset
+    from scopebench.policy.pi05 import config_for_dataset
     from scopebench.policy.run.train import model_overrides
     from scopebench.train.checkpoint import verify_checkpoint
 

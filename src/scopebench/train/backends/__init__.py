@@ -23,7 +23,7 @@ import importlib
 import pkgutil
 from typing import Any
 
-from scopebench.train.backends._deepspeed import ZERO_DEFAULTS, deepspeed_config
+from scopebench.train.backends._deepspeed import ZERO_DEFAULTS
 from scopebench.train.backends.base import MODEL_FILE, RNG_FILES, Prepared, TrainingBackend
 
 __all__ = [
@@ -136,6 +136,23 @@ def gather_buffer_bytes(
     return get_backend(backend).gather_buffer_bytes(
         model, world_size=world_size, precision=precision, units=units, zero=zero, file=file
     )
+
+
+def deepspeed_config(settings: Any) -> dict[str, Any]:
+    """The DeepSpeed config of a ZeRO run (``settings``: an
+    :class:`~scopebench.train.accelerator.AcceleratorSettings` of a ZeRO backend).
+
+    :Examples:
+
+    >>> from scopebench.train.accelerator import AcceleratorSettings
+    >>> cfg = deepspeed_config(AcceleratorSettings(backend="zero3", micro_batch_size=4, grad_clip=1.0))
+    >>> cfg["zero_optimization"]["stage"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_clipping"]
+    (3, 4, 1.0)
+    """
+    backend = get_backend(settings.backend)
+    if not backend.uses_deepspeed:
+        raise ValueError(f"backend={backend.name} does not run on DeepSpeed: it has no DeepSpeed config")
+    return backend.deepspeed_config(settings)
 
 
 def check_launcher(backend: str | TrainingBackend, environ: Any = None) -> None:

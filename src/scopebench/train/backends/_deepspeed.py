@@ -19,7 +19,7 @@ from typing import Any
 from scopebench.train.backends.base import ADAMW, PRECISIONS, RNG_FILES, TrainingBackend, bytes_per_element
 from scopebench.validate import choice
 
-__all__ = ["ZERO_DEFAULTS", "ZeroBackend", "deepspeed_config"]
+__all__ = ["ZERO_DEFAULTS", "ZeroBackend"]
 
 #: DeepSpeed's fp32 master copy of the weights, beside AdamW's moments.
 MASTER = 4
@@ -39,37 +39,6 @@ ZERO_KEYS = {
 }
 #: DeepSpeed's periodic log line, effectively off (the profiler reports the steps).
 _NEVER = 2**31 - 1
-
-
-def deepspeed_config(settings: Any) -> dict[str, Any]:
-    """The DeepSpeed config of a ZeRO run (precision is filled in by accelerate); ``settings`` is
-    an :class:`~scopebench.train.accelerator.AcceleratorSettings` of a ZeRO backend.
-
-    :Examples:
-
-    >>> from scopebench.train.accelerator import AcceleratorSettings
-    >>> cfg = deepspeed_config(AcceleratorSettings(backend="zero3", micro_batch_size=4, grad_clip=1.0))
-    >>> cfg["zero_optimization"]["stage"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_clipping"]
-    (3, 4, 1.0)
-    """
-    from scopebench.train.backends import get_backend
-
-    stage = get_backend(settings.backend).zero_stage
-    knobs = {**ZERO_KEYS, **settings.zero}
-    zero: dict[str, Any] = {"stage": stage, "offload_optimizer": {"device": knobs["offload_optimizer_device"]}}
-    if stage == 3:
-        zero["offload_param"] = {"device": knobs["offload_param_device"]}
-        zero["stage3_gather_16bit_weights_on_model_save"] = bool(knobs.get("zero3_save_16bit_model", False))
-    return {
-        "train_micro_batch_size_per_gpu": settings.micro_batch_size,
-        "gradient_accumulation_steps": settings.gradient_accumulation_steps,
-        "gradient_clipping": settings.grad_clip,
-        "zero_optimization": zero,
-        # torch's AdamW (fused or not) rather than DeepSpeed's JIT-built CPU/fused Adam.
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": _NEVER,
-        "wall_clock_breakdown": False,
-    }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,7 +109,7 @@ class ZeroBackend(TrainingBackend):
         # The values are passed twice: the plugin otherwise fills its own from a launcher's
         # ACCELERATE_* variables (the accelerate file), and the training config wins.
         plugin = DeepSpeedPlugin(
-            hf_ds_config=deepspeed_config(settings),
+            hf_ds_config=self.deepspeed_config(settings),
             zero_stage=self.zero_stage,
             gradient_accumulation_steps=settings.gradient_accumulation_steps,
             gradient_clipping=settings.grad_clip,
@@ -152,6 +121,29 @@ class ZeroBackend(TrainingBackend):
             deepspeed_plugin=plugin,
             dynamo_backend="inductor" if settings.torch_compile else "no",
         )
+
+    def deepspeed_config(self, settings: Any) -> dict[str, Any]:
+        """The DeepSpeed config of this backend for ``settings`` (an
+        :class:`~scopebench.train.accelerator.AcceleratorSettings`; precision is filled in by
+        accelerate)."""
+        knobs = {**ZERO_KEYS, **settings.zero}
+        zero: dict[str, Any] = {
+            "stage": self.zero_stage,
+            "offload_optimizer": {"device": knobs["offload_optimizer_device"]},
+        }
+        if self.shards_parameters:
+            zero["offload_param"] = {"device": knobs["offload_param_device"]}
+            zero["stage3_gather_16bit_weights_on_model_save"] = bool(knobs.get("zero3_save_16bit_model", False))
+        return {
+            "train_micro_batch_size_per_gpu": settings.micro_batch_size,
+            "gradient_accumulation_steps": settings.gradient_accumulation_steps,
+            "gradient_clipping": settings.grad_clip,
+            "zero_optimization": zero,
+            # torch's AdamW (fused or not) rather than DeepSpeed's JIT-built CPU/fused Adam.
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": _NEVER,
+            "wall_clock_breakdown": False,
+        }
 
     def consolidated_state(self, checkpoint: Any) -> dict[str, Any]:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

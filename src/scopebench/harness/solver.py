@@ -1,11 +1,15 @@
-"""Solver-side glue: the eight ``profiler_*`` parameters and the profiler handle, without importing benchopt.
+"""The one solver lifecycle of the suite, without importing benchopt.
 
-Every solver of the suite mixes in :class:`ProfiledSolverMixin`, drives a run object
-(:class:`scopebench.distributed.run.RankRun`) started by
-:meth:`~ProfiledSolverMixin.start_run` and driven by :meth:`~ProfiledSolverMixin.finish_run`,
-reaches its profiler as ``self.profiler`` and returns the run's ``metrics()``; whether a
-cell can run is :meth:`~ProfiledSolverMixin.check_cell`, which ``skip`` and
-``scopebench check-config`` both call.
+Every solver mixes in :class:`ProfiledSolverMixin` (``class Solver(Mixin, BaseSolver)``) and
+gets benchopt's whole lifecycle from it: ``skip`` (:meth:`~ProfiledSolverMixin.check_cell`),
+``set_objective`` (every value validated, the run object built, nothing started),
+``get_next`` (every iteration evaluated), ``pre_run_hook`` (the run started, untimed:
+:meth:`~ProfiledSolverMixin.start_run`) and ``run`` (the profiled loop, torn down on any exit:
+:meth:`~ProfiledSolverMixin.finish_run`). The run object
+(:class:`scopebench.harness.run.RankRun`) is ``self.run_object``, its profiler
+``self.profiler``; a benchmark's mixin writes :meth:`~ProfiledSolverMixin.cell_spec`,
+:meth:`~ProfiledSolverMixin.make_run` and ``get_result`` (the work product and the run's
+``metrics()``), and extends ``check_cell``, which ``scopebench check-config`` calls too.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 from scopebench.profiler.config import PROFILER_DEFAULTS, ProfilerConfig
 
-__all__ = ["MachineReason", "ProfiledSolverMixin"]
+__all__ = ["LayoutReason", "MachineReason", "ProfiledSolverMixin"]
 
 
 class MachineReason(str):
@@ -24,13 +28,26 @@ class MachineReason(str):
     compiler): ``scopebench check-config`` says a compute node may differ."""
 
 
+class LayoutReason(str):
+    """A reason to decline a cell whose ranks contradict its problem or its flags (a split
+    over more ranks than the problem has operators, several ranks without a distribution
+    flag): the run declines it like any other reason, ``scopebench check-config`` lists
+    it as invalid (a config that asks for it is a mistake to fix before a submission)."""
+
+
 class ProfiledSolverMixin:
-    """Mix into a benchopt ``BaseSolver`` to get the profiler parameters and builders.
+    """Mix into a benchopt ``BaseSolver``: the profiler parameters and benchopt's lifecycle.
 
     ``class Solver(ProfiledSolverMixin, BaseSolver)`` with
-    ``parameters = {**ProfiledSolverMixin.parameters, ...}``. Call
-    :meth:`validate_profiler` in ``set_objective`` so bad values, and output folders the
-    run could not write, fail before any work.
+    ``parameters = {**ProfiledSolverMixin.parameters, ...}``; a subclass writes
+    :meth:`cell_spec`, :meth:`make_run` and ``get_result``, and extends :meth:`check_cell`.
+
+    **The skip rule** (one for every solver; STYLE.md rule 18): ``skip`` returns
+    ``(True, reason)`` exactly when :meth:`check_cell` returns a reason — a grid
+    combination that does not apply, a :class:`MachineReason`, a :class:`LayoutReason` —
+    and ``(False, None)`` when it returns ``None``. Any error it raises (``ValueError``
+    naming the key: an invalid value, parameters that contradict each other) is not turned
+    into a skip: it propagates, and benchopt reports the cell as failed with that message.
     """
 
     parameters: dict[str, list[Any]] = {key: [value] for key, value in PROFILER_DEFAULTS.items()}
@@ -38,6 +55,11 @@ class ProfiledSolverMixin:
     output_dir: str | Path | None = None
     #: The profiler of the current run (``None`` before the first).
     profiler: Any = None
+    #: The run object of the current cell, built by ``set_objective`` (``None`` before, and
+    #: after ``set_objective`` refused its values).
+    run_object: Any = None
+    #: The validated profiler parameters (:meth:`validate_profiler`).
+    profiler_config: ProfilerConfig | None = None
 
     # -- can this cell run: one check for skip and for scopebench check-config ---------
     @classmethod
@@ -60,7 +82,7 @@ class ProfiledSolverMixin:
         Returns:
             ``None`` when the cell runs, else why the solver declines it (a grid
             combination that does not apply; a :class:`MachineReason` when the reason is
-            this machine's).
+            this machine's; a :class:`LayoutReason` when its ranks contradict it).
 
         Raises:
             ValueError: a value is invalid or the parameters contradict each other; the
@@ -81,10 +103,41 @@ class ProfiledSolverMixin:
         info = get_dist_info()
         return info.world_size if info.is_distributed else None
 
-    def decline(self, spec: Mapping[str, Any]) -> tuple[bool, str | None]:
-        """benchopt's ``skip`` answer from :meth:`check_cell` on this solver's parameters."""
-        reason = self.check_cell(self.cell_params(), spec, self.launcher_world_size())
+    # -- what a benchmark's mixin writes -----------------------------------------------
+    def cell_spec(self, **objective: Any) -> Mapping[str, Any]:
+        """The cell's dataset as :meth:`check_cell` takes it, ``{"kind": <dataset name>, ...}``,
+        from the objective's ``get_objective()`` dict."""
+        raise NotImplementedError
+
+    def make_run(self, **objective: Any) -> Any:
+        """The run object of this cell from the objective's dict and this solver's parameters
+        (:attr:`profiler_config` is validated by then); raises ``ValueError`` on a bad value,
+        starts nothing."""
+        raise NotImplementedError
+
+    # -- benchopt's lifecycle --------------------------------------------------------
+    def skip(self, **objective: Any) -> tuple[bool, str | None]:
+        """``(True, reason)`` when :meth:`check_cell` declines the cell, else ``(False, None)``;
+        its errors propagate (the skip rule of the class docstring)."""
+        reason = self.check_cell(self.cell_params(), self.cell_spec(**objective), self.launcher_world_size())
         return (True, str(reason)) if reason else (False, None)
+
+    def set_objective(self, **objective: Any) -> None:
+        """Validate the profiler (and its output folders), then build the run object
+        (:meth:`make_run`); nothing is started, and a refused value leaves no run object."""
+        self.run_object = None
+        self.validate_profiler()
+        self.run_object = self.make_run(**objective)
+
+    def get_next(self, stop_val: int) -> int:
+        """Evaluate every iteration (docs/design.md, "How one iteration flows")."""
+        return stop_val + 1
+
+    def pre_run_hook(self, stop_val: Any) -> None:
+        self.start_run(self.run_object)
+
+    def run(self, callback: Callable[[], bool] | None) -> None:
+        self.finish_run(self.run_object, callback)
 
     def profiler_kwargs(self) -> dict[str, Any]:
         """The eight ``profiler_*`` values of this solver, as plain keyword arguments."""
