@@ -77,11 +77,13 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
     from scopebench.policy.dataset import RobotDataset
     from scopebench.policy.max_batch import StepTrial, run_steps, search
     from scopebench.policy.tools import write_json
+    from scopebench.validate import batch_limit
 
     s, d = config.train, config.dataset
     root = d.materialize()
     world = s.nproc_per_node
-    limit = len(RobotDataset(root, chunk_size=d.chunk_size)) // world
+    # the batch-against-dataset rule's bound (scopebench.validate.check_batch_fits)
+    limit = batch_limit(len(RobotDataset(root, chunk_size=d.chunk_size)), world)
     limit = min(limit, max_batch) if max_batch else limit
     budget = None if memory_gb is None else memory_gb * 1e9 / 2**20
     print(

@@ -28,7 +28,7 @@ from scopebench.imaging.common.weights import save_denoiser_weights
 from scopebench.imaging.training.data import TrainingData
 from scopebench.imaging.training.unrolled import UnrolledConfig, build_unrolled, unrolled_parameters
 from scopebench.parameters import defaults
-from scopebench.validate import flag, integer, number, optional
+from scopebench.validate import check_batch_fits, flag, integer, number, optional
 
 __all__ = [
     "REGIONS",
@@ -99,8 +99,8 @@ class TrainConfig:
 
     def check_data(self, spec) -> None:
         """Reject settings that cannot run on the training set ``spec`` (``ValueError``)."""
-        if self.batch_size > spec.n_train:
-            raise ValueError(f"batch_size={self.batch_size} exceeds the training set (n_train={spec.n_train})")
+        # Every rank draws the same batch from the whole set (world_size 1), without repeats.
+        check_batch_fits(self.batch_size, spec.n_train, dataset="the training set", larger="a larger n_train")
         if self.distribute_model and self.patch_size > spec.image_size:
             raise ValueError(
                 f"patch_size={self.patch_size} is larger than the image (image_size={spec.image_size}); "
