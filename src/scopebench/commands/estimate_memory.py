@@ -31,7 +31,8 @@ Exit status: 2 with one line for a refused input, else 0.
 from __future__ import annotations
 
 import argparse
-import sys
+
+from scopebench.commands._common import finish, refuses
 
 HELP = "per-rank memory of a training step by category, before launch (no model allocated)"
 
@@ -47,35 +48,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-memory-gb", type=float, default=None, help="memory of one device (GB, 1e9 bytes)")
 
 
+@refuses("estimate-memory")
 def run(args: argparse.Namespace) -> int:
     from scopebench.policy.tools import check_json_path, load_config
     from scopebench.validate import number, optional
 
-    try:
-        flags = {"backend": args.backend, "batch_size": args.batch_size, "precision": args.precision}
-        # The estimate is for --nproc ranks; nothing is started, so no cores check applies.
-        config = load_config(args, flags=flags)
-        if config.train.policy != "pi05":  # the estimate reads the preset's config, without building
-            raise ValueError(
-                f"estimate-memory estimates policy pi05 from its preset, got policy={config.train.policy}; "
-                "run profile-step on it (its max_rss_mb / max_gpu_mb columns)"
-            )
-        world = config.train.nproc_per_node if args.nproc is None else args.nproc
-        if type(world) is not int or world < 1:
-            raise ValueError(f"--nproc must be an integer >= 1, got {world!r}")
-        limit = optional(number, "--device-memory-gb", args.device_memory_gb, low=0, low_open=True)
-        check_json_path("--json", args.json)
-        return _estimate(config, world, limit, args.json)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"scopebench estimate-memory: {err}", file=sys.stderr)
-        return 2
+    flags = {"backend": args.backend, "batch_size": args.batch_size, "precision": args.precision}
+    # The estimate is for --nproc ranks; nothing is started, so no cores check applies.
+    config = load_config(args, flags=flags)
+    if config.train.policy != "pi05":  # the estimate reads the preset's config, without building
+        raise ValueError(
+            f"estimate-memory estimates policy pi05 from its preset, got policy={config.train.policy}; "
+            "run profile-step on it (its max_rss_mb / max_gpu_mb columns)"
+        )
+    world = config.train.nproc_per_node if args.nproc is None else args.nproc
+    if type(world) is not int or world < 1:
+        raise ValueError(f"--nproc must be an integer >= 1, got {world!r}")
+    limit = optional(number, "--device-memory-gb", args.device_memory_gb, low=0, low_open=True)
+    check_json_path("--json", args.json)
+    return _estimate(config, world, limit, args.json)
 
 
 def _estimate(config, world: int, limit_gb: float | None, json_path: str | None) -> int:
     from scopebench.policy.config import make_config
     from scopebench.policy.memory import largest_batch, run_memory
     from scopebench.policy.run.train import model_overrides
-    from scopebench.policy.tools import write_json
     from scopebench.train.memory import GB
 
     s, d = config.train, config.dataset
@@ -101,25 +98,20 @@ def _estimate(config, world: int, limit_gb: float | None, json_path: str | None)
         verdict = "fits" if fits else "does NOT fit"
         print(f"  on a {limit_gb:g} GB device: {verdict}; largest per-rank batch that fits: {best}")
     print("  not counted: temporaries, fragmentation, workers, libraries")
-    if json_path:
-        keys = ("parameters", "gradients", "optimizer_state", "gather_buffers", "activations", "peak")
-        write_json(
-            json_path,
-            {
-                "tool": "estimate-memory",
-                "config": config.source,
-                "preset": s.preset,
-                "backend": s.backend,
-                "world_size": world,
-                "batch_size": s.batch_size,
-                "precision": s.precision,
-                "num_params": memory["num_params"],
-                "bytes": {k: memory[k] for k in keys},
-                "activations_per_sample_bytes": memory["activations_per_sample"],
-                "device_memory_bytes": None if limit_gb is None else limit_gb * GB,
-                "fits": fits,
-                "largest_batch": best,
-            },
-        )
-        print(f"wrote {json_path}")
-    return 0
+    keys = ("parameters", "gradients", "optimizer_state", "gather_buffers", "activations", "peak")
+    payload = {
+        "tool": "estimate-memory",
+        "config": config.source,
+        "preset": s.preset,
+        "backend": s.backend,
+        "world_size": world,
+        "batch_size": s.batch_size,
+        "precision": s.precision,
+        "num_params": memory["num_params"],
+        "bytes": {k: memory[k] for k in keys},
+        "activations_per_sample_bytes": memory["activations_per_sample"],
+        "device_memory_bytes": None if limit_gb is None else limit_gb * GB,
+        "fits": fits,
+        "largest_batch": best,
+    }
+    return finish(None, payload, json_path)

@@ -28,7 +28,8 @@ Exit status: 2 with one line for a refused input, else 0.
 from __future__ import annotations
 
 import argparse
-import sys
+
+from scopebench.commands._common import finish, refuses
 
 HELP = "largest per-rank batch whose training step fits (real trials: doubling, then bisecting)"
 
@@ -44,29 +45,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--png", default=None, help="also draw the trials, their line and the limit into this PNG")
 
 
+@refuses("find-max-batch")
 def run(args: argparse.Namespace) -> int:
     from scopebench.policy.tools import check_json_path, load_config
     from scopebench.validate import integer, number, optional
 
-    try:
-        flags = {"backend": args.backend, "nproc_per_node": args.nproc}
-        config = load_config(args, flags=flags)
-        memory_gb = optional(number, "--memory-gb", args.memory_gb, low=0, low_open=True)
-        max_batch = optional(integer, "--max-batch", args.max_batch, low=1)
-        check_json_path("--json", args.json)
-        check_json_path("--png", args.png)
-        from scopebench.distributed.device import resolve_device
+    flags = {"backend": args.backend, "nproc_per_node": args.nproc}
+    config = load_config(args, flags=flags)
+    memory_gb = optional(number, "--memory-gb", args.memory_gb, low=0, low_open=True)
+    max_batch = optional(integer, "--max-batch", args.max_batch, low=1)
+    check_json_path("--json", args.json)
+    check_json_path("--png", args.png)
+    from scopebench.distributed.device import resolve_device
 
-        device = resolve_device(config.train.device)
-        if device.type != "cuda" and memory_gb is None:
-            raise ValueError(
-                f"--memory-gb is required on {device.type}: a CPU swaps instead of raising an out-of-memory error, "
-                "so a batch fits when its measured peak is within --memory-gb"
-            )
-        return _search(config, device, memory_gb, max_batch, args.json, args.png)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"scopebench find-max-batch: {err}", file=sys.stderr)
-        return 2
+    device = resolve_device(config.train.device)
+    if device.type != "cuda" and memory_gb is None:
+        raise ValueError(
+            f"--memory-gb is required on {device.type}: a CPU swaps instead of raising an out-of-memory error, "
+            "so a batch fits when its measured peak is within --memory-gb"
+        )
+    return _search(config, device, memory_gb, max_batch, args.json, args.png)
 
 
 def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
@@ -76,7 +74,6 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
 
     from scopebench.policy.dataset import RobotDataset
     from scopebench.policy.max_batch import StepTrial, run_steps, search
-    from scopebench.policy.tools import write_json
     from scopebench.validate import batch_limit
 
     s, d = config.train, config.dataset
@@ -113,9 +110,7 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
         "margin_mb": margin,
         "trials": [t.__dict__ for t in trials],
     }
-    if json_path:
-        write_json(json_path, payload)
-        print(f"wrote {json_path}")
+    finish(None, payload, json_path)
     if png_path:
         print(f"wrote {write_png(payload, png_path)}")
     return 0

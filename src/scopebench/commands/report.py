@@ -26,7 +26,8 @@ out of the statistics with one warning line per column on stderr.
 from __future__ import annotations
 
 import argparse
-import sys
+
+from scopebench.commands._common import refuses
 
 HELP = "PNG plots, diagnosis and a self-contained HTML report of benchopt results"
 
@@ -42,19 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@refuses("report")
 def run(args: argparse.Namespace) -> int:
     from scopebench.profiler.config import check_writable_dir
     from scopebench.report.build import build_report
     from scopebench.validate import number, optional
 
-    try:
-        memory_gb = optional(number, "--memory-gb", args.memory_gb, low=0, low_open=True)
-        if args.output is not None:  # before the results are read and the plots drawn
-            check_writable_dir("-o/--output", args.output)
-        report = build_report(args.results, args.output, memory_gb)
-    except ValueError as err:
-        print(f"scopebench report: {err}", file=sys.stderr)
-        return 2
+    memory_gb = optional(number, "--memory-gb", args.memory_gb, low=0, low_open=True)
+    if args.output is not None:  # before the results are read and the plots drawn
+        check_writable_dir("-o/--output", args.output)
+    report = build_report(args.results, args.output, memory_gb)
     print(report.text)
     print(f"\nhtml: {report.html}")
     for png in report.pngs:
