@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -79,3 +80,45 @@ def test_print_json_prints_what_write_json_writes(tmp_path, capsys):
     payload = {"a": [1, 2.5, None], "path": tmp_path}
     print_json(payload)
     assert capsys.readouterr().out == write_json(tmp_path / "x.json", payload).read_text()
+
+
+#: (command, old spelling, new spelling, the Namespace attribute both fill)
+ALIASES = [
+    ("estimate-memory", "--nproc", "--nproc-per-node", "nproc_per_node"),
+    ("estimate-memory", "--device-memory-gb", "--memory-gb", "memory_gb"),
+    ("find-max-batch", "--nproc", "--nproc-per-node", "nproc_per_node"),
+]
+
+
+@pytest.mark.parametrize(("command", "old", "new", "dest"), ALIASES)
+def test_an_old_flag_spelling_fills_the_new_one_and_prints_one_deprecation_line(command, old, new, dest, capsys):
+    from scopebench.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args([command, "--config", "c.yml", old, "2"])
+    assert (
+        getattr(args, dest) == 2
+        and capsys.readouterr().err == f"scopebench {command}: {old} is deprecated, use {new}\n"
+    )
+    assert getattr(parser.parse_args([command, "--config", "c.yml", new, "2"]), dest) == 2
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [
+        ("report", ["--memory-gb"]),
+        ("find-max-batch", ["--memory-gb", "--nproc-per-node"]),
+        ("estimate-memory", ["--memory-gb", "--nproc-per-node"]),
+        ("profile-step", ["--nproc-per-node"]),
+        ("profile-dataloader", ["--nproc-per-node"]),
+        ("train", ["--nproc-per-node"]),
+    ],
+)
+def test_one_spelling_of_memory_and_ranks_in_every_command(command, flags):
+    from scopebench.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
+    shown = {s for a in sub._actions if a.help != argparse.SUPPRESS for s in a.option_strings}
+    assert set(flags) <= shown
+    assert not shown & {"--nproc", "--device-memory-gb", "--memory", "--nproc-per-rank"}

@@ -9,7 +9,7 @@ is within it. The dataset caps the batch (every rank needs a full batch).
 
 How to run::
 
-    scopebench find-max-batch --config configs/policy/small.yml --backend fsdp2 --nproc 2
+    scopebench find-max-batch --config configs/policy/small.yml --backend fsdp2 --nproc-per-node 2
     scopebench find-max-batch --config configs/policy/tiny.yml --memory-gb 0.006 --json outputs/max_batch.json \
         --png outputs/max_batch.png
 
@@ -22,6 +22,9 @@ trials' peaks against the batch, their least-squares line, the limit and the lar
 read off the line beside the one the trials found (the report's memory-against-batch
 picture, :func:`scopebench.report.memory_figures.batch_figure`).
 
+``--nproc``, the old spelling of ``--nproc-per-node``, still works and prints one
+deprecation line on stderr.
+
 Exit status: 2 with one line for a refused input, else 0.
 """
 
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 
-from scopebench.commands._common import finish, refuses
+from scopebench.commands._common import add_memory_gb, add_nproc_per_node, finish, memory_gb, refuses
 
 HELP = "largest per-rank batch whose training step fits (real trials: doubling, then bisecting)"
 
@@ -39,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_config_arguments(parser)
     parser.add_argument("--backend", default=None, help="ddp, zero2, zero3 or fsdp2 (default: the config's)")
-    parser.add_argument("--nproc", type=int, default=None, help="ranks (default: the config's nproc_per_node)")
-    parser.add_argument("--memory-gb", type=float, default=None, help="memory of one rank (GB, 1e9 bytes)")
+    add_nproc_per_node(parser, "ranks (default: the config's nproc_per_node)", deprecated=("--nproc",))
+    add_memory_gb(parser, "memory of one rank (GB, 1e9 bytes)")
     parser.add_argument("--max-batch", type=int, default=None, help="largest batch to try (default: the dataset's)")
     parser.add_argument("--png", default=None, help="also draw the trials, their line and the limit into this PNG")
 
@@ -48,23 +51,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @refuses("find-max-batch")
 def run(args: argparse.Namespace) -> int:
     from scopebench.policy.tools import check_json_path, load_config
-    from scopebench.validate import integer, number, optional
+    from scopebench.validate import integer, optional
 
-    flags = {"backend": args.backend, "nproc_per_node": args.nproc}
+    flags = {"backend": args.backend, "nproc_per_node": args.nproc_per_node}
     config = load_config(args, flags=flags)
-    memory_gb = optional(number, "--memory-gb", args.memory_gb, low=0, low_open=True)
+    budget_gb = memory_gb(args)
     max_batch = optional(integer, "--max-batch", args.max_batch, low=1)
     check_json_path("--json", args.json)
     check_json_path("--png", args.png)
     from scopebench.distributed.device import resolve_device
 
     device = resolve_device(config.train.device)
-    if device.type != "cuda" and memory_gb is None:
+    if device.type != "cuda" and budget_gb is None:
         raise ValueError(
             f"--memory-gb is required on {device.type}: a CPU swaps instead of raising an out-of-memory error, "
             "so a batch fits when its measured peak is within --memory-gb"
         )
-    return _search(config, device, memory_gb, max_batch, args.json, args.png)
+    return _search(config, device, budget_gb, max_batch, args.json, args.png)
 
 
 def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:

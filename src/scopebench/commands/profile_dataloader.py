@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import argparse
 
-from scopebench.commands._common import finish, refuses
+from scopebench.commands._common import add_nproc_per_node, finish, refuses
 
 HELP = "dataloader throughput ceiling per rank (no model, no collective)"
 #: The phases a rank's line shows, in order (``decode`` only when it ran in the loading process).
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.add_argument("--batches", type=int, default=None, help="measured batches (PROFILE_BATCHES, 300)")
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured batches first (20)")
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None, dest="nproc_per_node")
+    add_nproc_per_node(parser, "ranks on this machine, spawned as local processes (default: the config's)")
 
 
 @refuses("profile-dataloader")

@@ -46,7 +46,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from scopebench.commands._common import finish, refuses
+from scopebench.commands._common import add_nproc_per_node, finish, refuses
 
 HELP = "per-phase time of the policy's training step (mean / median / p95, MFU)"
 BAR = "=" * 53
@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch_size", "--batch-size", type=int, default=None, help="samples per step and rank")
     parser.add_argument("--steps", type=int, default=None, help="measured steps (PROFILE_STEPS, 200)")
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured steps first (20)")
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None, dest="nproc_per_node")
+    add_nproc_per_node(parser, "ranks on this machine, spawned as local processes (default: the config's)")
     parser.add_argument("--no-optim", action="store_true", default=None, help="no optimizer (PROFILE_NO_OPTIM)")
     parser.add_argument("--find-unused-params", choices=["true", "false"], default=None, help="FIND_UNUSED_PARAMS")
     parser.add_argument("--fused-adamw", choices=["true", "false"], default=None, help="FUSED_ADAMW")
