@@ -305,6 +305,25 @@ def make_dataloader(
     )
 
 
+def eval_indices(samples: int, batch_size: int) -> list[int]:
+    """The ``batch_size`` sample indices, evenly spread over ``samples``, of a fixed
+    validation batch (pi05's and a user policy's); ``eval_batch_size`` may not exceed
+    the dataset.
+
+    :Examples:
+
+    >>> eval_indices(10, 3)
+    [0, 3, 6]
+    >>> eval_indices(10, 11)
+    Traceback (most recent call last):
+    ...
+    ValueError: eval_batch_size must be an integer >= 1 and <= 10, got 11
+    """
+    integer("eval_batch_size", batch_size, low=1, high=samples)
+    step = samples // batch_size
+    return [i * step for i in range(batch_size)]
+
+
 def fixed_eval_batch(dataset: RobotDataset, batch_size: int) -> dict:
     """``batch_size`` frames evenly spread over the dataset, always the same ones.
 
@@ -316,6 +335,4 @@ def fixed_eval_batch(dataset: RobotDataset, batch_size: int) -> dict:
     >>> batch["i"].tolist()
     [0, 3, 6]
     """
-    integer("eval_batch_size", batch_size, low=1, high=len(dataset))
-    step = len(dataset) // batch_size
-    return collate_robot_batch([dataset[i * step] for i in range(batch_size)])
+    return collate_robot_batch([dataset[i] for i in eval_indices(len(dataset), batch_size)])
