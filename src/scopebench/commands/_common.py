@@ -4,7 +4,7 @@ Options: one spelling per quantity across the commands, ``--memory-gb`` (one dev
 memory) and ``--nproc-per-node`` (ranks per node, the config key ``nproc_per_node``), added
 by :func:`add_memory_gb` / :func:`add_nproc_per_node` and validated by :func:`memory_gb` /
 :func:`nproc_per_node` through :mod:`scopebench.validate`; an older spelling still works
-and says once on stderr that it is deprecated (:class:`DeprecatedAlias`).
+and prints one line on stderr saying it is deprecated (:class:`DeprecatedAlias`).
 
 Head: :func:`refuses` turns a refused input (``ValueError``, ``FileNotFoundError``) into
 one line ``scopebench <command>: <reason>`` on stderr and exit status 2, the contract every
