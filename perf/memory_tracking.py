@@ -159,7 +159,7 @@ def main() -> None:
               f"(rounds {row['ratio_min']:.2f}-{row['ratio_max']:.2f}); reported overhead "
               f"{row['reported_overhead_sec']:.3f} s")  # fmt: skip
     pi05 = [sys.executable, "-c", _PI05, "estimate-memory", "--config", str(REPO / "configs/policy/pi05.yml")]
-    pi05 += ["--backend", "zero2", "--nproc", "8", "--batch-size", "16", "--device-memory-gb", "80"]
+    pi05 += ["--backend", "zero2", "--nproc-per-node", "8", "--batch-size", "16", "--memory-gb", "80"]
     text = subprocess.run(pi05, capture_output=True, text=True, check=True).stdout
     wall, rss = float(text.split("WALL")[1].split()[0]), float(text.split("RSS")[1].split()[0])
     report["pi05"] = {"wall_sec": wall, "maxrss_gb": rss * 1024 / 1e9}

@@ -22,7 +22,7 @@ PACKAGE = "scopebench"
 #: is the package's own ``__init__``).
 LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: no import of the package
-    ("scopebench", "validate", "atomic", "stats", "environment", "allocator", "host_load"),
+    ("scopebench", "validate", "atomic", "stats", "environment", "allocator", "host_load", "parameters"),
     ("cluster", "host"),  # SLURM / Submitit layouts; the machine's record
     ("distributed", "runs"),  # ranks and process groups; benchopt run records
     ("profiler",),

@@ -8,7 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from scopebench.validate import MAX_ALIAS_NODES, choice, flag, integer, load_yaml, number, optional, quote, yaml_mapping
+from scopebench.validate import (
+    MAX_ALIAS_NODES,
+    batch_limit,
+    check_batch_fits,
+    choice,
+    flag,
+    integer,
+    load_yaml,
+    number,
+    optional,
+    quote,
+    yaml_mapping,
+)
 
 
 @pytest.mark.parametrize("bad", ["abc", 1.5, True, None, "4"])
@@ -71,6 +83,25 @@ def _alias_bomb(levels: int = 9, width: int = 9) -> str:
     lines = ["a0: &a0 [" + ", ".join(["x"] * width) + "]"]
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]" for i in range(1, levels)]
     return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(("samples", "world_size"), [(8, 1), (8, 2), (7, 2), (96, 3), (1, 1)])
+def test_the_batch_rule_accepts_exactly_up_to_its_limit(samples, world_size):
+    # One rule, one bound: find-max-batch searches up to batch_limit, and the refusals
+    # of every benchmark (policy solvers and runs, imaging training) come from check_batch_fits.
+    limit = batch_limit(samples, world_size)
+    check_batch_fits(limit, samples, world_size)
+    with pytest.raises(ValueError, match=rf"^batch_size {limit + 1} is larger than the {limit} training samples"):
+        check_batch_fits(limit + 1, samples, world_size)
+    check_batch_fits(10**6, None, world_size)  # samples unknown yet: checked later
+
+
+def test_the_batch_rule_names_the_dataset_and_how_to_grow_it():
+    with pytest.raises(ValueError) as err:
+        check_batch_fits(9, 8, dataset="the training set", larger="a larger n_train")
+    assert str(err.value) == (
+        "batch_size 9 is larger than the 8 training samples of the training set: lower batch_size or use a larger n_train"
+    )
 
 
 def test_small_values_are_quoted_as_repr_shows_them():

@@ -4,7 +4,8 @@ Measures the denoiser alone, with the same tiling, distribution and profiler par
 as PnP. At set-up it counts one pass's FLOPs and bytes (``flops_per_iter``,
 ``bytes_per_iter``); rows with ``denoise_time_sec`` also carry
 ``achieved_gflop_per_sec`` and ``achieved_gbyte_per_sec`` to compare with the machine's
-peaks. Set-up is untimed and reported as ``setup_time_sec``.
+peaks. Set-up is untimed and reported as ``setup_time_sec``. Parameters and their defaults
+come from ``ReconstructionConfig`` and ``Topology``, as PnP's.
 """
 
 from pathlib import Path
@@ -12,7 +13,10 @@ from pathlib import Path
 from benchopt import BaseSolver
 from benchopt.stopping_criterion import NoCriterion
 
+from scopebench.imaging.inference.engine import PNP_ONLY, ReconstructionConfig
 from scopebench.imaging.inference.solver import PnPSolverMixin
+from scopebench.imaging.inference.topology import Topology
+from scopebench.parameters import solver_parameters
 
 
 class Solver(PnPSolverMixin, BaseSolver):
@@ -23,21 +27,9 @@ class Solver(PnPSolverMixin, BaseSolver):
     output_dir = Path(__file__).resolve().parents[1] / "outputs"
     parameters = {
         **PnPSolverMixin.parameters,  # profiler_mode, profiler_warmup, ... (the eight profiler_*)
-        # the denoiser
-        "denoiser": ["tv"],
-        "denoiser_sigma": [0.01],
-        "denoiser_weights": [None],
-        "pretrained": ["auto"],
-        "compile": ["none"],
-        "device": ["auto"],
-        # tiles and ranks
-        "patch_size": [None],
-        "overlap": [8],
-        "max_batch_size": [None],
-        "distribute_denoiser": [False],
-        "nproc_per_node": [1],
+        # the denoiser and its tiles: ReconstructionConfig's fields and defaults, less the iteration's
+        **solver_parameters(ReconstructionConfig, exclude=PNP_ONLY),
+        # the ranks and the cell's SLURM job: Topology's fields
+        **solver_parameters(Topology),
         "group_timeout_sec": [None],
-        "slurm_gres": [None],
-        "slurm_nodes": [1],
-        "slurm_ntasks_per_node": [None],
     }

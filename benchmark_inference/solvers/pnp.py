@@ -4,7 +4,10 @@
 and the denoiser's tiles (``distribute_denoiser``) can be split across ranks started by
 torchrun, SLURM or a local spawn (``nproc_per_node > 1``). Layouts that cannot run are
 declined by ``skip`` with a reason; invalid values raise ``ValueError``. Set-up (ranks,
-problem, denoiser, compilation) is untimed and reported as ``setup_time_sec``.
+problem, denoiser, compilation) is untimed and reported as ``setup_time_sec``. Every
+parameter but the profiler's and ``group_timeout_sec`` is a field of
+``scopebench.imaging.inference.engine.ReconstructionConfig`` or ``.topology.Topology``
+(documented there, defaults included).
 """
 
 from pathlib import Path
@@ -12,7 +15,10 @@ from pathlib import Path
 from benchopt import BaseSolver
 from benchopt.stopping_criterion import NoCriterion
 
+from scopebench.imaging.inference.engine import ReconstructionConfig
 from scopebench.imaging.inference.solver import PnPSolverMixin
+from scopebench.imaging.inference.topology import Topology
+from scopebench.parameters import solver_parameters
 
 
 class Solver(PnPSolverMixin, BaseSolver):
@@ -23,26 +29,9 @@ class Solver(PnPSolverMixin, BaseSolver):
     output_dir = Path(__file__).resolve().parents[1] / "outputs"
     parameters = {
         **PnPSolverMixin.parameters,  # profiler_mode, profiler_warmup, ... (the eight profiler_*)
-        # the prior
-        "denoiser": ["tv"],
-        "denoiser_sigma": [0.01],
-        "denoiser_weights": [None],
-        "pretrained": ["auto"],
-        # the iteration
-        "step_size": [None],
-        "step_size_scale": [1.0],
-        "init_method": ["adjoint"],
-        "compile": ["none"],
-        "device": ["auto"],
-        # tiles and ranks
-        "patch_size": [None],
-        "overlap": [8],
-        "max_batch_size": [None],
-        "distribute_physics": [False],
-        "distribute_denoiser": [False],
-        "nproc_per_node": [1],
+        # the prior, the iteration, the tiles: every field of ReconstructionConfig, its default included
+        **solver_parameters(ReconstructionConfig),
+        # the ranks and the cell's SLURM job: Topology's fields
+        **solver_parameters(Topology),
         "group_timeout_sec": [None],
-        "slurm_gres": [None],
-        "slurm_nodes": [1],
-        "slurm_ntasks_per_node": [None],
     }

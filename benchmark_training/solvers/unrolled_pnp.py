@@ -8,6 +8,8 @@ benchopt iteration = one optimizer step, regions ``forward``, ``backward``,
 (torchrun / SLURM, or spawned locally: ``nproc_per_node``). Set-up is untimed and reported
 as ``setup_time_sec``. The trained denoiser goes to
 ``outputs/unrolled_pnp_<run id>_denoiser.safetensors`` (``load_denoiser_weights`` reads it).
+The network's, the optimisation's and the tiles' defaults are the library's
+(``scopebench.imaging.training.trainer.solver_defaults``).
 """
 
 from pathlib import Path
@@ -16,6 +18,7 @@ from benchopt import BaseSolver
 from benchopt.stopping_criterion import NoCriterion
 
 from scopebench.imaging.training.solver import UnrolledSolverMixin
+from scopebench.imaging.training.trainer import solver_defaults
 
 
 class Solver(UnrolledSolverMixin, BaseSolver):
@@ -25,22 +28,10 @@ class Solver(UnrolledSolverMixin, BaseSolver):
     output_dir = Path(__file__).resolve().parents[1] / "outputs"
     parameters = {
         **UnrolledSolverMixin.parameters,  # profiler_mode, profiler_warmup, ... (the eight profiler_*)
-        # the network
-        "n_unrolled": [3],
-        "denoiser": ["dncnn"],
-        "denoiser_channels": [16],
-        "checkpoint_batches": ["auto"],
-        # the optimisation
-        "batch_size": [4],
-        "learning_rate": [1e-2],
-        "model_learning_rate": [1e-3],
-        "grad_clip": [1.0],
+        # the network, the optimisation, the tiles: defaults from the library's configs
+        **solver_defaults(),
         "save_weights": [True],
-        # tiles and ranks
-        "distribute_model": [False],
-        "patch_size": [16],
-        "overlap": [8],
-        "max_batch_size": [None],
+        # the ranks and the cell's SLURM job
         "nproc_per_node": [1],
         "group_timeout_sec": [None],
         "slurm_gres": ["gpu:1"],

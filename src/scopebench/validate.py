@@ -26,6 +26,8 @@ from typing import Any
 __all__ = [
     "MAX_ALIAS_NODES",
     "QUOTE_LIMIT",
+    "batch_limit",
+    "check_batch_fits",
     "choice",
     "flag",
     "integer",
@@ -243,6 +245,61 @@ def optional(check, key: str, value: Any, **bounds: Any) -> Any:
         True
     """
     return None if value is None else check(key, value, **bounds)
+
+
+def batch_limit(samples: int, world_size: int = 1) -> int:
+    """The largest batch :func:`check_batch_fits` accepts: each rank's whole share of ``samples``.
+
+    :Examples:
+        >>> batch_limit(96, world_size=2), batch_limit(7, world_size=2)
+        (48, 3)
+    """
+    return samples // world_size
+
+
+def check_batch_fits(
+    batch_size: int,
+    samples: int | None,
+    world_size: int = 1,
+    dataset: str = "the dataset",
+    larger: str = "a larger dataset",
+) -> None:
+    """Refuse a batch larger than a rank's share of the dataset (``samples``: None skips).
+
+    The one home of the batch-against-dataset rule, for every benchmark and tool. The
+    training loaders drop a last incomplete batch (the policy's) or draw a batch from the
+    training set without repeating a sample (the unrolled networks'), and a rank's loader
+    sees ``samples / world_size`` of them, so a rank gets no batch at all (a bare
+    ``StopIteration`` at the first step) unless ``batch_size x world_size <= samples``.
+    Pass ``world_size=1`` where every rank sees the whole set; ``find-max-batch`` searches
+    up to :func:`batch_limit`.
+
+    Args:
+        batch_size: Samples per step and rank.
+        samples: The dataset's training samples; ``None`` (unknown yet) skips the check.
+        world_size: Ranks that split the dataset.
+        dataset: The dataset, as the message names it.
+        larger: How to get a larger dataset, as the message suggests it.
+
+    Raises:
+        ValueError: naming ``batch_size``, the samples (per rank) and ``dataset``.
+
+    :Examples:
+        >>> check_batch_fits(4, 8, world_size=2)
+        >>> check_batch_fits(5, 8, world_size=2)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: batch_size 5 is larger than the 4 training samples per rank of the dataset (8 over 2 ranks): ...
+    """
+    if samples is None or batch_size <= batch_limit(samples, world_size):
+        return
+    share = (
+        f"the {samples} training samples of {dataset}"
+        if world_size == 1
+        else f"the {batch_limit(samples, world_size)} training samples per rank of {dataset} "
+        f"({samples} over {world_size} ranks)"
+    )
+    raise ValueError(f"batch_size {batch_size} is larger than {share}: lower batch_size or use {larger}")
 
 
 def _alias_nodes(root) -> int:

@@ -119,3 +119,21 @@ def test_solver_declines_ranks_without_a_distributed_model(solver_class):
         False,
         None,
     )
+
+
+def test_the_grid_holds_the_librarys_defaults(solver_class):
+    # One source (issue 34): the solver's defaults are those of the configs that validate them.
+    from scopebench.imaging.common.denoisers import DenoiserSpec
+    from scopebench.imaging.training.trainer import SOLVER_PARAMS, TrainConfig, configs_from_params, solver_defaults
+    from scopebench.imaging.training.unrolled import UnrolledConfig
+
+    grid = solver_class.parameters
+    assert {key: grid[key] for key in SOLVER_PARAMS} == solver_defaults()
+    data = build_training_data(image_size=16, n_train=8, n_val=2)
+    unrolled, train = configs_from_params(data.spec, **{key: values[0] for key, values in solver_defaults().items()})
+    assert train == TrainConfig(seed=data.spec.seed)
+    assert (unrolled.n_unrolled, unrolled.checkpoint) == (UnrolledConfig().n_unrolled, UnrolledConfig().checkpoint)
+    assert (unrolled.denoiser.denoiser, unrolled.denoiser.channels) == (
+        DenoiserSpec().denoiser,
+        DenoiserSpec().channels,
+    )

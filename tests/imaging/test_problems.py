@@ -90,3 +90,15 @@ def test_large_images_are_mirror_tiled_not_upsampled():
 def test_bad_parameters_raise_value_error(kind, params, match):
     with pytest.raises(ValueError, match=match):
         build_problem(kind, **params)
+
+
+@pytest.mark.parametrize("kind", ["simulated", "multiframe_superres", "tomography_2d", "denoising_3d", "training"])
+def test_one_noise_level_rule_for_every_problem_and_training_set(kind):
+    # scopebench.imaging.common.images.check_noise_level: the signals are in [0, 1], so is the noise's std.
+    from scopebench.imaging.inference.problems import make_spec
+    from scopebench.imaging.training.data import TrainingDataSpec
+
+    build = (lambda **kw: TrainingDataSpec(**kw)) if kind == "training" else (lambda **kw: make_spec(kind, **kw))
+    assert build(noise_level=1).noise_level == 1.0
+    with pytest.raises(ValueError, match=r"^noise_level must be a finite number >= 0 and <= 1, got 1.5$"):
+        build(noise_level=1.5)

@@ -198,3 +198,19 @@ def test_a_folder_of_the_same_name_without_a_dataset_is_refused(tmp_path, data_c
     shutil.rmtree(root / "meta")
     with pytest.raises(ValueError, match=r"exists but holds no dataset \(no meta/info.json\): remove it"):
         cached_synthetic_dataset(tmp_path, data_config)
+
+
+def test_pi05_and_user_policies_take_the_same_fixed_eval_batch():
+    # One rule for the validation batch (scopebench.policy.dataset.eval_indices): evenly
+    # spread, never larger than the dataset.
+    from types import SimpleNamespace
+
+    from scopebench.policy.dataset import fixed_eval_batch
+    from scopebench.policy.user import fixed_batch
+
+    frames = [{"i": torch.tensor(i)} for i in range(10)]
+    policy = SimpleNamespace(dataset=frames, collate_fn=None)
+    assert fixed_batch(policy, 3)["i"].tolist() == fixed_eval_batch(frames, 3)["i"].tolist() == [0, 3, 6]
+    for take in (lambda: fixed_batch(policy, 11), lambda: fixed_eval_batch(frames, 11)):
+        with pytest.raises(ValueError, match=r"^eval_batch_size must be an integer >= 1 and <= 10, got 11$"):
+            take()

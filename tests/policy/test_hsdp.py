@@ -105,7 +105,7 @@ def test_estimate_memory_shards_over_the_replica_group_only(tmp_path, data_args,
     out = {}
     for name, extra in (("fsdp2", []), ("hsdp", [f"--accelerate_config={hsdp_file(tmp_path, 2, 2)}"])):
         path = tmp_path / f"{name}.json"
-        flags = [*data_args, "--nproc", "4", "--batch-size", "2", "--json", str(path), "--backend", name, *extra]
+        flags = [*data_args, "--nproc-per-node", "4", "--batch-size", "2", "--json", str(path), "--backend", name, *extra]
         assert main(["estimate-memory", *flags]) == 0
         out[name] = json.loads(path.read_text())["bytes"]
     capsys.readouterr()

@@ -114,10 +114,11 @@ def test_a_batch_that_cannot_fit_is_refused_naming_batch_size(monkeypatch):
 
 def test_estimate_memory_prints_the_categories_and_the_largest_batch_that_fits(tmp_path, capsys):
     out = tmp_path / "memory.json"
-    code = main(["estimate-memory", "--config", TINY, "--backend", "fsdp2", "--nproc", "2", "--batch-size", "4"]
-                + ["--device-memory-gb", "0.05", "--json", str(out)])  # fmt: skip
+    code = main(["estimate-memory", "--config", TINY, "--backend", "fsdp2", "--nproc-per-node", "2", "--batch-size", "4"]
+                + ["--memory-gb", "0.05", "--json", str(out)])  # fmt: skip
     assert code == 0
-    text = capsys.readouterr().out
+    text, err = capsys.readouterr()
+    assert "deprecated" not in err
     assert "backend=fsdp2 ranks=2 batch_size=4" in text and "largest per-rank batch that fits" in text
     report = json.loads(out.read_text())
     assert report["tool"] == "estimate-memory" and report["world_size"] == 2 and report["fits"] is True
@@ -132,15 +133,36 @@ def test_estimate_memory_prints_the_categories_and_the_largest_batch_that_fits(t
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--nproc", "0"], "--nproc must be an integer >= 1, got 0"),
-        (["--device-memory-gb", "0"], "--device-memory-gb must be a finite number > 0, got 0"),
+        (["--nproc-per-node", "0"], "--nproc-per-node must be an integer >= 1, got 0"),
+        (["--memory-gb", "0"], "--memory-gb must be a finite number > 0, got 0"),
+        (["--nproc", "0"], "--nproc-per-node must be an integer >= 1, got 0"),  # the old spelling
         (["--backend", "zero4"], "backend must be one of"),
     ],
 )
 def test_estimate_memory_refuses_bad_inputs_in_one_line(capsys, args, message):
     assert main(["estimate-memory", "--config", TINY, *args]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("scopebench estimate-memory: ") and message in err and "Traceback" not in err
+    err = capsys.readouterr().err.splitlines()
+    refusal = err[-1]  # after the deprecation line of an old spelling
+    assert refusal.startswith("scopebench estimate-memory: ") and message in refusal and "Traceback" not in refusal
+    assert len(err) == (2 if args[0] == "--nproc" else 1), err
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [(["--nproc", "2"], ["--nproc-per-node", "2"]), (["--device-memory-gb", "0.05"], ["--memory-gb", "0.05"])],
+)
+def test_the_old_spellings_still_work_and_say_they_are_deprecated(tmp_path, capsys, old, new):
+    # One vocabulary across the commands (issue 34): --memory-gb and --nproc-per-node.
+    runs = {}
+    for spelling in (old, new):
+        out = tmp_path / f"{spelling[0].strip('-')}.json"
+        assert main(["estimate-memory", "--config", TINY, *spelling, "--json", str(out)]) == 0
+        runs[spelling[0]] = (capsys.readouterr(), json.loads(out.read_text()))
+    (old_out, old_err), old_json = runs[old[0]]
+    (new_out, new_err), new_json = runs[new[0]]
+    assert old_err == f"scopebench estimate-memory: {old[0]} is deprecated, use {new[0]}\n" and new_err == ""
+    assert old_json == new_json
+    assert old_out.splitlines()[:-1] == new_out.splitlines()[:-1]  # all but "wrote <path>"
 
 
 _OWN_PEAK = """
@@ -156,7 +178,7 @@ def test_pi05_at_its_real_size_is_estimated_in_a_small_process():
     """3.35 B parameters, never allocated: the estimating process stays under 3 GB resident."""
     proc = subprocess.run(
         [sys.executable, "-c", _OWN_PEAK, "estimate-memory", "--config", TINY.replace("tiny", "pi05")]
-        + ["--backend", "zero2", "--nproc", "8", "--batch-size", "16", "--device-memory-gb", "80"],
+        + ["--backend", "zero2", "--nproc-per-node", "8", "--batch-size", "16", "--memory-gb", "80"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -33,7 +33,8 @@ driver and runtime, cuDNN, Python, torch, accelerate, scopebench, threads, load)
 from __future__ import annotations
 
 import argparse
-import sys
+
+from scopebench.commands._common import finish, refuses
 
 HELP = "latency of one sample_actions call at batch 1 (mean / p50 / p95 / p99, compile)"
 
@@ -49,35 +50,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", default=None, help="BENCH_OUTPUT_DIR (benchmark_results)")
 
 
+@refuses("bench-inference")
 def run(args: argparse.Namespace) -> int:
     import os
 
     from scopebench.policy.tools import check_json_path, env_bool, env_int, load_config
     from scopebench.profiler.config import check_writable_dir
 
-    try:
-        env_warmup = env_int("BENCH_N_WARMUP", -1, low=0)
-        env = {
-            "policy.compile_mode": (
-                "none" if env_bool("BENCH_NO_COMPILE", False) else os.environ.get("BENCH_COMPILE_MODE") or None
-            ),
-            "policy.n_warmup": None if env_warmup < 0 else env_warmup,
-        }
-        flags = {
-            "policy.compile_mode": "none" if args.no_compile else args.compile_mode or None,
-            "policy.n_warmup": args.n_warmup,
-        }
-        timed = args.n_timed if args.n_timed is not None else env_int("BENCH_N_TIMED", 50)
-        if timed < 1:
-            raise ValueError(f"--n-timed must be >= 1, got {timed}")
-        config = load_config(args, env=env, flags=flags)
-        out_dir = args.output_dir or os.environ.get("BENCH_OUTPUT_DIR") or "benchmark_results"
-        check_writable_dir("--output-dir" if args.output_dir else "BENCH_OUTPUT_DIR", out_dir)
-        check_json_path("--json", args.json)
-        return _bench(config, timed, out_dir, args.json)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"scopebench bench-inference: {err}", file=sys.stderr)
-        return 2
+    env_warmup = env_int("BENCH_N_WARMUP", -1, low=0)
+    env = {
+        "policy.compile_mode": (
+            "none" if env_bool("BENCH_NO_COMPILE", False) else os.environ.get("BENCH_COMPILE_MODE") or None
+        ),
+        "policy.n_warmup": None if env_warmup < 0 else env_warmup,
+    }
+    flags = {
+        "policy.compile_mode": "none" if args.no_compile else args.compile_mode or None,
+        "policy.n_warmup": args.n_warmup,
+    }
+    timed = args.n_timed if args.n_timed is not None else env_int("BENCH_N_TIMED", 50)
+    if timed < 1:
+        raise ValueError(f"--n-timed must be >= 1, got {timed}")
+    config = load_config(args, env=env, flags=flags)
+    out_dir = args.output_dir or os.environ.get("BENCH_OUTPUT_DIR") or "benchmark_results"
+    check_writable_dir("--output-dir" if args.output_dir else "BENCH_OUTPUT_DIR", out_dir)
+    check_json_path("--json", args.json)
+    return _bench(config, timed, out_dir, args.json)
 
 
 def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
@@ -154,12 +152,10 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
     label = s.preset if s.policy == "pi05" else s.policy.rpartition(":")[2]
     path = Path(out_dir) / f"{socket.gethostname()}_{label}_{stamp}.json"
-    write_json(path, report)
     if json_path:
         write_json(json_path, report)
-    print(format_report(report))
-    print(f"wrote {path}")
-    return 0
+    # the timestamped file in the output folder is the one named (--json is a copy of it)
+    return finish(format_report(report), report, str(path))
 
 
 def format_report(report: dict) -> str:

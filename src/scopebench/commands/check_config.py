@@ -33,9 +33,9 @@ is invalid).
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
+
+from scopebench.commands._common import print_json, refuses
 
 HELP = "check a benchopt config (and parallel config) before submitting it; submits nothing"
 
@@ -157,16 +157,13 @@ def _print_text(report, show_sbatch: bool) -> None:
     print(f"{verdict}; would make {total}; nothing was submitted")
 
 
+@refuses("check-config", errors=(OSError, ValueError))
 def run(args: argparse.Namespace) -> int:
     from scopebench.preflight import preflight
 
-    try:
-        report = preflight(args.benchmark, args.config, args.parallel_config, n_jobs=args.n_jobs, cluster=args.cluster)
-    except (OSError, ValueError) as err:
-        print(f"scopebench check-config: {err}", file=sys.stderr)
-        return 2
+    report = preflight(args.benchmark, args.config, args.parallel_config, n_jobs=args.n_jobs, cluster=args.cluster)
     if args.json:
-        print(json.dumps(_as_json(report), indent=2, default=str))
+        print_json(_as_json(report))
     else:
         _print_text(report, args.sbatch)
     return 0 if report.ok else 1

@@ -20,8 +20,9 @@ unmatched_a, unmatched_b}``. Exit status 0 when configurations matched (flagged 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from scopebench.commands._common import REFUSED, print_json, refuses
 
 HELP = "A/B comparison of two result sets: B/A ratio of median region times with a bootstrap CI"
 
@@ -34,20 +35,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
+@refuses("compare")
 def run(args: argparse.Namespace) -> int:
     from scopebench.report.build import read
     from scopebench.report.compare import compare, format_comparison
     from scopebench.validate import number
 
-    try:
-        level = number("level", args.level, low=0.0, high=1.0, low_open=True, high_open=True)
-        a, b = read([args.a]), read([args.b])
-        result = compare(a.configs, b.configs, level=level, seed=args.seed)
-    except ValueError as err:
-        print(f"scopebench compare: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(result.as_dict(), indent=2) if args.json else format_comparison(result))
+    level = number("level", args.level, low=0.0, high=1.0, low_open=True, high_open=True)
+    a, b = read([args.a]), read([args.b])
+    result = compare(a.configs, b.configs, level=level, seed=args.seed)
+    if args.json:
+        print_json(result.as_dict())
+    else:
+        print(format_comparison(result))
     if not result.rows:
         print("scopebench compare: no configuration of A matches one of B", file=sys.stderr)
-        return 2
+        return REFUSED
     return 0

@@ -27,7 +27,8 @@ Output: a table (N, median and p95 ms, fitted ms) and the fit. JSON (``--json``)
 from __future__ import annotations
 
 import argparse
-import sys
+
+from scopebench.commands._common import finish, refuses
 
 HELP = "fit sample_actions latency as F + N*s over num_steps (fixed cost vs per expert step)"
 
@@ -50,18 +51,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per N (20)")
 
 
+@refuses("decompose-latency")
 def run(args: argparse.Namespace) -> int:
     from scopebench.policy.tools import check_json_path, load_config
 
-    try:
-        if args.repeats < 1:
-            raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-        config = load_config(args)
-        check_json_path("--json", args.json)
-        return _decompose(config, args.num_steps, args.repeats, args.json)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"scopebench decompose-latency: {err}", file=sys.stderr)
-        return 2
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    config = load_config(args)
+    check_json_path("--json", args.json)
+    return _decompose(config, args.num_steps, args.repeats, args.json)
 
 
 def _decompose(config, steps: list[int], repeats: int, json_path: str | None) -> int:
@@ -72,7 +70,6 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
         environment_info,
         progress_bar,
         settings_dict,
-        write_json,
     )
     from scopebench.profiler import ProfilerConfig
     from scopebench.stats import median, percentile
@@ -120,11 +117,7 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
         "denoise_share": median(denoise[top]) / med[top],
         "environment": environment_info(device),
     }
-    print(format_report(report))
-    if json_path:
-        write_json(json_path, report)
-        print(f"wrote {json_path}")
-    return 0
+    return finish(format_report(report), report, json_path)
 
 
 def format_report(report: dict) -> str:

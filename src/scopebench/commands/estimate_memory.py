@@ -8,22 +8,25 @@ optimizer state holds an fp32 master copy), ``gather_buffers`` (DDP's gradient b
 ZeRO's gradient bucket, ZeRO-3's and FSDP2's gathered parameters) and ``activations``
 (measured by one fake forward of the model's own code: ``FakeTensorMode`` on a meta-device
 model, every tensor autograd saves counted once) — then whether it fits in
-``--device-memory-gb`` and the largest per-rank batch that does (activations are linear in
+``--memory-gb`` and the largest per-rank batch that does (activations are linear in
 the batch: measured at batch 1 and 2). What it leaves out (docs/distributed.md,
 "Memory before launch"): one operation's temporaries, allocator fragmentation, DataLoader
 workers and the process's libraries.
 
 How to run::
 
-    scopebench estimate-memory --config configs/policy/pi05.yml --backend zero2 --nproc 8 \\
-        --batch-size 16 --precision bf16 --device-memory-gb 80
+    scopebench estimate-memory --config configs/policy/pi05.yml --backend zero2 --nproc-per-node 8 \\
+        --batch-size 16 --precision bf16 --memory-gb 80
     scopebench estimate-memory --config configs/policy/tiny.yml --json outputs/memory.json
 
-Output: one line per category (GB per rank), the peak, and with ``--device-memory-gb``
+Output: one line per category (GB per rank), the peak, and with ``--memory-gb``
 whether it fits and the largest batch. JSON (``--json``): ``tool`` ("estimate-memory"),
 ``config``, ``preset``, ``backend``, ``world_size``, ``batch_size``, ``precision``,
 ``num_params``, ``bytes`` (category -> bytes per rank, and ``peak``),
 ``activations_per_sample_bytes``, ``device_memory_bytes``, ``fits``, ``largest_batch``.
+
+``--nproc`` and ``--device-memory-gb``, the old spellings, still work and print one
+deprecation line on stderr.
 
 Exit status: 2 with one line for a refused input, else 0.
 """
@@ -31,7 +34,15 @@ Exit status: 2 with one line for a refused input, else 0.
 from __future__ import annotations
 
 import argparse
-import sys
+
+from scopebench.commands._common import (
+    add_memory_gb,
+    add_nproc_per_node,
+    finish,
+    memory_gb,
+    nproc_per_node,
+    refuses,
+)
 
 HELP = "per-rank memory of a training step by category, before launch (no model allocated)"
 
@@ -41,41 +52,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_config_arguments(parser)
     parser.add_argument("--backend", default=None, help="ddp, zero2, zero3, fsdp2 or hsdp (default: the config's)")
-    parser.add_argument("--nproc", type=int, default=None, help="ranks the model is trained on (default: the config's)")
+    add_nproc_per_node(parser, "ranks the model is trained on (default: the config's)", deprecated=("--nproc",))
     parser.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=None, help="per rank")
     parser.add_argument("--precision", default=None, help="fp32 or bf16 (autocast)")
-    parser.add_argument("--device-memory-gb", type=float, default=None, help="memory of one device (GB, 1e9 bytes)")
+    add_memory_gb(parser, "memory of one device (GB, 1e9 bytes)", deprecated=("--device-memory-gb",))
 
 
+@refuses("estimate-memory")
 def run(args: argparse.Namespace) -> int:
     from scopebench.policy.tools import check_json_path, load_config
-    from scopebench.validate import number, optional
 
-    try:
-        flags = {"backend": args.backend, "batch_size": args.batch_size, "precision": args.precision}
-        # The estimate is for --nproc ranks; nothing is started, so no cores check applies.
-        config = load_config(args, flags=flags)
-        if config.train.policy != "pi05":  # the estimate reads the preset's config, without building
-            raise ValueError(
-                f"estimate-memory estimates policy pi05 from its preset, got policy={config.train.policy}; "
-                "run profile-step on it (its max_rss_mb / max_gpu_mb columns)"
-            )
-        world = config.train.nproc_per_node if args.nproc is None else args.nproc
-        if type(world) is not int or world < 1:
-            raise ValueError(f"--nproc must be an integer >= 1, got {world!r}")
-        limit = optional(number, "--device-memory-gb", args.device_memory_gb, low=0, low_open=True)
-        check_json_path("--json", args.json)
-        return _estimate(config, world, limit, args.json)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"scopebench estimate-memory: {err}", file=sys.stderr)
-        return 2
+    flags = {"backend": args.backend, "batch_size": args.batch_size, "precision": args.precision}
+    # The estimate is for --nproc-per-node ranks; nothing is started, so no cores check applies.
+    config = load_config(args, flags=flags)
+    if config.train.policy != "pi05":  # the estimate reads the preset's config, without building
+        raise ValueError(
+            f"estimate-memory estimates policy pi05 from its preset, got policy={config.train.policy}; "
+            "run profile-step on it (its max_rss_mb / max_gpu_mb columns)"
+        )
+    world = nproc_per_node(args) or config.train.nproc_per_node
+    limit = memory_gb(args)
+    check_json_path("--json", args.json)
+    return _estimate(config, world, limit, args.json)
 
 
 def _estimate(config, world: int, limit_gb: float | None, json_path: str | None) -> int:
     from scopebench.policy.config import make_config
     from scopebench.policy.memory import largest_batch, run_memory
     from scopebench.policy.run.train import model_overrides
-    from scopebench.policy.tools import write_json
     from scopebench.train.memory import GB
 
     s, d = config.train, config.dataset
@@ -101,25 +105,20 @@ def _estimate(config, world: int, limit_gb: float | None, json_path: str | None)
         verdict = "fits" if fits else "does NOT fit"
         print(f"  on a {limit_gb:g} GB device: {verdict}; largest per-rank batch that fits: {best}")
     print("  not counted: temporaries, fragmentation, workers, libraries")
-    if json_path:
-        keys = ("parameters", "gradients", "optimizer_state", "gather_buffers", "activations", "peak")
-        write_json(
-            json_path,
-            {
-                "tool": "estimate-memory",
-                "config": config.source,
-                "preset": s.preset,
-                "backend": s.backend,
-                "world_size": world,
-                "batch_size": s.batch_size,
-                "precision": s.precision,
-                "num_params": memory["num_params"],
-                "bytes": {k: memory[k] for k in keys},
-                "activations_per_sample_bytes": memory["activations_per_sample"],
-                "device_memory_bytes": None if limit_gb is None else limit_gb * GB,
-                "fits": fits,
-                "largest_batch": best,
-            },
-        )
-        print(f"wrote {json_path}")
-    return 0
+    keys = ("parameters", "gradients", "optimizer_state", "gather_buffers", "activations", "peak")
+    payload = {
+        "tool": "estimate-memory",
+        "config": config.source,
+        "preset": s.preset,
+        "backend": s.backend,
+        "world_size": world,
+        "batch_size": s.batch_size,
+        "precision": s.precision,
+        "num_params": memory["num_params"],
+        "bytes": {k: memory[k] for k in keys},
+        "activations_per_sample_bytes": memory["activations_per_sample"],
+        "device_memory_bytes": None if limit_gb is None else limit_gb * GB,
+        "fits": fits,
+        "largest_batch": best,
+    }
+    return finish(None, payload, json_path)

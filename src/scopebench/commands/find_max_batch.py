@@ -9,7 +9,7 @@ is within it. The dataset caps the batch (every rank needs a full batch).
 
 How to run::
 
-    scopebench find-max-batch --config configs/policy/small.yml --backend fsdp2 --nproc 2
+    scopebench find-max-batch --config configs/policy/small.yml --backend fsdp2 --nproc-per-node 2
     scopebench find-max-batch --config configs/policy/tiny.yml --memory-gb 0.006 --json outputs/max_batch.json \
         --png outputs/max_batch.png
 
@@ -22,13 +22,17 @@ trials' peaks against the batch, their least-squares line, the limit and the lar
 read off the line beside the one the trials found (the report's memory-against-batch
 picture, :func:`scopebench.report.memory_figures.batch_figure`).
 
+``--nproc``, the old spelling of ``--nproc-per-node``, still works and prints one
+deprecation line on stderr.
+
 Exit status: 2 with one line for a refused input, else 0.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+
+from scopebench.commands._common import add_memory_gb, add_nproc_per_node, finish, memory_gb, refuses
 
 HELP = "largest per-rank batch whose training step fits (real trials: doubling, then bisecting)"
 
@@ -38,35 +42,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_config_arguments(parser)
     parser.add_argument("--backend", default=None, help="ddp, zero2, zero3, fsdp2 or hsdp (default: the config's)")
-    parser.add_argument("--nproc", type=int, default=None, help="ranks (default: the config's nproc_per_node)")
-    parser.add_argument("--memory-gb", type=float, default=None, help="memory of one rank (GB, 1e9 bytes)")
+    add_nproc_per_node(parser, "ranks (default: the config's nproc_per_node)", deprecated=("--nproc",))
+    add_memory_gb(parser, "memory of one rank (GB, 1e9 bytes)")
     parser.add_argument("--max-batch", type=int, default=None, help="largest batch to try (default: the dataset's)")
     parser.add_argument("--png", default=None, help="also draw the trials, their line and the limit into this PNG")
 
 
+@refuses("find-max-batch")
 def run(args: argparse.Namespace) -> int:
     from scopebench.policy.tools import check_json_path, load_config
-    from scopebench.validate import integer, number, optional
+    from scopebench.validate import integer, optional
 
-    try:
-        flags = {"backend": args.backend, "nproc_per_node": args.nproc}
-        config = load_config(args, flags=flags)
-        memory_gb = optional(number, "--memory-gb", args.memory_gb, low=0, low_open=True)
-        max_batch = optional(integer, "--max-batch", args.max_batch, low=1)
-        check_json_path("--json", args.json)
-        check_json_path("--png", args.png)
-        from scopebench.distributed.device import resolve_device
+    flags = {"backend": args.backend, "nproc_per_node": args.nproc_per_node}
+    config = load_config(args, flags=flags)
+    budget_gb = memory_gb(args)
+    max_batch = optional(integer, "--max-batch", args.max_batch, low=1)
+    check_json_path("--json", args.json)
+    check_json_path("--png", args.png)
+    from scopebench.distributed.device import resolve_device
 
-        device = resolve_device(config.train.device)
-        if device.type != "cuda" and memory_gb is None:
-            raise ValueError(
-                f"--memory-gb is required on {device.type}: a CPU swaps instead of raising an out-of-memory error, "
-                "so a batch fits when its measured peak is within --memory-gb"
-            )
-        return _search(config, device, memory_gb, max_batch, args.json, args.png)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"scopebench find-max-batch: {err}", file=sys.stderr)
-        return 2
+    device = resolve_device(config.train.device)
+    if device.type != "cuda" and budget_gb is None:
+        raise ValueError(
+            f"--memory-gb is required on {device.type}: a CPU swaps instead of raising an out-of-memory error, "
+            "so a batch fits when its measured peak is within --memory-gb"
+        )
+    return _search(config, device, budget_gb, max_batch, args.json, args.png)
 
 
 def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
@@ -76,12 +77,13 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
 
     from scopebench.policy.dataset import RobotDataset
     from scopebench.policy.max_batch import StepTrial, run_steps, search
-    from scopebench.policy.tools import write_json
+    from scopebench.validate import batch_limit
 
     s, d = config.train, config.dataset
     root = d.materialize()
     world = s.nproc_per_node
-    limit = len(RobotDataset(root, chunk_size=d.chunk_size)) // world
+    # the batch-against-dataset rule's bound (scopebench.validate.check_batch_fits)
+    limit = batch_limit(len(RobotDataset(root, chunk_size=d.chunk_size)), world)
     limit = min(limit, max_batch) if max_batch else limit
     budget = None if memory_gb is None else memory_gb * 1e9 / 2**20
     print(
@@ -111,9 +113,7 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
         "margin_mb": margin,
         "trials": [t.__dict__ for t in trials],
     }
-    if json_path:
-        write_json(json_path, payload)
-        print(f"wrote {json_path}")
+    finish(None, payload, json_path)
     if png_path:
         print(f"wrote {write_png(payload, png_path)}")
     return 0

@@ -23,7 +23,8 @@ gradient), ``counts`` (category -> ``tensors, params``), ``safe_without_find_unu
 from __future__ import annotations
 
 import argparse
-import sys
+
+from scopebench.commands._common import finish, refuses
 
 HELP = "which policy parameters get no gradient (is find_unused_parameters=False safe?)"
 
@@ -35,52 +36,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--include-zero-grad", choices=["true", "false"], default=None, help="INCLUDE_ZERO_GRAD")
 
 
+@refuses("find-unused-params")
 def run(args: argparse.Namespace) -> int:
     from scopebench.policy.tools import check_json_path, env_bool, load_config
 
-    try:
-        zero = args.include_zero_grad == "true" if args.include_zero_grad else env_bool("INCLUDE_ZERO_GRAD", False)
-        config = load_config(args, flags={"nproc_per_node": 1})
-        check_json_path("--json", args.json)
-        return _audit(config, zero, args.json)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"scopebench find-unused-params: {err}", file=sys.stderr)
-        return 2
+    zero = args.include_zero_grad == "true" if args.include_zero_grad else env_bool("INCLUDE_ZERO_GRAD", False)
+    config = load_config(args, flags={"nproc_per_node": 1})
+    check_json_path("--json", args.json)
+    return _audit(config, zero, args.json)
 
 
 def _audit(config, include_zero_grad: bool, json_path: str | None) -> int:
     from scopebench.policy.run.train import audit_parameters
-    from scopebench.policy.tools import data_root, settings_dict, write_json
+    from scopebench.policy.tools import data_root, settings_dict
 
     root = data_root(config)
     audit = audit_parameters(
         config.train, dataset_root=root, chunk_size=config.dataset.chunk_size, include_zero_grad=include_zero_grad
     )
-    print(audit.format())
-    if json_path:
 
-        def entries(category: str) -> list[dict]:
-            return [
-                {"name": n, "module": n.rpartition(".")[0], "shape": list(audit.shapes[n]), "numel": audit.numel[n]}
-                for n in getattr(audit, category)
-            ]
+    def entries(category: str) -> list[dict]:
+        return [
+            {"name": n, "module": n.rpartition(".")[0], "shape": list(audit.shapes[n]), "numel": audit.numel[n]}
+            for n in getattr(audit, category)
+        ]
 
-        zero = set(audit.zero_grad)
-        payload = {
-            "tool": "find-unused-params",
-            "config": config.source,
-            "settings": settings_dict(config.train),
-            "include_zero_grad": include_zero_grad,
-            "unused": entries("unused"),
-            "frozen": entries("frozen"),
-            "zero_grad": entries("zero_grad"),
-            "used_count": len([n for n in audit.used if n not in zero]),
-            "counts": {
-                c: {"tensors": len(getattr(audit, c)), "params": audit.count(c)}
-                for c in ("unused", "frozen", "used", "zero_grad")
-            },
-            "safe_without_find_unused": audit.safe_without_find_unused,
-        }
-        write_json(json_path, payload)
-        print(f"wrote {json_path}")
-    return 0
+    zero = set(audit.zero_grad)
+    payload = {
+        "tool": "find-unused-params",
+        "config": config.source,
+        "settings": settings_dict(config.train),
+        "include_zero_grad": include_zero_grad,
+        "unused": entries("unused"),
+        "frozen": entries("frozen"),
+        "zero_grad": entries("zero_grad"),
+        "used_count": len([n for n in audit.used if n not in zero]),
+        "counts": {
+            c: {"tensors": len(getattr(audit, c)), "params": audit.count(c)}
+            for c in ("unused", "frozen", "used", "zero_grad")
+        },
+        "safe_without_find_unused": audit.safe_without_find_unused,
+    }
+    return finish(audit.format(), payload, json_path)

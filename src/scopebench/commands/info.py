@@ -28,10 +28,11 @@ reasons``. A field the kernel or NVML does not expose is null and ``reasons`` na
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 from typing import Any
+
+from scopebench.commands._common import print_json
 
 HELP = "versions and device, as JSON; --host: the machine's state (CPU, cgroup, memory, load, GPUs)"
 
@@ -154,12 +155,15 @@ def format_host(record: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if not args.host:
-        print(json.dumps(info(), indent=2))
+        print_json(info())
         return 0
     import torch
 
     from scopebench.host import host_record
 
     record = host_record("cuda" if torch.cuda.is_available() else "cpu")
-    print(json.dumps(record, indent=2) if args.json else format_host(record))
+    if args.json:
+        print_json(record)
+    else:
+        print(format_host(record))
     return 0

@@ -32,7 +32,8 @@ Output: one line per rank, then the summary block. JSON (``--json``), keys: ``to
 from __future__ import annotations
 
 import argparse
-import sys
+
+from scopebench.commands._common import add_nproc_per_node, finish, refuses
 
 HELP = "dataloader throughput ceiling per rank (no model, no collective)"
 #: The phases a rank's line shows, in order (``decode`` only when it ran in the loading process).
@@ -45,22 +46,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.add_argument("--batches", type=int, default=None, help="measured batches (PROFILE_BATCHES, 300)")
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured batches first (20)")
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None, dest="nproc_per_node")
+    add_nproc_per_node(parser, "ranks on this machine, spawned as local processes (default: the config's)")
 
 
+@refuses("profile-dataloader")
 def run(args: argparse.Namespace) -> int:
     from scopebench.policy.tools import check_json_path, env_int, load_config
 
-    try:
-        batches = args.batches if args.batches is not None else env_int("PROFILE_BATCHES", 300)
-        if batches < 1 or args.warmup < 0:
-            raise ValueError(f"--batches must be >= 1 and --warmup >= 0, got {batches} and {args.warmup}")
-        config = load_config(args, flags={"nproc_per_node": args.nproc_per_node})
-        check_json_path("--json", args.json)
-        return _profile(config, args.warmup, batches, args.json)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"scopebench profile-dataloader: {err}", file=sys.stderr)
-        return 2
+    batches = args.batches if args.batches is not None else env_int("PROFILE_BATCHES", 300)
+    if batches < 1 or args.warmup < 0:
+        raise ValueError(f"--batches must be >= 1 and --warmup >= 0, got {batches} and {args.warmup}")
+    config = load_config(args, flags={"nproc_per_node": args.nproc_per_node})
+    check_json_path("--json", args.json)
+    return _profile(config, args.warmup, batches, args.json)
 
 
 def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
@@ -128,13 +126,7 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
         "decode_per_frame_sec": run.work.decode_sec / run.work.decoded_frames if run.work.decoded_frames else None,
         "environment": environment_info(run.device),
     }
-    print(format_report(report))
-    if json_path:
-        from scopebench.policy.tools import write_json
-
-        write_json(json_path, report)
-        print(f"wrote {json_path}")
-    return 0
+    return finish(format_report(report), report, json_path)
 
 
 def format_report(report: dict) -> str:

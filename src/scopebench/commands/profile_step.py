@@ -46,6 +46,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from scopebench.commands._common import add_nproc_per_node, finish, refuses
+
 HELP = "per-phase time of the policy's training step (mean / median / p95, MFU)"
 BAR = "=" * 53
 
@@ -57,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch_size", "--batch-size", type=int, default=None, help="samples per step and rank")
     parser.add_argument("--steps", type=int, default=None, help="measured steps (PROFILE_STEPS, 200)")
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured steps first (20)")
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None, dest="nproc_per_node")
+    add_nproc_per_node(parser, "ranks on this machine, spawned as local processes (default: the config's)")
     parser.add_argument("--no-optim", action="store_true", default=None, help="no optimizer (PROFILE_NO_OPTIM)")
     parser.add_argument("--find-unused-params", choices=["true", "false"], default=None, help="FIND_UNUSED_PARAMS")
     parser.add_argument("--fused-adamw", choices=["true", "false"], default=None, help="FUSED_ADAMW")
@@ -71,45 +73,43 @@ def _flag(text: str | None) -> bool | None:
     return None if text is None else text == "true"
 
 
+@refuses("profile-step")
 def run(args: argparse.Namespace) -> int:
     import os
 
     from scopebench.distributed import RankFailure
     from scopebench.policy.tools import check_json_path, env_bool, env_int, load_config
 
+    steps = args.steps if args.steps is not None else env_int("PROFILE_STEPS", 200)
+    if steps < 1 or args.warmup < 0:
+        raise ValueError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {args.warmup}")
+    env = {
+        "no_optim": env_bool("PROFILE_NO_OPTIM"),
+        "find_unused_params": env_bool("FIND_UNUSED_PARAMS"),
+        "fused_adamw": env_bool("FUSED_ADAMW"),
+    }
+    flags = {
+        "no_optim": True if args.no_optim else None,
+        "find_unused_params": _flag(args.find_unused_params),
+        "fused_adamw": _flag(args.fused_adamw),
+        "batch_size": args.batch_size,
+        "nproc_per_node": args.nproc_per_node,
+    }
+    if args.accelerate_config:
+        from pathlib import Path
+
+        from scopebench.train import load_accelerate_file
+
+        file = load_accelerate_file(args.accelerate_config)
+        flags.update(accelerate_config=str(Path(file.path).resolve()), backend=file.backend)
+    config = load_config(args, env=env, flags=flags)
+    json_path = args.json or os.environ.get("PROFILE_STEP_JSON") or None
+    check_json_path("--json" if args.json else "PROFILE_STEP_JSON", json_path)
     try:
-        steps = args.steps if args.steps is not None else env_int("PROFILE_STEPS", 200)
-        if steps < 1 or args.warmup < 0:
-            raise ValueError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {args.warmup}")
-        env = {
-            "no_optim": env_bool("PROFILE_NO_OPTIM"),
-            "find_unused_params": env_bool("FIND_UNUSED_PARAMS"),
-            "fused_adamw": env_bool("FUSED_ADAMW"),
-        }
-        flags = {
-            "no_optim": True if args.no_optim else None,
-            "find_unused_params": _flag(args.find_unused_params),
-            "fused_adamw": _flag(args.fused_adamw),
-            "batch_size": args.batch_size,
-            "nproc_per_node": args.nproc_per_node,
-        }
-        if args.accelerate_config:
-            from pathlib import Path
-
-            from scopebench.train import load_accelerate_file
-
-            file = load_accelerate_file(args.accelerate_config)
-            flags.update(accelerate_config=str(Path(file.path).resolve()), backend=file.backend)
-        config = load_config(args, env=env, flags=flags)
-        json_path = args.json or os.environ.get("PROFILE_STEP_JSON") or None
-        check_json_path("--json" if args.json else "PROFILE_STEP_JSON", json_path)
         return _profile(config, warmup=args.warmup, steps=steps, json_path=json_path)
     except RankFailure as err:  # rank 0 names the rank that died, stopped or hung (as scopebench train)
         print(f"scopebench profile-step: the run failed:\n{err}", file=sys.stderr, flush=True)
         return 1
-    except (ValueError, FileNotFoundError) as err:
-        print(f"scopebench profile-step: {err}", file=sys.stderr)
-        return 2
 
 
 def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
@@ -140,13 +140,7 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
         if not writes_reports():
             return 0
         report = build_report(run, [m for m in per_step if "total_time_sec" in m], warmup, steps, wall)
-    print(format_report(report))
-    if json_path:
-        from scopebench.policy.tools import write_json
-
-        write_json(json_path, {**report, "config": config.source})
-        print(f"wrote {json_path}")
-    return 0
+    return finish(format_report(report), {**report, "config": config.source}, json_path)
 
 
 def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float) -> dict:

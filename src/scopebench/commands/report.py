@@ -26,7 +26,8 @@ out of the statistics with one warning line per column on stderr.
 from __future__ import annotations
 
 import argparse
-import sys
+
+from scopebench.commands._common import add_memory_gb, memory_gb, refuses
 
 HELP = "PNG plots, diagnosis and a self-contained HTML report of benchopt results"
 
@@ -34,27 +35,21 @@ HELP = "PNG plots, diagnosis and a self-contained HTML report of benchopt result
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", nargs="+", help="benchopt .parquet files or folders holding them")
     parser.add_argument("-o", "--output", default=None, help="output folder (default: report/ beside the first file)")
-    parser.add_argument(
-        "--memory-gb",
-        type=float,
-        default=None,
-        help="one rank's device memory (GB): the limit line on memory against batch size, and the largest batch read off",
+    add_memory_gb(
+        parser,
+        "one rank's device memory (GB): the limit line on memory against batch size, and the largest batch read off",
     )
 
 
+@refuses("report")
 def run(args: argparse.Namespace) -> int:
     from scopebench.profiler.config import check_writable_dir
     from scopebench.report.build import build_report
-    from scopebench.validate import number, optional
 
-    try:
-        memory_gb = optional(number, "--memory-gb", args.memory_gb, low=0, low_open=True)
-        if args.output is not None:  # before the results are read and the plots drawn
-            check_writable_dir("-o/--output", args.output)
-        report = build_report(args.results, args.output, memory_gb)
-    except ValueError as err:
-        print(f"scopebench report: {err}", file=sys.stderr)
-        return 2
+    limit_gb = memory_gb(args)
+    if args.output is not None:  # before the results are read and the plots drawn
+        check_writable_dir("-o/--output", args.output)
+    report = build_report(args.results, args.output, limit_gb)
     print(report.text)
     print(f"\nhtml: {report.html}")
     for png in report.pngs:

@@ -26,8 +26,8 @@ missing, unreadable, empty or not a benchopt result, or a folder holds none.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+
+from scopebench.commands._common import print_json, refuses
 
 HELP = "phase tables, warnings and diagnosis of benchopt results"
 
@@ -37,17 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
+@refuses("summary")
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from scopebench.report.build import diagnose_groups, read, summarize_results
     from scopebench.report.tables import phase_rows
 
-    try:
-        results = read(args.results)
-    except ValueError as err:
-        print(f"scopebench summary: {err}", file=sys.stderr)
-        return 2
+    results = read(args.results)
     findings = [f for group in diagnose_groups(results).values() for f in group]
     if args.json:
         payload = {
@@ -55,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             "warnings": results.warnings,
             "findings": [asdict(f) for f in findings],
         }
-        print(json.dumps(payload, indent=2))
+        print_json(payload)
     else:
         print(summarize_results(results, findings))
     return 0

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
+from scopebench import validate
 from scopebench.policy.data import ACTION_KEY, STATE_KEY
 from scopebench.policy.lerobot import LeRobotFolder, camera_shape, read_json
 from scopebench.validate import integer
@@ -157,27 +158,15 @@ def dataset_samples(root: str | Path) -> int | None:
     return frames if isinstance(frames, int) and not isinstance(frames, bool) else None
 
 
+#: How the policy's (synthetic) dataset grows, as a refused batch suggests it.
+LARGER_DATASET = "a larger dataset (dataset.num_episodes / dataset.episode_length)"
+
+
 def check_batch_fits(batch_size: int, samples: int | None, world_size: int = 1, dataset: str = "the dataset") -> None:
-    """Refuse a batch larger than a rank's share of the dataset (``samples``: None skips).
-
-    The training dataloader drops a last incomplete batch, and accelerate hands each rank
-    every ``world_size``-th batch, so a rank gets no batch at all (a bare ``StopIteration``
-    at the first step) unless ``batch_size x world_size <= samples``.
-
-    Raises:
-        ValueError: naming ``batch_size``, the samples (per rank) and ``dataset``.
-    """
-    if samples is None or batch_size * world_size <= samples:
-        return
-    share = (
-        f"the {samples} training samples of {dataset}"
-        if world_size == 1
-        else f"the {samples // world_size} training samples per rank of {dataset} ({samples} over {world_size} ranks)"
-    )
-    raise ValueError(
-        f"batch_size {batch_size} is larger than {share}: lower batch_size or use a larger dataset "
-        "(dataset.num_episodes / dataset.episode_length)"
-    )
+    """:func:`scopebench.validate.check_batch_fits` (the one home of the rule: the training
+    dataloader drops a last incomplete batch, accelerate hands each rank every
+    ``world_size``-th batch) naming the policy dataset's knobs."""
+    validate.check_batch_fits(batch_size, samples, world_size, dataset, larger=LARGER_DATASET)
 
 
 def check_dataset_batch(root: str | Path, batch_size: int, world_size: int = 1) -> None:
@@ -316,6 +305,25 @@ def make_dataloader(
     )
 
 
+def eval_indices(samples: int, batch_size: int) -> list[int]:
+    """The ``batch_size`` sample indices, evenly spread over ``samples``, of a fixed
+    validation batch (pi05's and a user policy's); ``eval_batch_size`` may not exceed
+    the dataset.
+
+    :Examples:
+
+    >>> eval_indices(10, 3)
+    [0, 3, 6]
+    >>> eval_indices(10, 11)
+    Traceback (most recent call last):
+    ...
+    ValueError: eval_batch_size must be an integer >= 1 and <= 10, got 11
+    """
+    integer("eval_batch_size", batch_size, low=1, high=samples)
+    step = samples // batch_size
+    return [i * step for i in range(batch_size)]
+
+
 def fixed_eval_batch(dataset: RobotDataset, batch_size: int) -> dict:
     """``batch_size`` frames evenly spread over the dataset, always the same ones.
 
@@ -327,6 +335,4 @@ def fixed_eval_batch(dataset: RobotDataset, batch_size: int) -> dict:
     >>> batch["i"].tolist()
     [0, 3, 6]
     """
-    integer("eval_batch_size", batch_size, low=1, high=len(dataset))
-    step = len(dataset) // batch_size
-    return collate_robot_batch([dataset[i * step] for i in range(batch_size)])
+    return collate_robot_batch([dataset[i] for i in eval_indices(len(dataset), batch_size)])

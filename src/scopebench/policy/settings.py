@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from scopebench.distributed.device import check_device
+from scopebench.parameters import solver_parameters  # re-exported for the policy's solvers and dataset
 from scopebench.policy.config import ATTENTION_IMPLEMENTATIONS, PRESETS
 from scopebench.policy.data import SyntheticRobotConfig
 from scopebench.train.backends import DEFAULT_BACKEND, backend_names, get_backend
@@ -389,32 +390,6 @@ class RunConfig:
         sections = {"policy": policy, "dataset": dataclasses.asdict(self.dataset)}
         sections["training"] = dataclasses.asdict(self.training)
         return yaml.safe_dump({**top, **sections}, sort_keys=False)
-
-
-def solver_parameters(cls, *names: str, exclude: tuple[str, ...] = ("seed",)) -> dict[str, list[Any]]:
-    """A benchopt parameter grid of one value per field: the settings dataclass's defaults.
-
-    The policy solvers and the dataset build their ``parameters`` with it, so a default
-    lives in one place (``seed`` comes from the dataset, hence excluded by default).
-
-    Args:
-        cls: :class:`TrainSettings`, :class:`InferenceSettings` or :class:`DatasetSettings`.
-        *names: The fields to include, in the dataclass's order (default: all).
-        exclude: Fields left out.
-
-    :Examples:
-
-    >>> solver_parameters(InferenceSettings, "num_steps", "n_warmup")
-    {'num_steps': [10], 'n_warmup': [5]}
-    """
-    fields = {
-        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        for f in dataclasses.fields(cls)
-    }
-    unknown = sorted(set(names) - set(fields))
-    if unknown:
-        raise ValueError(f"{cls.__name__} has no field(s) {unknown}")
-    return {name: [default] for name, default in fields.items() if (not names or name in names) and name not in exclude}
 
 
 def settings_from(cls, source: Any, **extra: Any):

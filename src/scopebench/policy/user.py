@@ -290,11 +290,10 @@ def fixed_batch(policy: UserPolicy, batch_size: int) -> Any:
     """``batch_size`` samples evenly spread over the policy's dataset, always the same ones, collated."""
     from torch.utils.data import default_collate
 
-    from scopebench.validate import integer
+    from scopebench.policy.dataset import eval_indices
 
-    integer("eval_batch_size", batch_size, low=1, high=len(policy.dataset))
-    step = len(policy.dataset) // batch_size
-    return (policy.collate_fn or default_collate)([policy.dataset[i * step] for i in range(batch_size)])
+    samples = [policy.dataset[i] for i in eval_indices(len(policy.dataset), batch_size)]
+    return (policy.collate_fn or default_collate)(samples)
 
 
 def prepare_batch(policy: UserPolicy, batch: Any, device: torch.device, non_blocking: bool = False) -> Any:

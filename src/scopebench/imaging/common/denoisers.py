@@ -59,9 +59,12 @@ class DenoiserConfig:
 
     name: str = "tv"
     """One of ``drunet``, ``dncnn``, ``tv``, ``wavelet``, ``bm3d``, ``median``."""
-    sigma: float = 0.05
+    sigma: float = 0.01
     """Strength: noise std for drunet / bm3d, threshold for tv / wavelet; unused by
-    dncnn (trained for one level) and median."""
+    dncnn (trained for one level) and median. The default is the TV threshold that suits
+    the 2-D problems at their default noise (0.01 to 0.03) and the value ``benchopt run``
+    always used; the library's 0.05 before issue 34 cost PnP-TV 1.2 to 3 dB of PSNR on
+    them (docs/benchmark-inference.md, "Defaults")."""
     weights: str | None = None
     """Local weight file (``.safetensors``, ``.pth``, ``.pt``) for learned denoisers;
     checked when the config is built (an empty, truncated or corrupt file is refused)."""

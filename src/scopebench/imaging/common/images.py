@@ -7,13 +7,32 @@ for images and ``(1, 1, D, H, W)`` for volumes, and is deterministic given its s
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
-__all__ = ["NATURAL_IMAGES", "natural_image", "phantom_image", "synthetic_volume", "fit_to_size"]
+from scopebench.validate import number
+
+__all__ = ["NATURAL_IMAGES", "check_noise_level", "natural_image", "phantom_image", "synthetic_volume", "fit_to_size"]
 
 #: Bundled scikit-image pictures (shipped inside the wheel, so offline) and their channels.
 NATURAL_IMAGES = {"astronaut": 3, "chelsea": 3, "coffee": 3, "camera": 1}
+
+
+def check_noise_level(value: Any, key: str = "noise_level") -> float:
+    """A standard deviation of Gaussian noise on these signals: a number in ``[0, 1]``, as
+    they are (both imaging benchmarks' problems and training sets check it here).
+
+    :Examples:
+        >>> check_noise_level(0.03)
+        0.03
+        >>> check_noise_level(1.5)
+        Traceback (most recent call last):
+        ...
+        ValueError: noise_level must be a finite number >= 0 and <= 1, got 1.5
+    """
+    return number(key, value, low=0, high=1)
 
 
 def fit_to_size(img: np.ndarray, size: int) -> np.ndarray:

@@ -34,6 +34,7 @@ from scopebench.validate import choice, flag, integer, number, optional
 __all__ = [
     "COMPILE_MODES",
     "INIT_METHODS",
+    "PNP_ONLY",
     "TASKS",
     "PnPEngine",
     "ReconstructionConfig",
@@ -46,6 +47,9 @@ INIT_METHODS = ("zeros", "adjoint", "pseudo_inverse")
 COMPILE_MODES = ("none", "denoiser", "physics", "both")
 #: ``pnp``: gradient + denoise iterations; ``denoise``: one denoiser pass per iteration.
 TASKS = ("pnp", "denoise")
+#: Fields of :class:`ReconstructionConfig` that only the ``pnp`` task reads (the gradient
+#: step, the start, the operators' split): the ``Denoiser`` solver has no such parameters.
+PNP_ONLY = ("step_size", "step_size_scale", "init_method", "distribute_physics")
 #: Seed of the power iteration, so every rank and every run gets the same step size.
 _NORM_SEED = 1234
 
@@ -70,13 +74,15 @@ class ReconstructionConfig:
     (:meth:`to_kwargs`).
     """
 
-    denoiser: str = "tv"
+    # The four denoiser defaults are DenoiserConfig's (one source; the solvers' grids come
+    # from this class through scopebench.parameters).
+    denoiser: str = DenoiserConfig.name
     """Denoiser name, see :mod:`scopebench.imaging.common.denoisers`."""
-    denoiser_sigma: float = 0.05
-    """Denoiser strength ``sigma`` in ``D_sigma``."""
-    denoiser_weights: str | None = None
+    denoiser_sigma: float = DenoiserConfig.sigma
+    """Denoiser strength ``sigma`` in ``D_sigma`` (:attr:`DenoiserConfig.sigma`: 0.01)."""
+    denoiser_weights: str | None = DenoiserConfig.weights
     """Local state-dict file of a learned denoiser."""
-    pretrained: str = "auto"
+    pretrained: str = DenoiserConfig.pretrained
     """``auto`` (weights file required for learned denoisers) or ``none`` (random)."""
     step_size: float | None = None
     """Gradient step ``gamma``; ``None`` = ``1 / ||A^T A||`` from a power iteration."""

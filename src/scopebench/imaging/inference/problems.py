@@ -24,8 +24,14 @@ from typing import Any
 
 import torch
 
-from scopebench.imaging.common.images import NATURAL_IMAGES, natural_image, phantom_image, synthetic_volume
-from scopebench.validate import choice, integer, number
+from scopebench.imaging.common.images import (
+    NATURAL_IMAGES,
+    check_noise_level,
+    natural_image,
+    phantom_image,
+    synthetic_volume,
+)
+from scopebench.validate import choice, integer
 
 __all__ = [
     "PROBLEM_KINDS",
@@ -42,9 +48,13 @@ __all__ = [
 OPERATORS = ("blur", "downsampling", "inpainting")
 
 
-def _noise(value: Any) -> float:
-    # Images are in [0, 1], so is the noise's standard deviation.
-    return number("noise_level", value, low=0, high=1)
+def _check_shared(spec: Any, images: Any = None) -> None:
+    """The last fields every problem spec holds, checked one way: ``noise_level``, ``seed``
+    and (for pictures) ``image`` among ``images``."""
+    object.__setattr__(spec, "noise_level", check_noise_level(spec.noise_level))
+    integer("seed", spec.seed, low=0)
+    if images is not None:
+        choice("image", spec.image, images)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,9 +80,7 @@ class SimulatedSpec:
             raise ValueError(
                 f"operator='downsampling' halves the image: image_size must be even, got {self.image_size}"
             )
-        object.__setattr__(self, "noise_level", _noise(self.noise_level))
-        integer("seed", self.seed, low=0)
-        choice("image", self.image, sorted(NATURAL_IMAGES))
+        _check_shared(self, sorted(NATURAL_IMAGES))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,9 +106,7 @@ class MultiframeSpec:
         integer("scale", self.scale, low=1, high=8)
         if self.image_size % self.scale:
             raise ValueError(f"image_size must be a multiple of scale={self.scale}, got {self.image_size}")
-        object.__setattr__(self, "noise_level", _noise(self.noise_level))
-        integer("seed", self.seed, low=0)
-        choice("image", self.image, sorted(NATURAL_IMAGES))
+        _check_shared(self, sorted(NATURAL_IMAGES))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,9 +127,7 @@ class TomographySpec:
     def __post_init__(self) -> None:
         integer("image_size", self.image_size, low=16)
         integer("num_angles", self.num_angles, low=1, high=4096)
-        object.__setattr__(self, "noise_level", _noise(self.noise_level))
-        integer("seed", self.seed, low=0)
-        choice("image", self.image, ("phantom", "camera"))
+        _check_shared(self, ("phantom", "camera"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,8 +143,7 @@ class Denoising3DSpec:
 
     def __post_init__(self) -> None:
         integer("volume_size", self.volume_size, low=8, high=1024)
-        object.__setattr__(self, "noise_level", _noise(self.noise_level))
-        integer("seed", self.seed, low=0)
+        _check_shared(self)
 
 
 PROBLEM_KINDS: dict[str, type] = {

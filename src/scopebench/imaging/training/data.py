@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from scopebench.validate import choice, integer, number
+from scopebench.imaging.common.images import check_noise_level
+from scopebench.validate import choice, integer
 
 __all__ = [
     "OPERATORS",
@@ -89,8 +90,7 @@ class TrainingDataSpec:
             raise ValueError(
                 f"operator='downsampling' halves the crops: image_size must be even, got {self.image_size}"
             )
-        # Signals are in [0, 1], so is the noise's standard deviation.
-        object.__setattr__(self, "noise_level", number("noise_level", self.noise_level, low=0, high=1))
+        object.__setattr__(self, "noise_level", check_noise_level(self.noise_level))
         integer("n_train", self.n_train, low=1, high=_MAX_SAMPLES)
         integer("n_val", self.n_val, low=1, high=_MAX_SAMPLES)
         integer("seed", self.seed, low=0, high=2**31 - 1)

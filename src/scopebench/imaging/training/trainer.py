@@ -27,7 +27,8 @@ from scopebench.imaging.common.denoisers import DenoiserSpec
 from scopebench.imaging.common.weights import save_denoiser_weights
 from scopebench.imaging.training.data import TrainingData
 from scopebench.imaging.training.unrolled import UnrolledConfig, build_unrolled, unrolled_parameters
-from scopebench.validate import flag, integer, number, optional
+from scopebench.parameters import defaults
+from scopebench.validate import check_batch_fits, flag, integer, number, optional
 
 __all__ = [
     "REGIONS",
@@ -37,6 +38,7 @@ __all__ = [
     "UnrolledTrainer",
     "configs_from_params",
     "evaluate_reconstruction",
+    "solver_defaults",
 ]
 
 REGIONS = ("forward", "backward", "optimizer_step")
@@ -97,8 +99,8 @@ class TrainConfig:
 
     def check_data(self, spec) -> None:
         """Reject settings that cannot run on the training set ``spec`` (``ValueError``)."""
-        if self.batch_size > spec.n_train:
-            raise ValueError(f"batch_size={self.batch_size} exceeds the training set (n_train={spec.n_train})")
+        # Every rank draws the same batch from the whole set (world_size 1), without repeats.
+        check_batch_fits(self.batch_size, spec.n_train, dataset="the training set", larger="a larger n_train")
         if self.distribute_model and self.patch_size > spec.image_size:
             raise ValueError(
                 f"patch_size={self.patch_size} is larger than the image (image_size={spec.image_size}); "
@@ -121,6 +123,31 @@ SOLVER_PARAMS = (
     "overlap",
     "max_batch_size",
 )
+
+
+#: Solver parameters named otherwise in the architecture: (dataclass, field) that validates each.
+_RENAMED = {
+    "n_unrolled": (UnrolledConfig, "n_unrolled"),
+    "denoiser": (DenoiserSpec, "denoiser"),
+    "denoiser_channels": (DenoiserSpec, "channels"),
+    "checkpoint_batches": (UnrolledConfig, "checkpoint"),
+}
+
+
+def solver_defaults() -> dict[str, list[Any]]:
+    """:data:`SOLVER_PARAMS` as a benchopt grid of their defaults, taken from the dataclasses
+    that validate them (:class:`UnrolledConfig`, :class:`DenoiserSpec`, :class:`TrainConfig`),
+    so the ``UnrolledPnP`` solver and the library cannot drift apart (issue 34).
+
+    :Examples:
+
+    >>> solver_defaults()["denoiser_channels"], solver_defaults()["batch_size"]
+    ([16], [4])
+    """
+    train = defaults(TrainConfig)
+    grid = {key: [defaults(cls)[name]] for key, (cls, name) in _RENAMED.items()}
+    grid.update((key, [train[key]]) for key in SOLVER_PARAMS if key in train)
+    return {key: grid[key] for key in SOLVER_PARAMS}
 
 
 def configs_from_params(spec: Any, **params: Any) -> tuple[UnrolledConfig, TrainConfig]:

@@ -1,0 +1,124 @@
+"""The head and tail every command shares (``scopebench.commands._common``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from scopebench.cli import COMMANDS, main
+from scopebench.commands._common import finish, print_json, refuses
+
+MISSING = "/nonexistent/scopebench-missing"
+
+#: A refused input of each command: exit 2 with one line ``scopebench <command>: ...``.
+REFUSED = {
+    "check-config": [".", "--config", f"{MISSING}.yml"],
+    "summary": [MISSING],
+    "report": [MISSING],
+    "compare": [MISSING, MISSING],
+    "profile-step": ["--config", f"{MISSING}.yml"],
+    "profile-dataloader": ["--config", f"{MISSING}.yml"],
+    "find-unused-params": ["--config", f"{MISSING}.yml"],
+    "bench-inference": ["--config", f"{MISSING}.yml"],
+    "decompose-latency": ["--config", f"{MISSING}.yml"],
+    "train": ["--config", f"{MISSING}.yml"],
+    "convert-checkpoint": [MISSING],
+    "estimate-memory": ["--config", f"{MISSING}.yml"],
+    "find-max-batch": ["--config", f"{MISSING}.yml"],
+}
+
+
+def test_every_command_but_info_has_a_refusal_here():
+    assert sorted(REFUSED) == sorted(set(COMMANDS) - {"info"})
+
+
+@pytest.mark.parametrize("command", sorted(REFUSED))
+def test_a_refused_input_is_one_line_and_exit_2(command, capsys):
+    assert main([command, *REFUSED[command]]) == 2
+    err = capsys.readouterr().err  # (stdout may hold a library's import chatter: DeepSpeed's)
+    assert err.startswith(f"scopebench {command}: ") and err.count("\n") == 1, err
+    assert MISSING in err
+
+
+@pytest.mark.parametrize(
+    "command", ["check-config", "summary", "report", "compare", "estimate-memory", "find-max-batch", "profile-step"]
+)
+def test_the_commands_use_the_shared_head(command):
+    import importlib
+
+    module = importlib.import_module(f"scopebench.commands.{command.replace('-', '_')}")
+    assert hasattr(module.run, "__wrapped__"), f"{command}: run is not decorated with refuses"
+
+
+def test_refuses_turns_the_named_errors_into_one_line_and_lets_others_through(capsys):
+    @refuses("demo", errors=(OSError,))
+    def run(error):
+        raise error
+
+    assert run(PermissionError("no access to x")) == 2
+    assert capsys.readouterr().err == "scopebench demo: no access to x\n"
+    with pytest.raises(RuntimeError):  # a failure, not a refused input: the caller sees it
+        run(RuntimeError("rank 1 died"))
+
+
+def test_finish_prints_then_writes_the_json_atomically(tmp_path, capsys):
+    path = tmp_path / "out" / "summary.json"
+    path.parent.mkdir()
+    assert finish("the report", {"tool": "demo", "path": tmp_path}, str(path)) == 0
+    assert capsys.readouterr().out == f"the report\nwrote {path}\n"
+    assert json.loads(path.read_text()) == {"tool": "demo", "path": str(tmp_path)}
+    assert path.read_text().endswith("}\n") and [p.name for p in path.parent.iterdir()] == ["summary.json"]
+    assert finish(None, {"tool": "demo"}, None) == 0  # nothing to print, no --json
+    assert capsys.readouterr().out == ""
+
+
+def test_print_json_prints_what_write_json_writes(tmp_path, capsys):
+    from scopebench.policy.tools import write_json
+
+    payload = {"a": [1, 2.5, None], "path": tmp_path}
+    print_json(payload)
+    assert capsys.readouterr().out == write_json(tmp_path / "x.json", payload).read_text()
+
+
+#: (command, old spelling, new spelling, the Namespace attribute both fill)
+ALIASES = [
+    ("estimate-memory", "--nproc", "--nproc-per-node", "nproc_per_node"),
+    ("estimate-memory", "--device-memory-gb", "--memory-gb", "memory_gb"),
+    ("find-max-batch", "--nproc", "--nproc-per-node", "nproc_per_node"),
+]
+
+
+@pytest.mark.parametrize(("command", "old", "new", "dest"), ALIASES)
+def test_an_old_flag_spelling_fills_the_new_one_and_prints_one_deprecation_line(command, old, new, dest, capsys):
+    from scopebench.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args([command, "--config", "c.yml", old, "2"])
+    assert (
+        getattr(args, dest) == 2
+        and capsys.readouterr().err == f"scopebench {command}: {old} is deprecated, use {new}\n"
+    )
+    assert getattr(parser.parse_args([command, "--config", "c.yml", new, "2"]), dest) == 2
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [
+        ("report", ["--memory-gb"]),
+        ("find-max-batch", ["--memory-gb", "--nproc-per-node"]),
+        ("estimate-memory", ["--memory-gb", "--nproc-per-node"]),
+        ("profile-step", ["--nproc-per-node"]),
+        ("profile-dataloader", ["--nproc-per-node"]),
+        ("train", ["--nproc-per-node"]),
+    ],
+)
+def test_one_spelling_of_memory_and_ranks_in_every_command(command, flags):
+    from scopebench.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
+    shown = {s for a in sub._actions if a.help != argparse.SUPPRESS for s in a.option_strings}
+    assert set(flags) <= shown
+    assert not shown & {"--nproc", "--device-memory-gb", "--memory", "--nproc-per-rank"}
