@@ -45,6 +45,19 @@ def test_on_cpu_a_budget_is_required(capsys):
     assert "--memory-gb is required on cpu" in capsys.readouterr().err
 
 
+def test_a_preset_whose_states_exceed_the_budget_is_refused_before_it_is_built(capsys, robot_data, monkeypatch):
+    """The model-state check ``train`` and ``profile-step`` make (issue 37: pi05 was built, 7.7 GB
+    resident after a minute, for a 0.5 GB budget)."""
+    import scopebench.policy.max_batch as max_batch
+
+    monkeypatch.setattr(max_batch, "run_steps", lambda *a, **k: pytest.fail("a trial was built"))
+    args = ["find-max-batch", "--config", TINY, "--preset=small", "--memory-gb", "0.5"]
+    assert main([*args, f"--dataset.cache_dir={robot_data[0].cache_dir}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("scopebench find-max-batch: preset='small' needs "), err
+    assert "more than --memory-gb 0.5: no batch fits" in err[0]
+
+
 class Cuda:
     """``torch.cuda`` as a trial uses it: the cache emptied after each trial, the device's memory."""
 

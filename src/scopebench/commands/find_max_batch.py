@@ -67,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
             f"--memory-gb is required on {device.type}: a CPU swaps instead of raising an out-of-memory error, "
             "so a batch fits when its measured peak is within --memory-gb"
         )
+    if config.train.policy == "pi05" and config.train.check_memory:  # before a model is built: seconds, not minutes
+        from scopebench.policy.run.train import check_preset_states
+
+        world = config.train.nproc_per_node
+        local = world if device.type == "cpu" else 1
+        check_preset_states(config.train, world_size=world, device=device, processes=local, budget_gb=budget_gb)
     return _search(config, device, budget_gb, max_batch, args.json, args.png)
 
 

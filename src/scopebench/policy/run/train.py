@@ -65,17 +65,12 @@ def training_memory_check(settings: TrainSettings, processes: int = 1, world_siz
     (:func:`scopebench.policy.memory.training_memory`), refused naming ``batch_size``.
     Skipped with ``check_memory: false``.
     """
-    from scopebench.policy import make_policy
     from scopebench.train.memory import GB, check_memory_fits
 
     if not settings.check_memory:
         return
-    with torch.device("meta"):
-        params = make_policy(settings.preset).num_params()
     device = resolve_device(settings.device)
-    check_model_states(
-        settings, "preset", settings.preset, params, world_size=world_size, device=device, processes=processes
-    )
+    check_preset_states(settings, world_size=world_size, device=device, processes=processes)
     if config is None:
         return
     from scopebench.policy.memory import run_memory
@@ -91,13 +86,44 @@ def training_memory_check(settings: TrainSettings, processes: int = 1, world_siz
     check_memory_fits("batch_size", settings.batch_size, needed_bytes=int(peak["peak"]), what=what, **check)
 
 
+def check_preset_states(
+    settings: TrainSettings, *, world_size: int, device: Any, processes: int = 1, budget_gb: float | None = None
+) -> None:
+    """:func:`check_model_states` for pi05's ``preset``, its parameters counted on the meta
+    device (nothing allocated)."""
+    from scopebench.policy import make_policy
+
+    with torch.device("meta"):
+        params = make_policy(settings.preset).num_params()
+    check_model_states(
+        settings,
+        "preset",
+        settings.preset,
+        params,
+        world_size=world_size,
+        device=device,
+        processes=processes,
+        budget_gb=budget_gb,
+    )
+
+
 def check_model_states(
-    settings: TrainSettings, key: str, value: Any, params: int, *, world_size: int, device: Any, processes: int = 1
+    settings: TrainSettings,
+    key: str,
+    value: Any,
+    params: int,
+    *,
+    world_size: int,
+    device: Any,
+    processes: int = 1,
+    budget_gb: float | None = None,
 ) -> None:
     """The one check that a model's states fit: fp32 weights, gradients and (unless
     ``no_optim``) AdamW state of ``params`` parameters, as the run's backend holds them per
     rank (:meth:`~scopebench.train.backends.TrainingBackend.model_state_bytes`), times the
     ``processes`` sharing the memory; refused naming ``key`` = ``value`` (``preset``, ``policy``).
+    With ``budget_gb`` (``find-max-batch``'s ``--memory-gb``) one rank's states must also fit
+    in that budget: no batch can fit when they do not.
     """
     from scopebench.train.memory import check_memory_fits
 
@@ -108,6 +134,12 @@ def check_model_states(
     what += "" if settings.no_optim else " and AdamW state"
     if backend.shards_parameters or backend.shards_optimizer:
         what += f" ({backend.name} over {world_size} rank(s))"
+    if budget_gb is not None and sum(states.values()) > budget_gb * 1e9:
+        raise ValueError(
+            f"{key}={value!r} needs {sum(states.values()) / 1e9:.2f} GB per rank before any activation ({what}), "
+            f"more than --memory-gb {budget_gb:g}: no batch fits; choose a smaller {key} or a larger budget, or set "
+            "check_memory: false to try anyway"
+        )
     check_memory_fits(
         key,
         value,
