@@ -193,16 +193,17 @@ def policy_zero2_train():
     return {"ok": ok, "log_tail": (proc.stdout + proc.stderr)[-800:], "convert": convert.stdout.strip()[-200:]}
 
 
-def policy_fsdp2_one_gpu():
-    """One rank of ``Pi05Train``'s run under FSDP2 with bf16 on CUDA: the parameters are fp32
-    ``DTensor`` shards, the forward runs in bf16 (MixedPrecisionPolicy), two steps train."""
+def _fully_sharded_one_gpu(backend: str) -> dict:
+    """One rank of ``Pi05Train``'s run under ``backend`` (fsdp2, hsdp) with bf16 on CUDA: the
+    parameters are fp32 ``DTensor`` shards on the backend's mesh, the forward runs in bf16
+    (MixedPrecisionPolicy), two steps train."""
     from torch.distributed.tensor import DTensor
 
     from scopebench.policy.run.train import PolicyTrainRun
     from scopebench.policy.settings import TrainSettings
 
     data, root = _policy_data()
-    settings = TrainSettings(device="cuda", precision="bf16", backend="fsdp2", find_unused_params=False)
+    settings = TrainSettings(device="cuda", precision="bf16", backend=backend, find_unused_params=False)
     calls = [0]
 
     def callback():
@@ -215,8 +216,22 @@ def policy_fsdp2_one_gpu():
         params = list(run.work.model.parameters())
         m = run.metrics()
         sharded = all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in params)
+        mesh = list(params[0].device_mesh.shape)
     ok = sharded and m["train_loss"] == m["train_loss"] and m["max_gpu_mb"] > 0
-    return {"ok": ok, "train_loss": m["train_loss"], "max_gpu_mb": m["max_gpu_mb"], "units": len(run.fsdp_units)}
+    return {"ok": ok, "train_loss": m["train_loss"], "max_gpu_mb": m["max_gpu_mb"], "units": len(run.fsdp_units),
+            "mesh": mesh}  # fmt: skip
+
+
+def policy_fsdp2_one_gpu():
+    """FSDP2 on one GPU (:func:`_fully_sharded_one_gpu`)."""
+    return _fully_sharded_one_gpu("fsdp2")
+
+
+def policy_hsdp_one_gpu():
+    """HSDP on one GPU: its 2-D mesh built on CUDA (``(1, 1)`` from the layout)."""
+    result = _fully_sharded_one_gpu("hsdp")
+    result["ok"] = result["ok"] and result["mesh"] == [1, 1]
+    return result
 
 
 def policy_fsdp2_train():
@@ -378,6 +393,7 @@ def main() -> int:
         policy_inference_compile,
         policy_zero2_train,
         policy_fsdp2_one_gpu,
+        policy_hsdp_one_gpu,
         policy_fsdp2_train,
         host_sampler_nvml,
         policy_memory_by_category,

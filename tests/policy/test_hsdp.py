@@ -105,7 +105,18 @@ def test_estimate_memory_shards_over_the_replica_group_only(tmp_path, data_args,
     out = {}
     for name, extra in (("fsdp2", []), ("hsdp", [f"--accelerate_config={hsdp_file(tmp_path, 2, 2)}"])):
         path = tmp_path / f"{name}.json"
-        flags = [*data_args, "--nproc-per-node", "4", "--batch-size", "2", "--json", str(path), "--backend", name, *extra]
+        flags = [
+            *data_args,
+            "--nproc-per-node",
+            "4",
+            "--batch-size",
+            "2",
+            "--json",
+            str(path),
+            "--backend",
+            name,
+            *extra,
+        ]
         assert main(["estimate-memory", *flags]) == 0
         out[name] = json.loads(path.read_text())["bytes"]
     capsys.readouterr()
@@ -176,3 +187,15 @@ def test_hsdp_resumes_exactly_and_converts(trained, capsys):
     assert full.keys() == resumed.keys() and len(full) > 50
     assert max(float((full[k] - resumed[k]).abs().max()) for k in full) == 0.0
     assert max(float((full[k] - weights["fsdp2"][k]).abs().max()) for k in full) <= 1e-5
+
+
+def test_a_pi05_train_cell_whose_mesh_does_not_divide_is_declined(tmp_path):
+    """benchopt's ``skip`` and ``scopebench check-config`` decline it (as ZeRO on one rank)."""
+    from scopebench.policy.run.solver import TrainSolverMixin
+
+    bad = hsdp_file(tmp_path, 3, "auto")
+    params = {"backend": "hsdp", "accelerate_config": str(bad), "nproc_per_node": 2, "find_unused_params": False}
+    reason = TrainSolverMixin.check_cell(params, {"kind": "synthetic_robot"}, None)
+    assert reason.startswith(f"parallelism_config in {bad}: 3 replica group(s) do not divide 2 ranks"), reason
+    good = {**params, "accelerate_config": str(hsdp_file(tmp_path, 1, 2))}
+    assert TrainSolverMixin.check_cell(good, {"kind": "synthetic_robot"}, None) is None

@@ -9,7 +9,9 @@ rank 0 runs on the job's first node.
 
 - ``Pi05Train`` (the policy benchmark): ``ddp`` and ``fsdp2`` on 2 nodes x 1 task and 2
   nodes x 2 tasks; the training loss of the first step and the held-out loss after it equal
-  the one-node ``ddp`` run's of the same world size (1e-5 relative, fp32).
+  the one-node ``ddp`` run's of the same world size (1e-5 relative, fp32). ``hsdp`` on 2 nodes
+  x 2 tasks (its mesh from the layout: 2 replica groups, one per node, of 2 shards) gives
+  ``fsdp2``'s training and held-out losses of the same world size at every one of 5 steps.
 - ``PnP`` with ``distribute_physics`` (``benchmark_inference``), through the Nsight wrapper
   ``configs/parallel/slurm_nsys.yml`` (nsys replaced by ``nsys_standin.py``): PSNR within
   1e-4 dB of the one-node run; one report name per rank, carrying node and rank.
@@ -112,9 +114,10 @@ solver:
         - [fsdp2, 1, 2, 1]
         - [ddp, 2, 2, 2]
         - [fsdp2, 2, 2, 2]
+        - [hsdp, 2, 2, 2]
         - [ddp, 1, 1, 2]
         - [ddp, 1, 1, 4]
-max-runs: 1
+max-runs: 5
 n-repetitions: 1
 """
 
@@ -123,7 +126,7 @@ def test_pi05_train_on_two_nodes_matches_one_node(slurm_two_nodes, tmp_path):
     jobs = JobFolder(REPO)
     try:
         df, folder = _run(slurm_two_nodes, tmp_path, REPO, POLICY)
-        assert_ranks_placed(folder, [(2, 1), (2, 1), (2, 2), (2, 2), (1, 2), (1, 4)])
+        assert_ranks_placed(folder, [(2, 1), (2, 1), (2, 2), (2, 2), (2, 2), (1, 2), (1, 4)])
         loss = {}
         for backend, nodes, tasks in [(b, 2, t) for b in ("ddp", "fsdp2") for t in (1, 2)] + [
             ("ddp", 1, 2),
@@ -140,6 +143,17 @@ def test_pi05_train_on_two_nodes_matches_one_node(slurm_two_nodes, tmp_path):
                 for name, a, b in zip(("train_loss", "val_loss"), got, reference):
                     assert abs(a - b) <= 1e-5 * abs(b), (backend, world, name, got, reference)
         assert loss["ddp", 1, 2] != loss["ddp", 1, 4], loss  # the world size changes the step: the check can fail
+        # HSDP against FSDP2 on the same 2 nodes x 2 ranks, step by step
+        columns = ["stop_val", "objective_train_loss", "objective_val_loss"]
+        steps = {
+            b: _cells(df, backend=b, slurm_nodes=2, slurm_ntasks_per_node=2)[columns].sort_values("stop_val").values
+            for b in ("fsdp2", "hsdp")
+        }
+        assert [row[0] for row in steps["hsdp"]] == [row[0] for row in steps["fsdp2"]] and len(steps["hsdp"]) >= 5
+        assert len({row[1] for row in steps["fsdp2"][1:]}) > 1  # the loss moves: the check can fail
+        for got, reference in zip(steps["hsdp"][1:], steps["fsdp2"][1:]):
+            for a, b in zip(got[1:], reference[1:]):
+                assert abs(a - b) <= 1e-5 * abs(b), ("hsdp", got, reference)
     finally:
         jobs.cleanup()
 

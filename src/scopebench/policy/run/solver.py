@@ -64,6 +64,17 @@ def _policy_world_size(params: dict[str, Any], launcher_world_size: int | None) 
     return launcher_world_size or layout.world_size
 
 
+def _policy_nodes(params: dict[str, Any], launcher_world_size: int | None) -> int:
+    """The nodes of a policy run: the launcher's, else the cell's ``slurm_nodes`` (1 without SLURM)."""
+    from scopebench.distributed import get_dist_info
+
+    launcher = get_dist_info() if launcher_world_size is not None else None
+    if launcher is not None and launcher.is_distributed:
+        return launcher.nodes
+    nodes = params.get("slurm_nodes", 1)
+    return nodes if type(nodes) is int and nodes >= 1 else 1
+
+
 class TrainSolverMixin(_PolicySolverMixin):
     """``Pi05Train`` (``task = "train"``) and ``Pi05Dataloader`` (``task = "dataloader"``)."""
 
@@ -88,7 +99,9 @@ class TrainSolverMixin(_PolicySolverMixin):
         if cls.task == "train":
             backend = get_backend(params.get("backend", DEFAULT_BACKEND)).name
             flags = (params.get("gradient_checkpointing", False), params.get("no_optim", False))
-            conflict = backend_conflict(backend, *flags, world_size=world)
+            conflict = backend_conflict(backend, *flags, world_size=world) or cls._layout_refused(
+                backend, params.get("accelerate_config"), world, _policy_nodes(params, launcher_world_size)
+            )
             if conflict:
                 return conflict
         settings = settings_from(TrainSettings, params, seed=spec.get("seed", 0))
@@ -103,6 +116,22 @@ class TrainSolverMixin(_PolicySolverMixin):
         dataset = f"the dataset ({episodes} episodes x {length} frames)"
         check_batch_fits(settings.batch_size, synthetic_samples(episodes, length), world, dataset)
         return cls._check_accelerate_file(settings)
+
+    @staticmethod
+    def _layout_refused(backend: str, accelerate_config: Any, world: int, nodes: int) -> str | None:
+        """Why the backend cannot lay out ``world`` ranks on ``nodes`` nodes (HSDP's mesh), else None."""
+        from scopebench.train.accelerate_file import resolve_accelerate_file
+        from scopebench.train.backends import get_backend
+
+        try:
+            file = resolve_accelerate_file(backend, accelerate_config)
+        except FileNotFoundError as err:
+            raise ValueError(f"accelerate_config: {err}") from None
+        try:
+            get_backend(backend).check_layout(file, world, nodes)
+        except ValueError as err:  # a layout this backend cannot use: the cell is declined, as ZeRO on one rank
+            return str(err)
+        return None
 
     @classmethod
     def _check_accelerate_file(cls, settings: Any) -> None:
