@@ -34,7 +34,7 @@ from scopebench.runs import run_benchopt
 
 from .conftest import PARALLEL_CONFIGS, REPO, SUBMITIT_TIMING, JobFolder, cluster_parallel_config
 
-#: ``alone``: 26 ranks in three runs, the CPU busy throughout; beside another test they take
+#: ``alone``: 30 ranks in three runs, the CPU busy throughout; beside another test they take
 #: a quarter longer (``make test`` runs them after the parallel tests).
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
@@ -96,7 +96,7 @@ def _cells(df: pd.DataFrame, **params) -> pd.DataFrame:
 #: The two-node cells of both backends, and one-node ``ddp`` references of the same world sizes:
 #: ``ddp`` and ``fsdp2`` train to the same loss here (equal to the last digit on one node and on
 #: two, measured), so one reference per world size checks both and saves two jobs (six ranks).
-#: Each of the 18 ranks is a fresh process: ``check_memory: false`` and a stated ``peak_tflops``
+#: Each of the 22 ranks is a fresh process: ``check_memory: false`` and a stated ``peak_tflops``
 #: skip the pre-launch memory estimate and the CPU peak's matmul sample (about 4 s of CPU a
 #: rank, a third of its work), which neither the losses nor the placement depend on.
 POLICY = """
