@@ -1,5 +1,6 @@
 """Run by ``tests/policy/test_backends.py`` under ``torchrun --nproc-per-node 2``: every backend
-trains the tiny policy 10 steps saving at step 5, then a second run resumes from step 5 to 10;
+trains the tiny policy 10 steps saving at step 5 (logging every step's loss), then a second run
+resumes from step 5 to 10, and 5 more steps in bf16 give the bf16 losses;
 ZeRO-3 and FSDP2 runs also record the live model's validation loss, runs with gradient
 accumulation their step counters, and FSDP2 runs its shard sizes, its gradient norm against
 DDP's and its loss with gradient checkpointing; the accumulation runs warm the learning rate up
@@ -26,7 +27,7 @@ from scopebench.policy.settings import load_run_config
 from scopebench.policy.tools import StepCounter
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "policy" / "tiny.yml"
-BACKENDS = ("ddp", "zero2", "zero3", "fsdp2")
+BACKENDS = ("ddp", "zero2", "zero3", "fsdp2", "hsdp")
 
 
 def main(out: str, cache: str) -> None:
@@ -42,7 +43,7 @@ def main(out: str, cache: str) -> None:
             ("training.output_dir", f"{out}/{backend}/full"),
             ("training.steps", 10),
             ("training.save_freq", 5),
-            ("training.log_freq", 5),
+            ("training.log_freq", 1),  # every step's loss, for the golden losses
         ]
         config = load_run_config(TINY, overrides)
         full = train_policy(config)
@@ -51,6 +52,12 @@ def main(out: str, cache: str) -> None:
         )
         resumed = train_policy(resumed_config, resume_from=f"{out}/{backend}/full/checkpoints/000005")
         facts[backend] = {"full": full, "resumed": resumed}
+    facts["bf16"] = {}
+    for backend in BACKENDS:  # the same 5 steps in bf16 (autocast; DeepSpeed's bf16 mode under ZeRO)
+        overrides = [("backend", backend), ("precision", "bf16"), ("find_unused_params", False)]
+        overrides += [("dataset.cache_dir", cache), ("training.output_dir", f"{out}/bf16/{backend}")]
+        overrides += [("training.steps", 5), ("training.save_freq", 5), ("training.log_freq", 1)]
+        facts["bf16"][backend] = train_policy(load_run_config(TINY, overrides))["log"]
     for backend in ("zero3", "fsdp2"):
         config = load_run_config(TINY, [("backend", backend), ("dataset.cache_dir", cache)])
         run = PolicyTrainRun(
