@@ -415,3 +415,37 @@ def test_the_dataloader_run_reports_decode_apart_from_fetch_when_it_runs_in_the_
         if workers == 0:
             assert row["decode_time_sec"] > 0 and row["fetch_time_sec"] >= 0
     assert run.work.decoded_frames == 5 * 4 * 2 and run.work.decode_sec > 0  # 5 batches of 4 samples x 2 cameras
+
+
+def test_hevc_with_an_open_gop_reads_every_frame(tmp_path):
+    """x265 (LeRobot's HEVC) presents B-frames before the keyframe they decode after: a seek to
+    that keyframe skips them ("no frame at timestamp 0.1 s ... nearest 0.2 s" for a third of the
+    frames); the reader seeks earlier and reads every frame, each the right one."""
+    from fractions import Fraction
+
+    import av
+
+    from scopebench.policy.video import VideoFrames, thread_scheduling_kept
+
+    fps, count = 10, 30
+    sources = [np.full((64, 64, 3), 8 * k, dtype=np.uint8) for k in range(count)]
+    path = tmp_path / "hevc.mp4"
+    with thread_scheduling_kept(), av.open(str(path), "w") as out:  # LeRobot's options: crf 30, g 2
+        stream = out.add_stream("libx265", rate=fps, options={"crf": "30", "g": "2", "x265-params": "log-level=error"})
+        stream.height = stream.width = 64
+        stream.pix_fmt = "yuv420p"
+        stream.codec_context.time_base = Fraction(1, fps)
+        for k, image in enumerate(sources):
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts, frame.time_base = k, Fraction(1, fps)
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode())
+    with av.open(str(path)) as probe:  # packets in decode order: (pts, keyframe)
+        packets = [(p.pts, p.is_keyframe) for p in probe.demux(probe.streams.video[0]) if p.pts is not None]
+    # the case itself: a frame decoded after a keyframe that is presented later than it
+    assert any(not key and any(k and q > pts for q, k in packets[:i]) for i, (pts, key) in enumerate(packets))
+    frames = VideoFrames()
+    for k in range(count):
+        got = frames.frame_at(path, k / fps).astype(np.float64).mean()
+        assert int(np.argmin([abs(got - s.mean()) for s in sources])) == k, (k, got)
+    frames.close()

@@ -17,7 +17,9 @@ frames):
 
 Decoding (:class:`VideoFrames`) follows LeRobot's PyAV path: seek to the keyframe at or
 before the timestamp, decode forward, keep the frame whose timestamp is within
-:data:`TOLERANCE_SEC` of the one asked for; anything else is an error naming the file.
+:data:`TOLERANCE_SEC` of the one asked for; a frame of an open GOP (x265's HEVC presents
+B-frames before the keyframe they decode after) is found by seeking one, two, then four frame
+intervals earlier; anything else is an error naming the file.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ CODECS = {
     "h264": ("libx264", {"crf": "18", "g": "2"}),
     "av1": ("libsvtav1", {"crf": "20", "g": "2", "preset": "12"}),
 }
+#: Frame intervals a missed frame's seek goes back, one try each (open GOPs: :meth:`VideoFrames.frame_at`).
+_SEEK_BACK = (0, 1, 2, 4)
 #: Open videos kept per process (two cameras of a few files each; each holds a demuxer and decoder).
 OPEN_FILES = 32
 
@@ -200,22 +204,24 @@ class VideoFrames:
         stream = container.streams.video[0]
         base = stream.time_base
         target = round(timestamp / base)
+        rate = stream.average_rate or stream.guessed_rate
+        interval = max(1, round(1 / (rate * base))) if rate else 1
         best, best_gap, last = None, None, None
-        try:
-            container.seek(max(target, 0), stream=stream, backward=True, any_frame=False)
-            for frame in container.decode(stream):
-                if frame.pts is None:
-                    continue
-                last = float(frame.pts * base)
-                gap = abs(last - timestamp)
-                if best_gap is None or gap < best_gap:
-                    best, best_gap = frame, gap
-                if frame.pts >= target:
-                    break
-        except av.error.FFmpegError as err:
-            self._open.pop(path, None)
-            container.close()
-            raise ValueError(f"{path}: decoding the frame at {timestamp:.4f} s failed: {err}") from err
+        # An open GOP (x265's HEVC, B-frames) presents frames before the keyframe they are decoded
+        # after: a seek to that keyframe skips them, as they reference the frame before it. When
+        # the frame asked for is missed, the seek is repeated one, two, then four frame intervals
+        # earlier, which lands on the keyframe before and decodes them (LeRobot's reader does the
+        # same through FFmpeg's own seek).
+        for back in _SEEK_BACK:
+            seek = max(target - back * interval, 0)
+            try:
+                best, best_gap, last = _decode_near(container, stream, target, timestamp, seek)
+            except av.error.FFmpegError as err:
+                self._open.pop(path, None)
+                container.close()
+                raise ValueError(f"{path}: decoding the frame at {timestamp:.4f} s failed: {err}") from err
+            if best is not None and best_gap <= TOLERANCE_SEC or seek == 0:
+                break
         if best is None or best_gap > TOLERANCE_SEC:
             found = "no frame" if last is None else f"the nearest frame at {float(best.pts * base):.4f} s"
             raise ValueError(
@@ -230,3 +236,21 @@ class VideoFrames:
             for container in self._open.values():
                 container.close()
         self._open.clear()
+
+
+def _decode_near(container, stream, target: int, timestamp: float, seek: int):
+    """Seek to the keyframe at or before pts ``seek`` and decode up to pts ``target``:
+    ``(best frame, its distance to timestamp in s, the last decoded time)``."""
+    base = stream.time_base
+    best, best_gap, last = None, None, None
+    container.seek(seek, stream=stream, backward=True, any_frame=False)
+    for frame in container.decode(stream):
+        if frame.pts is None:
+            continue
+        last = float(frame.pts * base)
+        gap = abs(last - timestamp)
+        if best_gap is None or gap < best_gap:
+            best, best_gap = frame, gap
+        if frame.pts >= target:
+            break
+    return best, best_gap, last
