@@ -1,5 +1,5 @@
 """A training loss that turns NaN: ``scopebench train`` stops and keeps the last finite checkpoint
-(one rank, two local ranks, ``gather_every`` > 1). The policy is a user policy whose
+(one rank, two local ranks, ``gather_every`` > 1), and ``profile-step`` says it and exits 1. The policy is a user policy whose
 loss is NaN at its third training step (on every rank, or on one)."""
 
 from __future__ import annotations
@@ -117,3 +117,24 @@ def test_two_local_ranks_stop_together_when_one_rank_turns_nan(nan_policy, tmp_p
     ], proc.stderr[-4000:]
     assert _checkpoints(out) == (["000002"], "000002")
     assert "step 3/6 loss=nan" in proc.stdout  # the logged loss is the ranks' mean: NaN, not rank 0's alone
+
+
+def test_profile_step_measures_on_but_says_it_and_exits_1(nan_policy, tmp_path, capsys):
+    args = ["profile-step", "--config", TINY, "--policy", nan_policy, "--steps", "4", "--warmup", "1"]
+    code = main([*args, "--json", str(tmp_path / "s.json")])
+    captured = capsys.readouterr()
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert code == 1 and report["measured"] == 4 and "throughput:" in captured.out
+    found = report["nonfinite_loss"]
+    assert (found["step"], found["measured_step"], found["term"]) == (3, 2, "flow_mse")
+    assert captured.err.splitlines() == [
+        "scopebench profile-step: step 3: loss term 'flow_mse' is nan (train_loss nan); measured step 2 (steps "
+        "count from the first of the 1 warm-up steps): the times from that step on are of training on non-finite "
+        "values"
+    ], captured.err
+
+
+def test_profile_step_of_finite_losses_has_no_nonfinite_field(nan_policy, tmp_path, capsys):
+    args = ["profile-step", "--config", TINY, "--policy", nan_policy, "--policy-arg", "nan_at=100"]
+    code = main([*args, "--steps", "2", "--warmup", "0", "--json", str(tmp_path / "s.json")])
+    assert code == 0 and json.loads((tmp_path / "s.json").read_text())["nonfinite_loss"] is None
