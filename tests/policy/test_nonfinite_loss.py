@@ -1,5 +1,6 @@
 """A training loss that turns NaN: ``scopebench train`` stops and keeps the last finite checkpoint
-(one rank, two local ranks, ``gather_every`` > 1), and ``profile-step`` says it and exits 1. The policy is a user policy whose
+(one rank, two local ranks, ``gather_every`` > 1), ``profile-step`` says it and exits 1, and
+``Pi05Train`` raises so that benchopt records the error. The policy is a user policy whose
 loss is NaN at its third training step (on every rank, or on one)."""
 
 from __future__ import annotations
@@ -9,11 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import yaml
 
 from scopebench.cli import main
 
 from .conftest import TINY
+
+REPO = Path(__file__).resolve().parents[2]
 
 NAN_POLICY = """
 import torch
@@ -138,3 +143,32 @@ def test_profile_step_of_finite_losses_has_no_nonfinite_field(nan_policy, tmp_pa
     args = ["profile-step", "--config", TINY, "--policy", nan_policy, "--policy-arg", "nan_at=100"]
     code = main([*args, "--steps", "2", "--warmup", "0", "--json", str(tmp_path / "s.json")])
     assert code == 0 and json.loads((tmp_path / "s.json").read_text())["nonfinite_loss"] is None
+
+
+@pytest.mark.slow
+def test_pi05train_raises_and_benchopt_records_the_error(nan_policy, tmp_path):
+    """benchopt logs the error with the line, marks the cell ``error`` (what run_benchopt's check
+    fails on: benchopt itself exits 0, docs/design.md) and keeps the finite cell's rows."""
+    from scopebench.runs import run_benchopt
+
+    config = tmp_path / "nan.yml"
+    cells = [{"policy": [nan_policy], "batch_size": [2]}]
+    cells.append({**cells[0], "policy_args": [{"nan_at": 100}]})  # finite all along
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "dataset": ["synthetic_robot"],
+                "solver": [{"Pi05Train": cell} for cell in cells],
+                "max-runs": 5,
+                "n-repetitions": 1,
+                "timeout": 600,
+            }
+        )
+    )
+    run = run_benchopt(REPO, config, output=tmp_path / "nan.parquet", check=False)
+    message = "NonFiniteLossError: Pi05Train: step 3: loss term 'flow_mse' is nan (train_loss nan): stopped"
+    assert message in run.log, run.log[-4000:]
+    assert any(line.rstrip().endswith(": error") for line in run.log.splitlines()), run.log[-4000:]
+    rows = pd.read_parquet(run.parquet)
+    assert run.returncode == 0 and len(rows) == 6  # max-runs + 1 rows of the finite cell, none of the other
+    assert rows["solver_name"].str.contains("nan_at", regex=False).all()
