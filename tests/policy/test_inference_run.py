@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from scopebench.policy.phases import INFERENCE_PHASES
-from scopebench.policy.run.inference import InferenceRun, fit_latency
+from scopebench.policy.run.inference import FIT_MIN_Z, InferenceRun, fit_latency, fit_verdict
 from scopebench.policy.settings import InferenceSettings
 from scopebench.stats import median
 
@@ -65,6 +65,43 @@ def test_fit_latency_recovers_a_line_and_its_quality():
     assert fit_latency([1, 2, 3], [1.0, 3.0, 1.0])["r2"] < 0.1
     with pytest.raises(ValueError, match="two or more distinct"):
         fit_latency([2, 2], [1.0, 1.0])
+
+
+# -- whether the fit applies: pure, on given calls (20 interleaved rounds unless said) -----------------
+def _rounds(pattern, rounds=20):
+    return [pattern[r % len(pattern)] for r in range(rounds)]
+
+
+def test_a_latency_that_does_not_grow_gets_no_fit_whatever_its_slope():
+    # the issue's case: calls that ignore N, the medians' slope slightly negative
+    flat = {1: _rounds([1.00, 1.03, 0.98, 1.01]), 10: _rounds([0.99, 1.02, 0.97, 1.00])}
+    slope = fit_latency([1, 10], [median(flat[n]) for n in (1, 10)])["per_step_sec"]
+    verdict = fit_verdict(flat, slope)
+    assert slope < 0 and not verdict["fit_applies"]
+    assert "is not above 0: the latency does not grow with num_steps" in verdict["fit_reason"]
+    # a positive slope of noise: the medians differ, the rounds' order does not follow N
+    noisy = {1: _rounds([1.00, 1.10, 0.90, 1.05]), 10: _rounds([1.08, 0.95, 1.02, 1.06])}
+    verdict = fit_verdict(noisy, 0.004)
+    assert not verdict["fit_applies"] and verdict["trend_z"] < FIT_MIN_Z
+    assert "do not grow with num_steps within the 20 rounds (Page's trend test z = " in verdict["fit_reason"]
+
+
+def test_a_latency_that_grows_gets_its_fit_through_skewed_noise():
+    # one step costs 0.01; the calls' noise is skewed (a slow call now and then, up to 50 steps' worth)
+    base = [1.00, 1.002, 1.5, 1.001, 1.003, 1.0, 1.004, 1.2]
+    grows = {
+        n: [b + 0.01 * n + (0.3 if (r + n) % 7 == 0 else 0) for r, b in enumerate(_rounds(base))] for n in (1, 2, 5, 10)
+    }
+    verdict = fit_verdict(grows, 0.01)
+    assert verdict["fit_applies"] and verdict["fit_reason"] is None and verdict["trend_p"] < 1e-4
+
+
+def test_too_few_rounds_never_claim_a_fit():
+    perfect = {1: [1.0] * 13, 8: [2.0] * 13}  # every round in order, but 13 rounds of two N: z = sqrt(13) < 3.719
+    assert not fit_verdict(perfect, 0.14)["fit_applies"]
+    assert fit_verdict({1: [1.0] * 14, 8: [2.0] * 14}, 0.14)["fit_applies"]
+    with pytest.raises(ValueError, match="as many calls at every num_steps"):
+        fit_verdict({1: [1.0, 1.0], 8: [2.0]}, 0.1)
 
 
 @pytest.mark.slow

@@ -150,6 +150,27 @@ def _rewrite_data(root, column, change):
     pq.write_table(table.set_column(table.column_names.index(column), column, pa.array(values)), path)
 
 
+def _set_vector(root, column, row, dim, value):
+    """``column``'s entry ``dim`` of the data row ``row`` (of file-000) set to ``value``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = root / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    values = table.column(column).to_pylist()
+    values[row][dim] = value
+    array = pa.array(values, type=table.schema.field(column).type)
+    pq.write_table(table.set_column(table.column_names.index(column), column, array), path)
+
+
+def _set_stat(root, feature, stat, dim, text):
+    """``meta/stats.json``'s ``feature`` ``stat`` entry ``dim`` written as ``text`` (Python's json reads NaN)."""
+    path = root / "meta/stats.json"
+    stats = json.loads(path.read_text())
+    stats[feature][stat][dim] = "@"
+    path.write_text(json.dumps(stats).replace('"@"', text))
+
+
 def _late_row(values):
     values[3] += 0.05  # episode 0, frame 3: half a frame late at 10 fps
 
@@ -185,6 +206,27 @@ BROKEN = {
         lambda root, cfg: _rewrite_data(root, "timestamp", _late_row),
         ValueError,
         r"data/chunk-000/file-000\.parquet: episode 0 frame 3 has timestamp 0\.35.*at fps 10 frames are 0\.100000 s apart",
+    ),
+    "NaN in a state": (  # row 8 of file-000: episode 1, frame 2
+        lambda root, cfg: _set_vector(root, "observation.state", 8, 1, float("nan")),
+        ValueError,
+        r"data/chunk-000/file-000\.parquet: column 'observation\.state' holds nan \(value 1\) in the row with index 8, "
+        r"episode 1 frame 2; the state and the actions must be finite numbers",
+    ),
+    "infinity in an action": (
+        lambda root, cfg: _set_vector(root, "action", 3, 0, float("-inf")),
+        ValueError,
+        r"file-000\.parquet: column 'action' holds -inf \(value 0\) in the row with index 3, episode 0 frame 3",
+    ),
+    "NaN in stats.json": (
+        lambda root, cfg: _set_stat(root, "observation.state", "std", 1, "NaN"),
+        ValueError,
+        r"meta/stats\.json: stats\['observation\.state'\]\['std'\]\[1\] is nan; every statistic must be a finite",
+    ),
+    "Infinity in stats.json": (
+        lambda root, cfg: _set_stat(root, "action", "max", 0, "Infinity"),
+        ValueError,
+        r"meta/stats\.json: stats\['action'\]\['max'\]\[0\] is inf",
     ),
     "task index without a task": (
         lambda root, cfg: _rewrite_data(root, "task_index", _unknown_task),

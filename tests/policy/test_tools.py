@@ -238,6 +238,10 @@ DECOMPOSE_SCHEMA = {
         "per_step_sec",
         "r2",
         "r2_all_calls",
+        "fit_applies",
+        "fit_reason",
+        "trend_z",
+        "trend_p",
         "expert_share",
         "denoise_share",
         "environment",
@@ -250,8 +254,16 @@ DECOMPOSE_SCHEMA = {
         "fixed_sec": NUM,
         "per_step_sec": NUM,
         "r2": NUM,
-        "expert_share": {"type": "number", "minimum": 0, "maximum": 1},
+        "fit_applies": {"type": "boolean"},
+        "fit_reason": {"type": ["string", "null"]},
+        "trend_z": NUM,
+        "trend_p": {"type": "number", "minimum": 0, "maximum": 1},
+        # a share only where the fit applies (a latency that does not grow has none)
+        "expert_share": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
     },
+    "if": {"properties": {"fit_applies": {"const": False}}},
+    "then": {"properties": {"expert_share": {"type": "null"}, "fit_reason": {"type": "string"}}},
+    "else": {"properties": {"expert_share": {"type": "number"}, "fit_reason": {"type": "null"}}},
 }
 
 

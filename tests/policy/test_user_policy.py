@@ -207,6 +207,71 @@ def test_every_tool_runs_the_example_policy(tmp_path, capsys):
     assert code == 0 and latency["num_steps"] == [1, 3] and set(latency["denoise_sec"]) == {"1", "3"}, err
 
 
+LATENCY_POLICIES = """
+import torch
+from scopebench.policy import UserPolicy
+
+
+def _policy(sample):
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 256))
+    return UserPolicy(
+        model=torch.nn.Linear(256, 256),
+        loss=lambda model, batch: model(batch[0]).sum(),
+        dataset=data,
+        sample=sample,
+        observation=lambda batch_size: torch.randn(256, 256),  # a step: a 256 x 256 matmul
+    )
+
+
+def constant():  # the call ignores num_steps: four layers whatever N
+    def sample(model, obs, num_steps):
+        for _ in range(4):
+            obs = torch.tanh(model(obs))
+        return obs
+
+    return _policy(sample)
+
+
+def growing():  # one layer per step
+    def sample(model, obs, num_steps):
+        for _ in range(num_steps):
+            obs = torch.tanh(model(obs))
+        return obs
+
+    return _policy(sample)
+"""
+
+
+@pytest.fixture(scope="module")
+def latency_policies(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("policies") / "latency_policies.py"
+    path.write_text(LATENCY_POLICIES)
+    return str(path)
+
+
+def test_decompose_latency_fits_no_line_to_a_call_that_ignores_num_steps(latency_policies, tmp_path, capsys):
+    """12 rounds of two N: whatever the noise, the calls' order in the rounds cannot reach the
+    rule's z (at most sqrt(12) = 3.46 < 3.719), so the verdict is certain; the rule itself is
+    tested on given calls in test_inference_run.py."""
+    args = ["decompose-latency", "--config", TINY, "--policy", f"{latency_policies}:constant"]
+    code, out, err = _tool([*args, "--num-steps", "1,8", "--repeats", "12", "--json", f"{tmp_path}/l.json"], capsys)
+    report = json.loads((tmp_path / "l.json").read_text())
+    assert code == 0, err
+    assert report["fit_applies"] is False and report["expert_share"] is None and report["fit_reason"]
+    assert f"the fit does not apply: {report['fit_reason']}" in out and "expert loop" not in out
+
+
+def test_decompose_latency_still_fits_a_call_that_grows_with_num_steps(latency_policies, tmp_path, capsys):
+    args = ["decompose-latency", "--config", TINY, "--policy", f"{latency_policies}:growing", "--policy.n_warmup=1"]
+    code, out, err = _tool([*args, "--num-steps", "1,2,4,8", "--repeats", "15", "--json", f"{tmp_path}/l.json"], capsys)
+    report = json.loads((tmp_path / "l.json").read_text())
+    assert code == 0, err
+    assert report["fit_applies"] is True and report["fit_reason"] is None, report["trend_z"]
+    assert report["per_step_sec"] > 0 and 0 < report["expert_share"] < 1.5
+    assert "at N=8: expert loop" in out and "does not apply" not in out
+
+
 def test_train_saves_a_user_policy_and_refuses_to_resume_it_as_another(tmp_path, capsys):
     args = ["train", "--config", TINY, "--policy", EXAMPLE, "--policy-arg", "hidden=8", "--output_dir", str(tmp_path)]
     code, out, err = _tool([*args, "--steps", "2", "--log_freq", "1"], capsys)

@@ -11,6 +11,16 @@ every call is given too) and the share of the call spent in the expert loop at t
 largest N (``N s / L(N)``, next to the measured ``denoise`` region's share). Why: it says
 whether compilation or a smaller expert would pay (the expert loop) or the prefill does.
 
+The fit applies only when the latency grows with N
+(:func:`scopebench.policy.run.inference.fit_verdict`): the fitted ``s`` is above 0 and the
+calls grow with N within the interleaved rounds by Page's trend test (each round's calls
+ranked; ``z >= 3.719``, one-sided p < 1e-4). Ranks within rounds make the rule hold for any
+noise: latencies that do not grow pass it less than once in 10^4 runs, however skewed or
+bursty the timings (a test on the medians' spread is fooled by skewed ones). A slope that is
+negative or within the noise prints ``the fit does not apply: <why>`` instead of a share (a
+policy whose call ignores N gave ``s = -0.064 ms/step``, ``R^2 = 1.0000`` and an expert loop
+of -632 % of the call). Two values of N need 14 rounds or more (``--repeats``), four need 5.
+
 How to run::
 
     scopebench decompose-latency --config configs/policy/small.yml --num-steps 1,2,5,10
@@ -20,8 +30,10 @@ Output: a table (N, median and p95 ms, fitted ms) and the fit. JSON (``--json``)
 ``tool`` ("decompose-latency"), ``config``, ``settings``, ``num_steps`` (list),
 ``repeats``, ``latency_sec`` (N -> every call), ``median_sec`` (N -> median),
 ``denoise_sec`` (N -> median denoise region), ``fixed_sec``, ``per_step_sec``, ``r2``,
-``r2_all_calls``, ``expert_share`` (at the largest N), ``denoise_share`` (measured),
-``environment``.
+``r2_all_calls`` (the least-squares fit, whether it applies or not), ``fit_applies``,
+``fit_reason`` (why not; null when it applies), ``trend_z`` and ``trend_p`` (Page's test),
+``expert_share`` (at the largest N; null when the fit does not apply), ``denoise_share``
+(measured), ``environment``.
 """
 
 from __future__ import annotations
@@ -63,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _decompose(config, steps: list[int], repeats: int, json_path: str | None) -> int:
-    from scopebench.policy.run.inference import InferenceRun, fit_latency
+    from scopebench.policy.run.inference import InferenceRun, fit_latency, fit_verdict
     from scopebench.policy.tools import (
         StepCounter,
         data_root,
@@ -98,7 +110,9 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
     med = {n: median(v) for n, v in latency.items()}
     fit = fit_latency(steps, [med[n] for n in steps])
     every = fit_latency([n for n in steps for _ in latency[n]], [t for n in steps for t in latency[n]])
+    verdict = fit_verdict(latency, fit["per_step_sec"])
     top = steps[-1]
+    expert = top * fit["per_step_sec"]
     report = {
         "tool": "decompose-latency",
         "config": config.source,
@@ -113,7 +127,8 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
         "per_step_sec": fit["per_step_sec"],
         "r2": fit["r2"],
         "r2_all_calls": every["r2"],
-        "expert_share": top * fit["per_step_sec"] / (fit["fixed_sec"] + top * fit["per_step_sec"]),
+        **verdict,
+        "expert_share": expert / (fit["fixed_sec"] + expert) if verdict["fit_applies"] else None,
         "denoise_share": median(denoise[top]) / med[top],
         "environment": environment_info(device),
     }
@@ -136,10 +151,16 @@ def format_report(report: dict) -> str:
             f"{(f + n * k) * 1e3:8.2f}"
         )
     top = report["num_steps"][-1]
-    lines += [
+    lines.append(
         f"fit: L(N) = F + N*s   F = {f * 1e3:.2f} ms   s = {k * 1e3:.3f} ms/step   "
-        f"R^2 = {report['r2']:.4f} (medians), {report['r2_all_calls']:.4f} (every call)",
-        f"at N={top}: expert loop {report['expert_share'] * 100:.1f}% of the call "
-        f"(denoise region measured: {report['denoise_share'] * 100:.1f}%)",
-    ]
+        f"R^2 = {report['r2']:.4f} (medians), {report['r2_all_calls']:.4f} (every call)"
+    )
+    denoise = f"denoise region measured: {report['denoise_share'] * 100:.1f}%"
+    if report["fit_applies"]:
+        lines.append(
+            f"at N={top}: expert loop {report['expert_share'] * 100:.1f}% of the call ({denoise}; "
+            f"Page's trend z = {report['trend_z']:.1f})"
+        )
+    else:
+        lines += [f"the fit does not apply: {report['fit_reason']}", f"at N={top}: {denoise} of the call"]
     return "\n".join(lines)

@@ -37,8 +37,19 @@ phase holds under that backend), ``batch_size``, ``gradient_accumulation_steps``
 ``<phase>_time_sec`` and ``step_time_sec`` of that rank), ``samples`` (phase -> the
 per-step values of the table), ``environment``.
 
+A loss or loss term that is NaN or infinite (checked when the losses are gathered, every
+``gather_every`` steps and after the last step) does not stop the measurement: the steps
+still run and are timed, the report is printed and written, and then one line on stderr
+names the first such step (counted from the first warm-up step, and its place among the
+measured steps), the term and the rank; the JSON's ``nonfinite_loss`` holds it (null when
+every loss was finite: ``step``, ``measured_step``, ``term``, ``value``, ``train_loss``,
+``rank``, ``world_size``, ``checked_at``, ``gather_every``, ``message``), and the exit status
+is 1. Why not stop: a step runs the same operations whatever values they compute with, so
+its times still say where the step's time goes, and a stopped run would leave no report.
+
 Exit status: 2 with one line for a refused input (checked before any work, the ``--json``
-path included), 1 with ``the run failed:`` and the rank that died, stopped or hung.
+path included), 1 with ``the run failed:`` and the rank that died, stopped or hung, or with
+the line that names a non-finite loss.
 """
 
 from __future__ import annotations
@@ -140,7 +151,28 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
         if not writes_reports():
             return 0
         report = build_report(run, [m for m in per_step if "total_time_sec" in m], warmup, steps, wall)
-    return finish(format_report(report), {**report, "config": config.source}, json_path)
+    report["nonfinite_loss"] = _nonfinite(run.work.nonfinite, warmup)
+    finish(format_report(report), {**report, "config": config.source}, json_path)
+    if report["nonfinite_loss"] is None:
+        return 0
+    print(f"scopebench profile-step: {report['nonfinite_loss']['message']}", file=sys.stderr, flush=True)
+    return 1
+
+
+def _nonfinite(found, warmup: int) -> dict | None:
+    """The JSON's ``nonfinite_loss``: the record of the first non-finite loss (None when every
+    loss was finite), with ``measured_step`` (its place among the measured steps, None in the
+    warm-up) and the ``message`` printed on stderr."""
+    if found is None:
+        return None
+    record = found.record()
+    measured = found.step - warmup if found.step > warmup else None
+    where = ""
+    if warmup:
+        what = f"measured step {measured}" if measured is not None else "a warm-up step"
+        where = f"; {what} (steps count from the first of the {warmup} warm-up steps)"
+    message = f"{record['message']}{where}: the times from that step on are of training on non-finite values"
+    return {**record, "measured_step": measured, "message": message}
 
 
 def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float) -> dict:

@@ -38,10 +38,23 @@ exits 2 naming the first (pid, host, start), before any work
 its ranks run). An unwritable ``--output_dir`` and an ``--nproc-per-node`` below 1 or above
 the CPU cores (on the CPU) are refused at set-up too.
 
+A loss or loss term that is NaN or infinite stops the run on every rank: no checkpoint is
+written of that step or a later one (each save first checks the losses not yet checked, so
+also with ``gather_every > 1``), ``checkpoints/last`` stays on the last checkpoint whose
+losses were all finite, and rank 0 prints one line on stderr naming the step, the term and
+the checkpoint kept, e.g. ``scopebench train: step 3: loss term 'mse_loss' is nan (train_loss
+nan): stopped; the last checkpoint, step 2, is kept as out/checkpoints/last``; exit status 1.
+With ``gather_every > 1`` the losses are checked when gathered: the line names the step whose
+loss was not finite and the later step where it was found.
+
 Output: the log on rank 0's stdout. JSON (``--json``), keys: ``tool`` ("train"),
 ``config``, ``start_step``, ``steps``, ``checkpoints`` (folders written), ``world_size``,
 ``accelerate_num_processes``, ``backend``, ``log`` (list of ``step``, ``train_loss``, ``samples_per_sec``,
-``phases_mean_sec``).
+``phases_mean_sec``), ``nonfinite_loss`` (null, or ``step``, ``term``, ``value``, ``train_loss``,
+``rank``, ``world_size``, ``checked_at``, ``gather_every``, ``message``).
+
+Exit status: 0; 2 with one line for a refused input (before any work); 1 when the run
+failed (a rank died, stopped or hung: named) or stopped at a non-finite loss.
 """
 
 from __future__ import annotations
@@ -124,6 +137,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json and writes_reports():
         write_json(args.json, {"tool": "train", "config": config.source, **result})
         print(f"wrote {args.json}")
+    if result.get("nonfinite_loss") is not None and launcher.rank == 0:
+        # rank 0 speaks for the run; the other ranks stopped as told and end with 0, so a launcher
+        # names no rank as the culprit of what rank 0 has said
+        print(f"scopebench train: {result['nonfinite_loss']['message']}", file=sys.stderr, flush=True)
+        return 1
     return 0  # a launched or spawned rank then leaves through os._exit (scopebench.cli._leave_if_launched)
 
 

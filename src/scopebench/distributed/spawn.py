@@ -347,7 +347,9 @@ class LocalSpawn:
             The run's exit status: 0 when every rank succeeded, else the first failed rank's
             (128 + N for signal N), or 128 + N after a forwarded signal N; and one line per
             rank that failed on its own (before it was stopped), with its exit code or signal
-            and the last iteration it finished.
+            and the last iteration it finished. Rank 0 ended by an exit code of its own is
+            not described: it writes to this process's terminal and has said why (a refused
+            input, a run stopped at a non-finite loss, a traceback).
         """
         first: list[int] = []  # the ranks that failed before any was stopped
         while True:
@@ -364,7 +366,8 @@ class LocalSpawn:
                         proc.kill()
             time.sleep(_POLL_SEC)  # polling interval of the wait, as the agent's
         progress = self._progress()
-        failures = [self.report(i, progress).sentence(self.timeout_sec) for i in first]
+        said = [i for i in first if self.ranks[i] == 0 and self.procs[i].returncode > 0]
+        failures = [self.report(i, progress).sentence(self.timeout_sec) for i in first if i not in said]
         if first:
             code = self.procs[first[0]].returncode
             return (128 - code if code < 0 else code), failures

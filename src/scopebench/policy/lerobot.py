@@ -22,7 +22,8 @@ github.com/huggingface/lerobot) and writes it (``src/lerobot/datasets/``)::
 :class:`LeRobotFolder` reads all of it but the camera frames, and refuses before any work
 what a frame read would trip on later, each error naming the file: another format version,
 a missing file or column, rows and episodes that disagree, timestamps out of step with
-``fps``, task indices without a task, and (:meth:`LeRobotFolder.check_videos`) a missing,
+``fps``, task indices without a task, a NaN or infinite number in ``meta/stats.json`` or
+in a state or action (which would make every training loss NaN), and (:meth:`LeRobotFolder.check_videos`) a missing,
 unreadable or undecodable video, or one shorter than its episodes' rows or timestamps.
 
 The ``data_path`` and ``video_path`` templates come from the folder, so they are checked
@@ -36,6 +37,7 @@ outside the snapshot folder.
 from __future__ import annotations
 
 import json
+import math
 import re
 import string
 from dataclasses import dataclass
@@ -87,6 +89,32 @@ def check_version(info: dict, info_path: Path) -> None:
             "`python -m lerobot.scripts.convert_dataset_v21_to_v30`"
         )
     raise ValueError(f"{info_path}: codebase_version {version!r} is not a LeRobot v3.0 dataset (v3.0 is expected)")
+
+
+def check_stats(stats: dict, path: Path) -> None:
+    """Refuse a number of ``meta/stats.json`` that is NaN or infinite, naming it.
+
+    Python's ``json`` reads ``NaN`` and ``Infinity`` (and turns ``1e999`` into infinity) where a
+    strict parser would fail; the state and action are normalised by these statistics, so one
+    such number makes every training loss NaN. Every number is checked, of every feature and
+    statistic (a file of a few kilobytes).
+
+    >>> check_stats({"action": {"min": [0.0, -1.0], "max": [1.0, float("nan")]}}, Path("stats.json"))
+    Traceback (most recent call last):
+    ValueError: stats.json: stats['action']['max'][1] is nan; every statistic must be a finite number
+    """
+
+    def walk(value, where: str) -> None:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{path}: stats{where} is {value}; every statistic must be a finite number")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{where}[{key!r}]")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, f"{where}[{i}]")
+
+    walk(stats, "")
 
 
 def camera_shape(feature: dict) -> tuple[int, int]:
@@ -249,6 +277,7 @@ class LeRobotFolder:
             if key == "data_path" or self.videos or info.get(key) is not None:
                 check_template(info[key], key, self.info_path)
         self.stats = read_json(root / "meta" / "stats.json")
+        check_stats(self.stats, root / "meta" / "stats.json")
         self.tasks = self._read_tasks(root / "meta" / "tasks.parquet")
         self._read_episodes()
         self._read_rows()
@@ -349,6 +378,7 @@ class LeRobotFolder:
         self.episode_of_row = episode_of_row
 
     def _check_rows(self) -> None:
+        self._check_finite()
         step = 1.0 / self.fps
         same = np.diff(self.episode_of_row) == 0
         gaps = np.diff(self.timestamp)
@@ -364,6 +394,22 @@ class LeRobotFolder:
         if unknown:
             raise ValueError(
                 f"{self.root / 'meta' / 'tasks.parquet'} has no task for task_index {unknown} used in the data files"
+            )
+
+    def _check_finite(self) -> None:
+        """Refuse a state or action value that is NaN or infinite (as float32: a float64 beyond
+        its range is infinite here), naming the file, the column and the first such row: one
+        NaN in a batch makes the training loss NaN. One pass over the arrays already in memory."""
+        for key, values in ((STATE_KEY, self.state), (ACTION_KEY, self.action)):
+            finite = np.isfinite(values)
+            if finite.all():
+                continue
+            r = int(np.argmin(finite.all(axis=1)))
+            i = int(np.argmin(finite[r]))
+            raise ValueError(
+                f"{self._data_paths[self._file_of_row[r]]}: column {key!r} holds {values[r, i]} (value {i}) in the row "
+                f"with index {self.index[r]}, episode {self.episode_index[r]} frame {self.frame_index[r]}; the state "
+                "and the actions must be finite numbers"
             )
 
     # -- videos ------------------------------------------------------------------------------

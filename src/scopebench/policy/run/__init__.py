@@ -7,6 +7,7 @@ Mirrors :mod:`scopebench.imaging` (run objects beside the solvers' library half)
 * :mod:`~scopebench.policy.run.inference`: :class:`~scopebench.policy.run.inference.InferenceRun`,
   the run object of ``Pi05Inference``, ``bench-inference`` and ``decompose-latency``;
 * :mod:`~scopebench.policy.run.steps`: one iteration of each, in profiled phases;
+* :mod:`~scopebench.policy.run.nonfinite`: a training loss found NaN or infinite, and its line;
 * :mod:`~scopebench.policy.run.solver`: the benchopt-free half of the three solvers;
 * :mod:`~scopebench.policy.run.trainer`: ``scopebench train``'s loop, log and checkpoints.
 

@@ -160,6 +160,30 @@ class TrainSolverMixin(_PolicySolverMixin):
             eval_batch_size=len(eval_batch["actions"]),
         )
 
+    def run(self, callback: Any) -> None:
+        """The profiled loop (:meth:`~scopebench.harness.solver.ProfiledSolverMixin.finish_run`);
+        a non-finite loss (:mod:`scopebench.policy.run.nonfinite`) stops it on every rank, after
+        benchopt's callback has logged that iteration, and rank 0 then raises
+        :class:`~scopebench.policy.run.nonfinite.NonFiniteLossError` naming the step and the term,
+        which benchopt records as the cell's error (its other ranks end cleanly: no rank is blamed).
+
+        Raises:
+            NonFiniteLossError: ``Pi05Train: step 3: loss term 'mse_loss' is nan (train_loss nan): stopped``.
+        """
+        from scopebench.policy.run.nonfinite import NonFiniteLossError
+
+        run = self.run_object
+        if self.task != "train" or callback is None:
+            self.finish_run(run, callback)
+            return
+
+        def until_nonfinite() -> bool:
+            return bool(callback()) and run.work.nonfinite is None
+
+        self.finish_run(run, until_nonfinite)
+        if run.work.nonfinite is not None and run.rank == 0:
+            raise NonFiniteLossError(f"Pi05Train: {run.work.nonfinite.describe()}: stopped")
+
     def get_result(self) -> dict[str, Any]:
         run = self.run_object
         if self.task == "dataloader":

@@ -9,12 +9,14 @@ itself never sees the profiler (docs/style.md rule 3).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from scopebench.policy.model import Pi05Policy
+from scopebench.policy.run.nonfinite import NonFiniteLoss
 
 __all__ = [
     "MEMORY_KEYS",
@@ -100,6 +102,12 @@ class TrainStep:
         gather_every: Gather loss terms and peaks every this many steps.
         accumulation: Micro-batches per optimizer step.
         memory: ``() -> (rss_mb, gpu_mb)`` of this rank, read in ``sync_gather``.
+
+    Each gather carries the loss and terms of every step since the previous gather, and checks
+    them on the host (:mod:`scopebench.policy.run.nonfinite`): the first step whose loss is not
+    finite becomes :attr:`nonfinite`, the same record on every rank since every rank reads the
+    same gathered values. Between gathers nothing is synchronised (a step keeps its detached
+    scalars until the next gather); :meth:`check` gathers them earlier, before a checkpoint.
     """
 
     def __init__(
@@ -169,6 +177,10 @@ class TrainStep:
         self.loss_keys: tuple[str, ...] | None = None
         #: Every rank's loss, terms and :data:`MEMORY_KEYS` at the last gather (rank order), or None.
         self.gathered: list[dict[str, float]] | None = None
+        #: The first non-finite loss found (the same on every rank), or None.
+        self.nonfinite: NonFiniteLoss | None = None
+        #: The steps not checked yet: (step, its micro-batches' detached loss and terms).
+        self._unchecked: list[tuple[int, list]] = []
 
     def __call__(self, prof) -> None:
         acc, engine = self.accelerator, self.engine
@@ -217,25 +229,90 @@ class TrainStep:
                 (self._stepped if self.optimizer is not None else self.model).zero_grad(set_to_none=True)
             if self.scheduler is not None:
                 self.scheduler.step()
+        self._unchecked.append((self.steps + 1, losses))
         with prof.track_step("sync_gather"):
             if self.steps % self.gather_every == 0:
-                self._gather(*_mean_over_micro_batches(losses))
+                self._gather()
         self.steps += 1
 
-    def _gather(self, loss: torch.Tensor, terms: Mapping[str, torch.Tensor]) -> None:
+    def check(self) -> NonFiniteLoss | None:
+        """Gather the steps not checked yet now, then :attr:`nonfinite`.
+
+        A collective when there are several ranks: every rank calls it at the same step (they
+        all hold the same unchecked steps). ``scopebench train`` calls it before each save, so
+        with ``gather_every > 1`` no checkpoint is written after a non-finite loss either.
+        """
+        if self._unchecked:
+            self._gather()
+        return self.nonfinite
+
+    def _gather(self) -> None:
+        pending, self._unchecked = self._unchecked, []
+        steps = [_mean_over_micro_batches(losses) for _, losses in pending]
+        loss, terms = steps[-1]
         if self.loss_keys is None:  # every rank runs the same loss: the same names, in this order
             self.loss_keys = ("train_loss", *sorted(terms))
+        keys = self.loss_keys
         rss, gpu = self.memory()
-        nan = torch.tensor(float("nan"), device=loss.device)
-        values = [loss.detach().float(), *(terms.get(key, nan).to(loss.device).float() for key in self.loss_keys[1:])]
+        device = loss.device
+        nan = torch.tensor(float("nan"), device=device)
+        # the loss and terms of every step since the last gather, the last step's last: with
+        # gather_every 1 exactly the values logged, and no more device work for the check
+        values = [
+            value
+            for step_loss, step_terms in steps
+            for value in (step_loss.float(), *(step_terms.get(key, nan).to(device).float() for key in keys[1:]))
+        ]
         if self._alone:  # nothing to gather: one host sync of the loss and its terms
             rows = [[*torch.stack(values).tolist(), rss, gpu]]
         else:
-            peaks = [torch.tensor(rss, device=loss.device), torch.tensor(gpu, device=loss.device)]
+            peaks = [torch.tensor(rss, device=device), torch.tensor(gpu, device=device)]
             rows = self.accelerator.gather(
                 torch.stack([*values, *peaks])[None]
             ).tolist()  # (ranks, keys); the host sync
-        self.gathered = [dict(zip(self.loss_keys + MEMORY_KEYS, row)) for row in rows]
+        last = len(keys) + len(MEMORY_KEYS)
+        self.gathered = [dict(zip(keys + MEMORY_KEYS, row[-last:])) for row in rows]
+        if self.nonfinite is None:
+            self.nonfinite = _first_nonfinite(rows, [step for step, _ in pending], keys, self.gather_every)
+
+
+def _first_nonfinite(
+    rows: list[list[float]], steps: list[int], keys: tuple[str, ...], gather_every: int
+) -> NonFiniteLoss | None:
+    """The first step whose loss (``keys[0]``) is not finite in the gathered ``rows`` (per rank:
+    each step's loss and terms, in ``keys`` order, then the memory peaks), on the lowest rank;
+    None when every loss is finite. Every rank holds the same rows: every rank finds the same.
+
+    The term named is the first of that step's terms that is not finite on that rank, else the
+    loss itself: a NaN loss is most often one term's NaN. A term that is not finite while the
+    loss is (a logged diagnostic; NaN also stands for a term a step lacks) stops nothing.
+
+    :Examples:
+
+    >>> nan = float("nan")
+    >>> rows = [[1.0, 0.5, 0.5, nan, 0.2, nan, 0.0, 0.0], [1.0, 0.5, 0.5, 2.0, nan, 2.0, 0.0, 0.0]]
+    >>> _first_nonfinite(rows, [3, 4], ("train_loss", "a", "b"), 2).describe()
+    "step 4: loss term 'b' is nan on rank 0 (train_loss nan)"
+    """
+    width = len(keys)
+    for index, step in enumerate(steps):
+        for rank, row in enumerate(rows):
+            loss, *terms = row[index * width : (index + 1) * width]
+            if math.isfinite(loss):
+                continue
+            bad = [(key, value) for key, value in zip(keys[1:], terms) if not math.isfinite(value)]
+            term, value = bad[0] if bad else (keys[0], loss)
+            return NonFiniteLoss(
+                step=step,
+                term=term,
+                value=value,
+                train_loss=loss,
+                rank=rank,
+                world_size=len(rows),
+                checked_at=steps[-1],
+                gather_every=gather_every,
+            )
+    return None
 
 
 def _mean_over_micro_batches(losses):

@@ -559,11 +559,15 @@ class PolicyTrainRun(RankRun):
 
         With ``eval_batch_size`` every rank also computes :attr:`val_loss` before each callback,
         after ``before_callback`` (under ZeRO-3 and FSDP2 a forward needs every rank's shards).
+        Training: the losses of the steps after the last gather are checked when the loop ends
+        (:meth:`TrainStep.check`), so ``work.nonfinite`` covers every step taken.
         """
         from scopebench.distributed import gather_objects
 
         hooks = [h for h in (self._score_on_every_rank if self._eval else None, before_callback) if h]
         super().loop(callback, before_callback=(lambda: [hook() for hook in hooks]) if hooks else None)
+        if self.task == "train":
+            self.work.check()
         check = {"rank": self.rank, "accelerate_num_processes": self.accelerator.num_processes}
         if self.model is not None and not self.sharded:  # ZeRO-3, FSDP2: each rank holds a shard
             with torch.no_grad():
@@ -636,7 +640,8 @@ class PolicyTrainRun(RankRun):
             out["max_rss_mb"] = max(metrics.get("max_rss_mb", 0.0), *(row["max_rss_mb"] for row in gathered))
             out["max_gpu_mb"] = max(metrics.get("max_gpu_mb", 0.0), *(row["max_gpu_mb"] for row in gathered))
             for key in [k for k in gathered[0] if k not in MEMORY_KEYS]:  # train_loss and the loss's terms
-                values = [row[key] for row in gathered if row[key] == row[key]]  # NaN: term absent
+                # a term's NaN: absent on that rank; the loss is never absent: a NaN there is the mean's
+                values = [row[key] for row in gathered if key == "train_loss" or row[key] == row[key]]
                 if values:
                     out[key] = sum(values) / len(values)
         return out

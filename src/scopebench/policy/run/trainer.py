@@ -143,7 +143,8 @@ def _allowed_changes(config: RunConfig, resume_from: str | Path) -> list[str]:
 
 
 class TrainLog:
-    """Rank 0's callback: log every ``log_freq`` steps, stop after step ``steps``.
+    """Rank 0's callback: log every ``log_freq`` steps, stop after step ``steps``, or at once when
+    the training step found a non-finite loss (``work.nonfinite``: every rank then stops).
 
     Each log line gives the step, the loss (mean over ranks of the last step), global
     samples/s and each phase's mean over the steps since the previous line.
@@ -165,7 +166,7 @@ class TrainLog:
                 self.bar.update(1)
             if step % self.log_freq == 0 or step == self.steps:
                 self._log(step)
-        return step < self.steps
+        return step < self.steps and self.run.work.nonfinite is None
 
     def _log(self, step: int) -> None:
         from scopebench.stats import mean
@@ -194,10 +195,17 @@ class TrainLog:
 def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, out: TextIO | None = None) -> dict:
     """Train ``config`` on every rank of the current group; rank 0 logs to ``out``.
 
+    A loss that is NaN or infinite on any rank (:mod:`scopebench.policy.run.nonfinite`) stops the
+    run on every rank at the next iteration, and no checkpoint is saved of its step or a later one:
+    each save first checks the steps not yet checked (:meth:`TrainStep.check`), so
+    ``checkpoints/last`` stays on the last checkpoint whose losses were all finite.
+
     Returns:
         On every rank: ``start_step``, ``steps``, ``checkpoints`` (folders written),
         ``world_size``, ``accelerate_num_processes`` (what accelerate sees), ``backend``,
-        ``log`` (rank 0's log records).
+        ``log`` (rank 0's log records), ``nonfinite_loss`` (None, or the
+        :meth:`~scopebench.policy.run.nonfinite.NonFiniteLoss.record` of the first non-finite
+        loss, its ``message`` the line that says so and which checkpoint is kept).
     """
     from scopebench.policy.run.train import PolicyTrainRun
     from scopebench.policy.tools import data_root, progress_bar
@@ -225,6 +233,8 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
             _print_header(run, config, start, resume_from, out)
 
         def save() -> None:
+            if run.work.check() is not None:  # a collective, like the save: never a checkpoint of NaN weights
+                return
             path = run.save_checkpoint(
                 loop.output_dir, files={"train_config.yaml": to_save.to_yaml()}, settings=must_match
             )
@@ -245,6 +255,7 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
             save()
         if main and start >= loop.steps:
             print(f"nothing to do: the checkpoint is at step {start}, training.steps={loop.steps}", file=out)
+        stopped = run.work.nonfinite
         return {
             "start_step": start,
             "steps": run.work.steps,
@@ -253,7 +264,22 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
             "accelerate_num_processes": run.accelerator.num_processes,
             "backend": run.settings.backend,
             "log": log.records,
+            "nonfinite_loss": None if stopped is None else _stopped(stopped, loop.output_dir),
         }
+
+
+def _stopped(found: Any, output_dir: str | Path) -> dict[str, Any]:
+    """The record of a run stopped at a non-finite loss, its ``message`` naming the checkpoint
+    kept: ``step 3: loss term 'mse_loss' is nan (train_loss nan): stopped; the last checkpoint,
+    step 2, is kept as <output_dir>/checkpoints/last``."""
+    from scopebench.train.checkpoint import CHECKPOINTS, LAST, read_step_file
+
+    last = Path(output_dir) / CHECKPOINTS / LAST
+    kept = "no checkpoint was written"
+    if last.exists():
+        kept = f"the last checkpoint, step {read_step_file(last)['step']}, is kept as {last}"
+    record = found.record()
+    return {**record, "message": f"{record['message']}: stopped; {kept}"}
 
 
 def _print_header(run: Any, config: RunConfig, start: int, resume_from: Any, out: TextIO) -> None:
