@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +123,16 @@ def test_one_spelling_of_memory_and_ranks_in_every_command(command, flags):
     shown = {s for a in sub._actions if a.help != argparse.SUPPRESS for s in a.option_strings}
     assert set(flags) <= shown
     assert not shown & {"--nproc", "--device-memory-gb", "--memory", "--nproc-per-rank"}
+
+
+TINY = str(Path(__file__).resolve().parents[2] / "configs" / "policy" / "tiny.yml")
+
+
+def test_a_json_path_into_a_missing_folder_is_refused_not_created(tmp_path, capsys):
+    path = tmp_path / "missing" / "m.json"
+    assert main(["estimate-memory", "--config", TINY, "--json", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"scopebench estimate-memory: --json {str(path)!r}: folder {str(path.parent)!r} does not exist; create it "
+        "first\n"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -237,12 +237,14 @@ def settings_dict(settings: Any) -> dict[str, Any]:
 def check_json_path(key: str, path: str | Path | None) -> None:
     """Refuse, before any work, a JSON path :func:`write_json` could not write (None passes).
 
+    The path's folder must exist: a mistyped folder is refused, not created.
+
     Args:
         key: How the user gave the path (``--json``, ``PROFILE_STEP_JSON``), for the message.
         path: The file to write.
 
     Raises:
-        ValueError: ``path`` is a folder, or its folder is not writable and cannot be created
+        ValueError: ``path`` is a folder, or its folder does not exist or is not writable
             (:func:`scopebench.profiler.config.check_writable_dir`'s reason, after ``key``).
     """
     from scopebench.profiler.config import check_writable_dir
@@ -253,6 +255,8 @@ def check_json_path(key: str, path: str | Path | None) -> None:
     if target.is_dir():
         raise ValueError(f"{key}={str(path)!r} is a directory, not a file path")
     check_writable_dir(f"{key} {str(path)!r}: folder", target.parent)
+    if not target.parent.is_dir():
+        raise ValueError(f"{key} {str(path)!r}: folder {str(target.parent)!r} does not exist; create it first")
 
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
