@@ -62,6 +62,46 @@ def empty():
 
 def no_sample():
     return _policy(lambda model, batch: model(batch[0]).sum())
+
+
+def no_parameter():
+    return UserPolicy(
+        model=torch.nn.ReLU(),
+        loss=lambda model, batch: model(batch[0]).sum(),
+        dataset=torch.utils.data.TensorDataset(torch.randn(8, 2)),
+        flops_per_sample=6,  # no loss check before training: torch's optimizer saw no parameter
+    )
+
+
+class _Mismatch(torch.nn.Linear):
+    def forward(self, x):
+        raise RuntimeError("shape mismatch: (2, 2) against (3,)\\nsecond line of the message")
+
+
+def forward_raises():
+    return UserPolicy(
+        model=_Mismatch(2, 1),
+        loss=lambda model, batch: model(batch[0]).sum(),
+        dataset=torch.utils.data.TensorDataset(torch.randn(8, 2)),
+    )
+
+
+def text_term():
+    return _policy(lambda model, batch: (model(batch[0]).sum(), {"mse": "high"}))
+
+
+class _Missing(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        if index == 5:  # the FLOP count reads sample 0: the loader meets this one
+            raise KeyError(f"sample {index} is missing")
+        return (torch.randn(2),)
+
+
+def dataset_raises():
+    return UserPolicy(model=torch.nn.Linear(2, 1), loss=lambda model, batch: model(batch[0]).sum(), dataset=_Missing())
 """
 
 
@@ -94,15 +134,67 @@ def _tool(args: list[str], capsys) -> tuple[int, str, str]:
         ("{bad}:empty", "profile-dataloader", r"policy .*:empty: UserPolicy\.dataset has length 0"),
         ("{bad}:no_sample", "bench-inference", r"bench-inference needs UserPolicy\.sample, which this policy"),
         ("{bad}:no_sample", "decompose-latency", r"decompose-latency needs UserPolicy\.sample"),
+        (
+            "{bad}:no_parameter",
+            "profile-step",
+            r"policy .*:no_parameter: model ReLU has no parameter: training needs at least one trainable parameter$",
+        ),
+        ("{bad}:no_parameter", "train", r"policy .*:no_parameter: model ReLU has no parameter: training needs"),
+        ("{bad}:no_parameter", "find-unused-params", r"policy .*:no_parameter: model ReLU has no parameter"),
+        (
+            "{bad}:forward_raises",
+            "profile-step",
+            r"policy .*:forward_raises: forward raised RuntimeError: shape mismatch: \(2, 2\) against \(3,\) \.\.\.$",
+        ),
+        ("{bad}:forward_raises", "train", r"policy .*:forward_raises: forward raised RuntimeError: shape mismatch"),
+        ("{bad}:forward_raises", "find-unused-params", r"policy .*:forward_raises: forward raised RuntimeError"),
+        ("{bad}:vector_loss", "train", r"loss\(model, batch\) returned a tensor of shape \(1,\); expected a scalar"),
+        (
+            "{bad}:text_term",
+            "profile-step",
+            r"policy .*:text_term: loss term 'mse' is 'high' \(str\); expected a float or a 0-d tensor$",
+        ),
+        (
+            "{bad}:dataset_raises",
+            "profile-step",
+            r"policy .*:dataset_raises: dataset\[5\] raised KeyError: 'sample 5 is missing'$",
+        ),
+        (
+            "{bad}:dataset_raises",
+            "profile-dataloader",
+            r"policy .*:dataset_raises: dataset\[5\] raised KeyError: 'sample 5 is missing'$",
+        ),
     ],
 )
 def test_a_bad_factory_is_refused_in_one_line_naming_it(bad, factory, tool, line, capsys, tmp_path):
     extra = {"profile-step": ["--steps", "2", "--warmup", "0"], "profile-dataloader": ["--batches", "2"]}
     extra["bench-inference"] = ["--output-dir", str(tmp_path)]
+    extra["train"] = ["--steps", "1", "--output_dir", str(tmp_path / "run")]
     code, _, err = _tool([tool, "--config", TINY, "--policy", factory.format(bad=bad), *extra.get(tool, [])], capsys)
     assert code == 2, err
     assert err.count("\n") == 1, err  # one line
     assert err.startswith(f"scopebench {tool}: ") and re.search(line, err), err
+
+
+def test_the_policy_s_own_exception_is_chained_under_the_line_and_comes_back_from_a_worker(bad):
+    """The one line for the commands, the original exception for a debugger (``__cause__``);
+    from a DataLoader worker, the line is taken back from the worker's traceback."""
+    from scopebench.policy.user import PolicyDataError, build_policy, make_policy_loader, policy_loss
+
+    policy = build_policy(f"{bad}:forward_raises")
+    with pytest.raises(ValueError) as raised:
+        policy_loss(policy, policy.model, (torch.randn(2, 2),))
+    assert str(raised.value).startswith(f"policy {bad}:forward_raises: forward raised RuntimeError: shape mismatch")
+    assert isinstance(raised.value.__cause__, RuntimeError) and "second line" in str(raised.value.__cause__)
+    policy = build_policy(f"{bad}:dataset_raises")
+    for workers in (0, 1):
+        with pytest.raises(PolicyDataError) as raised:
+            list(make_policy_loader(policy, 4, num_workers=workers))
+        assert str(raised.value) == f"policy {bad}:dataset_raises: dataset[5] raised KeyError: 'sample 5 is missing'"
+        if workers:
+            assert 'raise KeyError(f"sample {index} is missing")' in raised.value.worker_traceback
+        else:
+            assert isinstance(raised.value.__cause__, KeyError)
 
 
 def test_a_raising_factory_is_named_above_its_traceback(bad, capsys):
