@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -299,12 +300,30 @@ def test_every_tool_runs_the_example_policy(tmp_path, capsys):
     assert code == 0 and latency["num_steps"] == [1, 3] and set(latency["denoise_sec"]) == {"1", "3"}, err
 
 
+def _loads_its_model(checkpoint: Path) -> None:
+    """``load_policy`` rebuilds a user policy's model from the recorded factory and arguments
+    (it raised ``KeyError: 'preset'``) and loads the trained weights exactly."""
+    from safetensors.torch import load_file
+
+    from scopebench.policy.checkpoint import load_policy
+
+    model = load_policy(checkpoint)
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    assert type(model).__name__ == "FlowPolicy" and model.state_dict().keys() == weights.keys()
+    assert all(torch.equal(value, weights[key]) for key, value in model.state_dict().items())
+    copy = Path(shutil.copytree(checkpoint, checkpoint.parent.parent / "copy" / checkpoint.name))
+    (copy / "policy_config.json").write_text('{"hidden": 8}')
+    with pytest.raises(ValueError, match=r"policy_config\.json must hold pi05's 'preset' and 'config' or a user"):
+        load_policy(copy)
+
+
 def test_train_saves_a_user_policy_and_refuses_to_resume_it_as_another(tmp_path, capsys):
     args = ["train", "--config", TINY, "--policy", EXAMPLE, "--policy-arg", "hidden=8", "--output_dir", str(tmp_path)]
     code, out, err = _tool([*args, "--steps", "2", "--log_freq", "1"], capsys)
     assert code == 0 and f"policy={EXAMPLE}" in out and "step 2/2" in out, err
     saved = json.loads((tmp_path / "checkpoints" / "000002" / "policy_config.json").read_text())
     assert saved == {"policy": EXAMPLE, "policy_args": {"hidden": 8}}
+    _loads_its_model(tmp_path / "checkpoints" / "000002")
     resume = ["train", "--config", str(tmp_path / "checkpoints" / "000002" / "train_config.yaml"), "--resume", "true"]
     code, _, err = _tool([*resume, "--steps", "3", "--policy-arg", "hidden=16"], capsys)
     assert code == 2 and "policy_args" in err, err  # another model: not an exact resume
