@@ -93,3 +93,103 @@ def test_written_files_and_folders_get_the_users_permissions(tmp_path, umask):
     assert mode(tmp_path / "a.csv") == 0o666 & ~umask
     assert mode(tmp_path / "folder") == 0o777 & ~umask
     assert mode(tmp_path / "ckpt") == 0o777 & ~umask
+
+
+# -- one writer per output file ----------------------------------------------------------------------
+#: A process that claims argv[1] as --json, says so, holds it until its stdin closes, then
+#: releases it (as a command does when it ends).
+CLAIM = (
+    "import sys\n"
+    "from scopebench.atomic import claim_output, release_outputs\n"
+    "claim_output('--json', sys.argv[1])\n"
+    "print('holding', flush=True)\n"
+    "sys.stdin.read()\n"
+    "release_outputs()\n"
+)
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """Start a process holding ``tmp_path/out.json``; yields it once it holds the claim (it said so)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLAIM, str(tmp_path / "out.json")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "holding\n"  # the event: it holds the lock now
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def released():
+    """This process's claims are released after the test, as a command's end releases them."""
+    from scopebench.atomic import release_outputs
+
+    yield
+    release_outputs()
+
+
+def test_a_claimed_output_is_refused_to_a_second_process_naming_the_first(tmp_path, holder, released):
+    import socket
+
+    from scopebench.atomic import claim_output
+
+    with pytest.raises(ValueError) as busy:
+        claim_output("--png", tmp_path / "out.json")
+    assert str(busy.value) == (
+        f"--png {tmp_path / 'out.json'} is being written by another run (pid {holder.pid} on host "
+        f"{socket.gethostname()}); choose another path or wait"
+    )
+    holder.stdin.close()  # the first run ends: its claim is released and its lock file removed
+    assert holder.wait() == 0
+    assert not (tmp_path / ".out.json.lock").exists()
+    claim_output("--json", tmp_path / "out.json")
+
+
+def test_a_lock_left_by_a_killed_process_does_not_block(tmp_path, holder, released):
+    from scopebench.atomic import claim_output, read_lock_record, release_outputs
+
+    holder.kill()  # SIGKILL: no clean-up ran; the kernel released the flock
+    holder.wait()
+    assert read_lock_record(tmp_path / ".out.json.lock")["pid"] == holder.pid  # left behind, unlocked
+    claim_output("--json", tmp_path / "out.json")
+    assert read_lock_record(tmp_path / ".out.json.lock")["pid"] == os.getpid()
+    release_outputs()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_one_process_cannot_claim_a_file_under_two_keys_and_hands_its_claims_to_its_children(
+    tmp_path, monkeypatch, released
+):
+    import json
+
+    from scopebench.atomic import OUTPUTS_ENV, claim_output, claimed_outputs_env
+
+    claim_output("--json", tmp_path / "out")
+    with pytest.raises(ValueError, match=r"^--png '.*out' is also the --json path: give each output its own file$"):
+        claim_output("--png", tmp_path / "sub" / ".." / "out")
+    env = claimed_outputs_env()
+    assert json.loads(env[OUTPUTS_ENV]) == {"pid": os.getpid(), "paths": [str(tmp_path.resolve() / "out")]}
+    child = "import sys\nfrom scopebench.atomic import claim_output\nclaim_output('--json', sys.argv[1])\nprint('ok')"
+    (tmp_path / "sub").mkdir()
+    ran = subprocess.run(
+        [sys.executable, "-c", child, str(tmp_path / "out")], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    assert ran.returncode == 0 and ran.stdout == "ok\n", ran.stderr  # its parent holds it for it
+    ran = subprocess.run(  # the same variable in a process its holder did not start: refused
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {child!r}, {str(tmp_path / 'out')!r}], check=True)",
+        ],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
+    assert ran.returncode != 0 and "is being written by another run" in ran.stderr

@@ -20,21 +20,45 @@ user's permissions just before it gets its final name.
 Temporary names are ``.<name>.<pid>.<random>.tmp``, so :func:`remove_stale_temporaries`
 can remove those left by a process that died (a second Ctrl-C, ``kill -9``) before the
 next write of the same name.
+
+An atomic write keeps a reader from seeing half a file, not two writers from overwriting
+each other: two runs writing the same ``--json`` each print ``wrote``, the file holds the
+last one, and a JSON and a PNG of one command may come from different runs. So a command
+*claims* its output files when it validates them, before any work (:func:`claim_output`),
+and holds them until it has written them (:func:`release_outputs`, at the end of the
+command: :func:`scopebench.commands._common.refuses`). A claim is an exclusive
+:class:`FileLock` on ``.<name>.lock`` beside the file; a second run that claims it refuses
+at once, naming the holder's pid and host. The kernel drops a ``flock`` when its holder
+exits in any way (``kill -9`` too), so a lock file left behind by a dead run never blocks:
+the next run takes it over. The same :class:`FileLock` guards a training run's output
+folder (:mod:`scopebench.train.run_folder`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import json
 import os
 import shutil
+import socket
+import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 __all__ = [
+    "OUTPUTS_ENV",
+    "FileLock",
     "atomic_dir",
     "atomic_write",
+    "claim_output",
+    "claimed_outputs_env",
+    "read_lock_record",
+    "release_outputs",
     "remove_stale_temporaries",
     "replace_dir",
     "temporary_dir",
@@ -199,3 +223,156 @@ def replace_dir(tmp: str | Path, path: str | Path) -> None:
     os.rename(tmp, path)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# -- one writer per file: locks -------------------------------------------------------------------
+
+#: ``flock`` errors saying another descriptor holds the lock (the rest: no locking here).
+_HELD = (errno.EAGAIN, errno.EACCES)
+
+
+def read_lock_record(path: str | Path) -> dict[str, Any] | None:
+    """The holder's record in the lock file ``path``; None when there is none or it is
+    unreadable (its holder has just created it and not yet written it)."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+class FileLock:
+    """An exclusive :func:`fcntl.flock` on a file, held from :meth:`acquire` to :meth:`release`;
+    the file holds its holder's record (``pid``, ``host``, ``started``) so that a second
+    process can say whom it waits for.
+
+    The kernel releases the lock when its holder exits in any way, so a file left behind by a
+    dead process is unlocked and the next :meth:`acquire` takes it over. The holder removes
+    the file before it unlocks it; a process that locked the removed file opens the new one.
+
+    Attributes:
+        path: The lock file.
+        record: The record written into it.
+    """
+
+    def __init__(self, path: Path, fd: int | None, record: dict[str, Any]) -> None:
+        self.path, self._fd, self.record = path, fd, record
+
+    @classmethod
+    def acquire(
+        cls,
+        path: str | Path,
+        *,
+        busy: Callable[[dict[str, Any] | None], str],
+        unprotected: Callable[[OSError], str],
+    ) -> FileLock:
+        """Lock ``path`` (created if needed; its folder must exist), without waiting.
+
+        Args:
+            path: The lock file.
+            busy: The holder's record (None: not written yet) -> the refusal's message.
+            unprotected: On a file system without ``flock`` (some Lustre mounts): the error ->
+                the warning printed on stderr; the caller goes on unprotected rather than
+                refusing every run there.
+
+        Raises:
+            ValueError: another live process holds it (``busy``'s message).
+        """
+        path = Path(path)
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                os.close(fd)
+                if err.errno in _HELD:
+                    raise ValueError(busy(read_lock_record(path))) from None
+                print(unprotected(err), file=sys.stderr)
+                return cls(path, None, record)
+            # The previous holder removes the file before it unlocks: a lock on a removed
+            # file protects nothing (a third process creates a new one), so open it again.
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(record) + "\n").encode())
+        return cls(path, fd, record)
+
+    def release(self) -> None:
+        """Remove the lock file, then unlock it (in this order: see :meth:`acquire`)."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        os.close(self._fd)
+        self._fd = None
+
+
+#: Set by a process that holds claims for the ranks it launches (``scopebench train``
+#: relaunching itself): ``{"pid": its pid, "paths": [the files it claimed]}``.
+OUTPUTS_ENV = "SCOPEBENCH_CLAIMED_OUTPUTS"
+#: This process's claims: file -> (how the user named it, its lock).
+_claims: dict[Path, tuple[str, FileLock]] = {}
+
+
+def _claimed_by_parent(target: Path) -> bool:
+    """Whether the process that started this one claimed ``target`` for it (:data:`OUTPUTS_ENV`
+    names this process's parent: a stale variable names another process)."""
+    try:
+        handed = json.loads(os.environ.get(OUTPUTS_ENV, ""))
+    except ValueError:
+        return False
+    return isinstance(handed, dict) and handed.get("pid") == os.getppid() and str(target) in handed.get("paths", ())
+
+
+def claim_output(key: str, path: str | Path) -> None:
+    """Hold the file ``path`` for this process until :func:`release_outputs`: another process
+    claiming it meanwhile is refused, naming this one.
+
+    The lock is ``.<name>.lock`` in the file's folder, which must exist. A file the parent
+    process claimed for this one (:data:`OUTPUTS_ENV`) is not claimed again.
+
+    Args:
+        key: How the user gave the path (``--json``, ``--png``), for the messages.
+        path: The file that will be written.
+
+    Raises:
+        ValueError: another run holds it (its pid and host named), or this process already
+            claimed it under another key.
+    """
+    target = Path(path).expanduser()
+    target = target.parent.resolve() / target.name  # one name per file, whatever the spelling
+    if target in _claims:
+        raise ValueError(f"{key} {str(path)!r} is also the {_claims[target][0]} path: give each output its own file")
+    if _claimed_by_parent(target):
+        return
+
+    def busy(record: dict[str, Any] | None) -> str:
+        who = f"pid {record.get('pid')} on host {record.get('host')}" if record else "it is starting"
+        return f"{key} {path} is being written by another run ({who}); choose another path or wait"
+
+    def unprotected(err: OSError) -> str:
+        return f"warning: cannot lock {lock} ({err.strerror}): another run writing {key} {path} would not be detected"
+
+    lock = target.parent / f".{target.name}.lock"
+    _claims[target] = (key, FileLock.acquire(lock, busy=busy, unprotected=unprotected))
+
+
+def claimed_outputs_env() -> dict[str, str]:
+    """The environment that hands this process's claims to the ranks it launches (empty when
+    it holds none)."""
+    if not _claims:
+        return {}
+    return {OUTPUTS_ENV: json.dumps({"pid": os.getpid(), "paths": [str(p) for p in _claims]})}
+
+
+def release_outputs() -> None:
+    """Release every claim of this process (a command's end: its files are written or it failed)."""
+    while _claims:
+        _, (_, lock) = _claims.popitem()
+        lock.release()

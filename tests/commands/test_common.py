@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +123,78 @@ def test_one_spelling_of_memory_and_ranks_in_every_command(command, flags):
     shown = {s for a in sub._actions if a.help != argparse.SUPPRESS for s in a.option_strings}
     assert set(flags) <= shown
     assert not shown & {"--nproc", "--device-memory-gb", "--memory", "--nproc-per-rank"}
+
+
+# -- two runs, one output file --------------------------------------------------------------------
+TINY = str(Path(__file__).resolve().parents[2] / "configs" / "policy" / "tiny.yml")
+#: ``estimate-memory --json argv[1]`` that says ``holding`` once it has validated (and claimed)
+#: its outputs, and waits for its stdin to close before it estimates and writes.
+PAUSED = (
+    "import sys\n"
+    "import scopebench.commands.estimate_memory as command\n"
+    "estimate = command._estimate\n"
+    "def paused(*args, **kwargs):\n"
+    "    print('holding', flush=True)\n"
+    "    sys.stdin.read()\n"
+    "    return estimate(*args, **kwargs)\n"
+    "command._estimate = paused\n"
+    "from scopebench.cli import main\n"
+    f"sys.exit(main(['estimate-memory', '--config', {TINY!r}, '--json', sys.argv[1]]))\n"
+)
+
+#: A second run given the first one's file: (command, its arguments, the key it names).
+SECOND_RUNS = {
+    "profile-step": (["--config", TINY, "--steps", "1", "--warmup", "0", "--json"], "--json"),
+    "find-max-batch": (["--config", TINY, "--memory-gb", "1", "--png"], "--png"),
+    "train": (["--config", TINY, "--steps", "1", "--output_dir", "{tmp}/run", "--json"], "--json"),
+    "convert-checkpoint": (["{tmp}/run", "--json"], "--json"),
+    "estimate-memory": (["--config", TINY, "--json"], "--json"),
+}
+
+
+def test_a_second_run_writing_the_same_output_is_refused_at_once_naming_the_first(tmp_path, capsys):
+    """The first run (another process) holds ``out.json`` from its validation to its write;
+    every command given that file meanwhile exits 2 before any work, then the first writes its
+    own file and leaves no lock behind."""
+    import socket
+    import subprocess
+    import sys
+
+    path = tmp_path / "out.json"
+    first = subprocess.Popen(
+        [sys.executable, "-c", PAUSED, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = first.stdout.readline()  # the event: it has claimed its outputs
+        assert line == "holding\n", line + first.stderr.read()
+        for command, (args, key) in sorted(SECOND_RUNS.items()):
+            assert main([command, *(a.format(tmp=tmp_path) for a in args), str(path)]) == 2, command
+            captured = capsys.readouterr()
+            assert captured.err == (
+                f"scopebench {command}: {key} {path} is being written by another run (pid {first.pid} on host "
+                f"{socket.gethostname()}); choose another path or wait\n"
+            )
+            assert "wrote" not in captured.out and not (tmp_path / "run").exists()
+        first.stdin.close()
+        assert first.wait(timeout=300) == 0, first.stderr.read()
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.wait()
+    assert first.stdout.read().endswith(f"wrote {path}\n")
+    assert json.loads(path.read_text())["tool"] == "estimate-memory"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+
+
+def test_a_json_path_into_a_missing_folder_is_refused_not_created(tmp_path, capsys):
+    path = tmp_path / "missing" / "m.json"
+    assert main(["estimate-memory", "--config", TINY, "--json", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"scopebench estimate-memory: --json {str(path)!r}: folder {str(path.parent)!r} does not exist; create it "
+        "first\n"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -171,6 +171,24 @@ def _set_stat(root, feature, stat, dim, text):
     path.write_text(json.dumps(stats).replace('"@"', text))
 
 
+def _no_episodes(root, cfg):
+    import pyarrow.parquet as pq
+
+    files = sorted((root / "meta/episodes").glob("chunk-*/file-*.parquet"))
+    pq.write_table(pq.read_table(files[0]).slice(0, 0), files[0])  # the columns, no row
+    for path in files[1:]:
+        path.unlink()
+
+
+def _set_fps(value):
+    def damage(root, cfg):
+        info = json.loads((root / "meta/info.json").read_text())
+        info["fps"] = value
+        (root / "meta/info.json").write_text(json.dumps(info))
+
+    return damage
+
+
 def _late_row(values):
     values[3] += 0.05  # episode 0, frame 3: half a frame late at 10 fps
 
@@ -227,6 +245,17 @@ BROKEN = {
         lambda root, cfg: _set_stat(root, "action", "max", 0, "Infinity"),
         ValueError,
         r"meta/stats\.json: stats\['action'\]\['max'\]\[0\] is inf",
+    ),
+    "fps 0": (_set_fps(0), ValueError, r"ds/meta/info\.json: fps must be a finite number > 0, got 0$"),
+    "fps as text": (
+        _set_fps("thirty"),
+        ValueError,
+        r"ds/meta/info\.json: fps must be a finite number > 0, got 'thirty' \(str\)$",
+    ),
+    "no episode": (
+        _no_episodes,
+        ValueError,
+        r"ds/meta/episodes: its 1 file\(s\) hold no episode \(0 rows\); a dataset needs one$",
     ),
     "task index without a task": (
         lambda root, cfg: _rewrite_data(root, "task_index", _unknown_task),

@@ -186,6 +186,18 @@ def test_a_rank_that_dies_or_hangs_fails_the_run_naming_it(data_args, tmp_path, 
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
 
 
+@pytest.mark.slow
+def test_the_ranks_the_command_starts_write_the_json_it_holds_for_them(data_args, tmp_path, capsys):
+    """The command claims ``--json`` before it starts its ranks; its rank 0, which writes the
+    file, is not refused by that claim (scopebench.atomic.OUTPUTS_ENV)."""
+    path = tmp_path / "t.json"
+    args = ["--nproc-per-node", "2", "--output_dir", str(tmp_path / "run"), "--steps", "1", "--json", str(path)]
+    code, _, err = train([*data_args, *args], capsys)
+    assert code == 0, err
+    assert json.loads(path.read_text())["world_size"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "t.json"]  # no lock file left
+
+
 def test_sigterm_waits_while_rank_0_names_the_failed_rank(data_args, tmp_path, monkeypatch, capsys):
     """The launcher sends SIGTERM within 0.05 s of seeing a rank die, often while rank 0
     is still writing the report that names it (seen in CI: rank 0 ended by the signal, no report).

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,46 @@ def empty():
 
 def no_sample():
     return _policy(lambda model, batch: model(batch[0]).sum())
+
+
+def no_parameter():
+    return UserPolicy(
+        model=torch.nn.ReLU(),
+        loss=lambda model, batch: model(batch[0]).sum(),
+        dataset=torch.utils.data.TensorDataset(torch.randn(8, 2)),
+        flops_per_sample=6,  # no loss check before training: torch's optimizer saw no parameter
+    )
+
+
+class _Mismatch(torch.nn.Linear):
+    def forward(self, x):
+        raise RuntimeError("shape mismatch: (2, 2) against (3,)\\nsecond line of the message")
+
+
+def forward_raises():
+    return UserPolicy(
+        model=_Mismatch(2, 1),
+        loss=lambda model, batch: model(batch[0]).sum(),
+        dataset=torch.utils.data.TensorDataset(torch.randn(8, 2)),
+    )
+
+
+def text_term():
+    return _policy(lambda model, batch: (model(batch[0]).sum(), {"mse": "high"}))
+
+
+class _Missing(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        if index == 5:  # the FLOP count reads sample 0: the loader meets this one
+            raise KeyError(f"sample {index} is missing")
+        return (torch.randn(2),)
+
+
+def dataset_raises():
+    return UserPolicy(model=torch.nn.Linear(2, 1), loss=lambda model, batch: model(batch[0]).sum(), dataset=_Missing())
 """
 
 
@@ -94,15 +135,67 @@ def _tool(args: list[str], capsys) -> tuple[int, str, str]:
         ("{bad}:empty", "profile-dataloader", r"policy .*:empty: UserPolicy\.dataset has length 0"),
         ("{bad}:no_sample", "bench-inference", r"bench-inference needs UserPolicy\.sample, which this policy"),
         ("{bad}:no_sample", "decompose-latency", r"decompose-latency needs UserPolicy\.sample"),
+        (
+            "{bad}:no_parameter",
+            "profile-step",
+            r"policy .*:no_parameter: model ReLU has no parameter: training needs at least one trainable parameter$",
+        ),
+        ("{bad}:no_parameter", "train", r"policy .*:no_parameter: model ReLU has no parameter: training needs"),
+        ("{bad}:no_parameter", "find-unused-params", r"policy .*:no_parameter: model ReLU has no parameter"),
+        (
+            "{bad}:forward_raises",
+            "profile-step",
+            r"policy .*:forward_raises: forward raised RuntimeError: shape mismatch: \(2, 2\) against \(3,\) \.\.\.$",
+        ),
+        ("{bad}:forward_raises", "train", r"policy .*:forward_raises: forward raised RuntimeError: shape mismatch"),
+        ("{bad}:forward_raises", "find-unused-params", r"policy .*:forward_raises: forward raised RuntimeError"),
+        ("{bad}:vector_loss", "train", r"loss\(model, batch\) returned a tensor of shape \(1,\); expected a scalar"),
+        (
+            "{bad}:text_term",
+            "profile-step",
+            r"policy .*:text_term: loss term 'mse' is 'high' \(str\); expected a float or a 0-d tensor$",
+        ),
+        (
+            "{bad}:dataset_raises",
+            "profile-step",
+            r"policy .*:dataset_raises: dataset\[5\] raised KeyError: 'sample 5 is missing'$",
+        ),
+        (
+            "{bad}:dataset_raises",
+            "profile-dataloader",
+            r"policy .*:dataset_raises: dataset\[5\] raised KeyError: 'sample 5 is missing'$",
+        ),
     ],
 )
 def test_a_bad_factory_is_refused_in_one_line_naming_it(bad, factory, tool, line, capsys, tmp_path):
     extra = {"profile-step": ["--steps", "2", "--warmup", "0"], "profile-dataloader": ["--batches", "2"]}
     extra["bench-inference"] = ["--output-dir", str(tmp_path)]
+    extra["train"] = ["--steps", "1", "--output_dir", str(tmp_path / "run")]
     code, _, err = _tool([tool, "--config", TINY, "--policy", factory.format(bad=bad), *extra.get(tool, [])], capsys)
     assert code == 2, err
     assert err.count("\n") == 1, err  # one line
     assert err.startswith(f"scopebench {tool}: ") and re.search(line, err), err
+
+
+def test_the_policy_s_own_exception_is_chained_under_the_line_and_comes_back_from_a_worker(bad):
+    """The one line for the commands, the original exception for a debugger (``__cause__``);
+    from a DataLoader worker, the line is taken back from the worker's traceback."""
+    from scopebench.policy.user import PolicyDataError, build_policy, make_policy_loader, policy_loss
+
+    policy = build_policy(f"{bad}:forward_raises")
+    with pytest.raises(ValueError) as raised:
+        policy_loss(policy, policy.model, (torch.randn(2, 2),))
+    assert str(raised.value).startswith(f"policy {bad}:forward_raises: forward raised RuntimeError: shape mismatch")
+    assert isinstance(raised.value.__cause__, RuntimeError) and "second line" in str(raised.value.__cause__)
+    policy = build_policy(f"{bad}:dataset_raises")
+    for workers in (0, 1):
+        with pytest.raises(PolicyDataError) as raised:
+            list(make_policy_loader(policy, 4, num_workers=workers))
+        assert str(raised.value) == f"policy {bad}:dataset_raises: dataset[5] raised KeyError: 'sample 5 is missing'"
+        if workers:
+            assert 'raise KeyError(f"sample {index} is missing")' in raised.value.worker_traceback
+        else:
+            assert isinstance(raised.value.__cause__, KeyError)
 
 
 def test_a_raising_factory_is_named_above_its_traceback(bad, capsys):
@@ -272,12 +365,30 @@ def test_decompose_latency_still_fits_a_call_that_grows_with_num_steps(latency_p
     assert "at N=8: expert loop" in out and "does not apply" not in out
 
 
+def _loads_its_model(checkpoint: Path) -> None:
+    """``load_policy`` rebuilds a user policy's model from the recorded factory and arguments
+    (it raised ``KeyError: 'preset'``) and loads the trained weights exactly."""
+    from safetensors.torch import load_file
+
+    from scopebench.policy.checkpoint import load_policy
+
+    model = load_policy(checkpoint)
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    assert type(model).__name__ == "FlowPolicy" and model.state_dict().keys() == weights.keys()
+    assert all(torch.equal(value, weights[key]) for key, value in model.state_dict().items())
+    copy = Path(shutil.copytree(checkpoint, checkpoint.parent.parent / "copy" / checkpoint.name))
+    (copy / "policy_config.json").write_text('{"hidden": 8}')
+    with pytest.raises(ValueError, match=r"policy_config\.json must hold pi05's 'preset' and 'config' or a user"):
+        load_policy(copy)
+
+
 def test_train_saves_a_user_policy_and_refuses_to_resume_it_as_another(tmp_path, capsys):
     args = ["train", "--config", TINY, "--policy", EXAMPLE, "--policy-arg", "hidden=8", "--output_dir", str(tmp_path)]
     code, out, err = _tool([*args, "--steps", "2", "--log_freq", "1"], capsys)
     assert code == 0 and f"policy={EXAMPLE}" in out and "step 2/2" in out, err
     saved = json.loads((tmp_path / "checkpoints" / "000002" / "policy_config.json").read_text())
     assert saved == {"policy": EXAMPLE, "policy_args": {"hidden": 8}}
+    _loads_its_model(tmp_path / "checkpoints" / "000002")
     resume = ["train", "--config", str(tmp_path / "checkpoints" / "000002" / "train_config.yaml"), "--resume", "true"]
     code, _, err = _tool([*resume, "--steps", "3", "--policy-arg", "hidden=16"], capsys)
     assert code == 2 and "policy_args" in err, err  # another model: not an exact resume

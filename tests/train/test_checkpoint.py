@@ -53,3 +53,20 @@ def test_resuming_with_another_backend_or_world_size_is_refused(tmp_path):
         load_checkpoint(None, folder, world_size=2, backend="zero3")
     with pytest.raises(ValueError, match="backend=zero2 on 4"):
         load_checkpoint(None, folder, world_size=4, backend="zero2")
+
+
+def test_a_zero_optimizer_shard_missing_is_named_before_deepspeed_counts_them(tmp_path):
+    """zero_to_fp32 said "Expected 2 of '*_optim_states.pt' ... but found 1 files"."""
+    from scopebench.train.backends import get_backend
+
+    folder = _finished(tmp_path / "run", backend="zero2", world_size=2)
+    (folder / "latest").write_text("pytorch_model")
+    (folder / "pytorch_model").unlink()
+    (folder / "pytorch_model").mkdir()
+    (folder / "pytorch_model" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_text("x")
+    missing = folder / "pytorch_model" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    with pytest.raises(FileNotFoundError) as raised:
+        get_backend("zero2").check_shards(folder, 2)
+    assert str(raised.value) == f"{missing}: missing (the optimizer shard of rank 1 of 2): the checkpoint is damaged"
+    missing.write_text("x")
+    get_backend("zero3").check_shards(folder, 2)

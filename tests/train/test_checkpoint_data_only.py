@@ -161,6 +161,22 @@ def test_a_genuine_zero_checkpoint_still_converts(zero_checkpoints, tmp_path, ca
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["zero2", "zero3"])
+def test_an_optimizer_shard_missing_from_folder_and_manifest_is_named(zero_checkpoints, tmp_path, capsys, backend):
+    checkpoint = _copy(zero_checkpoints[0][backend], tmp_path)
+    name = "pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    (checkpoint / name).unlink()
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    del manifest["files"][name]
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = convert(checkpoint, capsys)
+    assert code == 2 and err == (
+        f"scopebench convert-checkpoint: {checkpoint / name}: missing (the optimizer shard of rank 1 of 2): "
+        "the checkpoint is damaged\n"
+    ), err
+
+
+@pytest.mark.slow
 def test_the_allow_list_is_exactly_what_deepspeed_files_hold(zero_checkpoints):
     """Every non-tensor global in the shards of both backends is allow-listed, and nothing more:
     each entry is needed by some file (a plain ``weights_only=True`` load names it)."""

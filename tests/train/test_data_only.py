@@ -340,3 +340,33 @@ def test_convert_checkpoint_verifies_the_manifest_like_a_resume(fsdp_run, tmp_pa
     assert not (checkpoint / "model.safetensors").exists()
     # the genuine one still converts
     assert main(["convert-checkpoint", str(fsdp_run[0] / "checkpoints" / "000002")]) == 0
+
+
+def _forget(checkpoint: Path, name: str) -> None:
+    """Delete ``name`` and its manifest entry: the manifest then passes, the shard is gone."""
+    (checkpoint / name).unlink()
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    del manifest["files"][name]
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.slow
+def test_a_shard_missing_from_folder_and_manifest_is_named_in_one_line(fsdp_run, tmp_path, capsys):
+    """Convert and resume read ``.metadata``, which names every shard: the missing one is named
+    (it was two tracebacks of DCP's ``CheckpointException``, exit 1)."""
+    from scopebench.cli import main
+
+    run = Path(shutil.copytree(fsdp_run[0], tmp_path / "run", symlinks=True))
+    checkpoint = run / "checkpoints" / "000002"
+    name = sorted(p.relative_to(checkpoint).as_posix() for p in (checkpoint / "fsdp_model").glob("*.distcp"))[-1]
+    _forget(checkpoint, name)
+    capsys.readouterr()
+    expected = (
+        f"{checkpoint / name}: missing, {checkpoint / 'fsdp_model' / '.metadata'} names it: the checkpoint is damaged"
+    )
+    assert main(["convert-checkpoint", str(checkpoint)]) == 2
+    assert capsys.readouterr().err == f"scopebench convert-checkpoint: {expected}\n"
+    config = checkpoint / "train_config.yaml"
+    args = ["--config", str(config), "--output_dir", str(run), f"--dataset.cache_dir={fsdp_run[1]}"]
+    assert main(["train", *args, "--resume", "true", "--steps", "4"]) == 2
+    assert capsys.readouterr().err == f"scopebench train: {expected}\n"

@@ -8,7 +8,9 @@ and prints one line on stderr saying it is deprecated (:class:`DeprecatedAlias`)
 
 Head: :func:`refuses` turns a refused input (``ValueError``, ``FileNotFoundError``) into
 one line ``scopebench <command>: <reason>`` on stderr and exit status 2, the contract every
-command's docstring states ("Exit status: 2 with one line for a refused input"). Tail:
+command's docstring states ("Exit status: 2 with one line for a refused input"), and
+releases the output files the command claimed when it validated them
+(:func:`scopebench.atomic.claim_output`, through ``check_json_path``) once it has ended. Tail:
 :func:`finish` prints the report and writes ``--json`` atomically (``write_json``), and
 :func:`print_json` prints a ``--json`` payload on stdout. One spelling of each, so a
 message or a file cannot differ from one command to the next.
@@ -40,7 +42,8 @@ REFUSED = 2
 
 
 def refuses(command: str, errors: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError)):
-    """Decorate a command's ``run(args)``: ``errors`` become one line on stderr and exit 2.
+    """Decorate a command's ``run(args)``: ``errors`` become one line on stderr and exit 2;
+    the output files it claimed are released when it ends (:func:`scopebench.atomic.release_outputs`).
 
     Args:
         command: The command's name as typed (``estimate-memory``), the line's prefix.
@@ -62,11 +65,15 @@ def refuses(command: str, errors: tuple[type[BaseException], ...] = (ValueError,
     def wrap(run: Callable[[Any], int]) -> Callable[[Any], int]:
         @functools.wraps(run)
         def guarded(args: Any) -> int:
+            from scopebench.atomic import release_outputs
+
             try:
                 return run(args)
             except errors as err:
                 print(f"scopebench {command}: {err}", file=sys.stderr)
                 return REFUSED
+            finally:
+                release_outputs()
 
         return guarded
 

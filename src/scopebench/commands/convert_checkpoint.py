@@ -18,7 +18,8 @@ How to run::
 
 Output: one line ``wrote <path> (<n> tensors, <m> parameters)``; JSON (``--json PATH``):
 ``tool`` ("convert-checkpoint"), ``checkpoint``, ``model_file``, ``tensors``, ``parameters``,
-``backend``, ``step``.
+``backend``, ``step``. The ``--json`` path is checked and held before anything is read (a second
+run writing it meanwhile is refused).
 
 The files are first checked against the checkpoint's ``manifest.json`` (sizes and sha256, as a
 resume checks them: :func:`scopebench.train.checkpoint.verify_files`), then loaded as data only
@@ -30,7 +31,8 @@ resume checks them: :func:`scopebench.train.checkpoint.verify_files`), then load
 from __future__ import annotations
 
 import argparse
-import sys
+
+from scopebench.commands._common import refuses
 
 HELP = "consolidate ZeRO, FSDP2 or HSDP shards of a training checkpoint into model.safetensors"
 
@@ -40,20 +42,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="also write a JSON summary to this path")
 
 
+@refuses("convert-checkpoint")
 def run(args: argparse.Namespace) -> int:
     from safetensors import safe_open
 
+    from scopebench.policy.tools import check_json_path
     from scopebench.train.checkpoint import consolidate, read_step_file, resolve_checkpoint
     from scopebench.train.data_only import data_only_loading
 
-    try:
-        with data_only_loading():  # a shard holding pickled code is refused (ValueError), never run
-            checkpoint = resolve_checkpoint(args.checkpoint)
-            meta = read_step_file(checkpoint)
-            path = consolidate(checkpoint)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"scopebench convert-checkpoint: {err}", file=sys.stderr)
-        return 2
+    check_json_path("--json", args.json)
+    with data_only_loading():  # a shard holding pickled code is refused (ValueError), never run
+        checkpoint = resolve_checkpoint(args.checkpoint)
+        meta = read_step_file(checkpoint)
+        path = consolidate(checkpoint)
     with safe_open(str(path), "pt") as fh:
         keys = list(fh.keys())
         parameters = sum(_numel(fh.get_slice(key).get_shape()) for key in keys)

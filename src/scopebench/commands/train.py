@@ -35,8 +35,9 @@ continues from the checkpoint whose ``train_config.yaml`` is given, else from
 are in the saved config). One run at a time owns its ``--output_dir``: a second one into it
 exits 2 naming the first (pid, host, start), before any work
 (:mod:`scopebench.train.run_folder`: the process the user started holds the lock, also while
-its ranks run). An unwritable ``--output_dir`` and an ``--nproc-per-node`` below 1 or above
-the CPU cores (on the CPU) are refused at set-up too.
+its ranks run). So is ``--json``: a second run writing the same file exits 2 naming the
+first (it holds the file for its ranks too). An unwritable ``--output_dir`` and an
+``--nproc-per-node`` below 1 or above the CPU cores (on the CPU) are refused at set-up too.
 
 A loss or loss term that is NaN or infinite stops the run on every rank: no checkpoint is
 written of that step or a later one (each save first checks the losses not yet checked, so
@@ -65,6 +66,8 @@ import signal
 import sys
 from pathlib import Path
 
+from scopebench.commands._common import refuses
+
 HELP = "train the policy (pi05 or yours) with checkpoints and resume (DDP, DeepSpeed ZeRO-2/3, FSDP2, HSDP)"
 
 
@@ -86,7 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None, dest="nproc_per_node")
 
 
+@refuses("train")  # its own refusals are below; this releases the --json it claims
 def run(args: argparse.Namespace) -> int:
+    from scopebench.atomic import claimed_outputs_env
     from scopebench.distributed import RankFailure, check_local_nproc, get_dist_info, writes_reports
     from scopebench.distributed.device import resolve_device
     from scopebench.policy.run.trainer import check_output_dir, train_policy
@@ -124,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
             # under the lock: a run that ended just before it was taken left its checkpoints
             check_output_dir(output_dir, resume)
             if not launcher.is_distributed and config.train.nproc_per_node > 1:
-                return _relaunch(args, config, env=handed)
+                return _relaunch(args, config, env={**handed, **claimed_outputs_env()})
             with _exit_on_sigterm():
                 try:
                     result = train_policy(config, resume_from=resume_from)

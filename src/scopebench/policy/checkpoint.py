@@ -1,8 +1,9 @@
 """Load a trained policy from a ``scopebench train`` checkpoint; what a resume of one may change.
 
 A checkpoint folder (:mod:`scopebench.train.checkpoint`) holds ``policy_config.json``
-(the preset and every field of the model's :class:`~scopebench.policy.config.Pi05Config`,
-which depend on the dataset's cameras and sizes) and, under DDP or after
+(for pi05 the preset and every field of the model's :class:`~scopebench.policy.config.Pi05Config`,
+which depend on the dataset's cameras and sizes; for a user policy its factory and
+arguments, ``policy`` and ``policy_args``) and, under DDP or after
 ``scopebench convert-checkpoint``, ``model.safetensors``::
 
     from scopebench.policy.checkpoint import load_policy
@@ -36,11 +37,16 @@ RESUME_MAY_CHANGE = (
 
 
 def load_policy(checkpoint: str | Path, device: str = "cpu"):
-    """The policy of a checkpoint: ``make_policy`` on its config, then its weights (strict).
+    """The model of a checkpoint, its weights loaded (strict): pi05 rebuilt by ``make_policy``
+    from its config, a user policy's model by its factory with the recorded arguments
+    (:func:`scopebench.policy.user.build_policy`; the factory must be importable here, as
+    when it trained).
 
     Raises:
         FileNotFoundError: no finished checkpoint there, or no ``model.safetensors`` yet
-            (a ZeRO checkpoint: run ``scopebench convert-checkpoint`` first).
+            (a ZeRO or FSDP2 checkpoint: run ``scopebench convert-checkpoint`` first).
+        ValueError: ``policy_config.json`` holds neither record, named; a factory that cannot
+            be found or raises (:class:`~scopebench.policy.user.PolicyError`).
     """
     from safetensors.torch import load_file
 
@@ -51,10 +57,21 @@ def load_policy(checkpoint: str | Path, device: str = "cpu"):
     weights = checkpoint / MODEL_FILE
     if not weights.is_file():
         raise FileNotFoundError(
-            f"{weights} is missing: a ZeRO checkpoint holds sharded weights; run "
+            f"{weights} is missing: a ZeRO or FSDP2 checkpoint holds sharded weights; run "
             f"`scopebench convert-checkpoint {checkpoint}` first"
         )
-    saved = json.loads((checkpoint / POLICY_CONFIG_FILE).read_text())
-    model = make_policy(saved["preset"], **saved["config"])
+    record_file = checkpoint / POLICY_CONFIG_FILE
+    saved = json.loads(record_file.read_text())
+    if isinstance(saved, dict) and {"preset", "config"} <= set(saved):
+        model = make_policy(saved["preset"], **saved["config"])
+    elif isinstance(saved, dict) and isinstance(saved.get("policy"), str):
+        from scopebench.policy.user import build_policy
+
+        model = build_policy(saved["policy"], saved.get("policy_args") or {}).model
+    else:
+        raise ValueError(
+            f"{record_file} must hold pi05's 'preset' and 'config' or a user policy's 'policy' and 'policy_args', "
+            f"got keys {sorted(saved) if isinstance(saved, dict) else type(saved).__name__}"
+        )
     model.load_state_dict(load_file(str(weights), device=str(device)))
     return model.to(device)

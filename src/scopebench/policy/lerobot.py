@@ -21,9 +21,10 @@ github.com/huggingface/lerobot) and writes it (``src/lerobot/datasets/``)::
 
 :class:`LeRobotFolder` reads all of it but the camera frames, and refuses before any work
 what a frame read would trip on later, each error naming the file: another format version,
-a missing file or column, rows and episodes that disagree, timestamps out of step with
-``fps``, task indices without a task, a NaN or infinite number in ``meta/stats.json`` or
-in a state or action (which would make every training loss NaN), and (:meth:`LeRobotFolder.check_videos`) a missing,
+a missing file or column, an ``fps`` that is not a number > 0, no episode at all, rows and
+episodes that disagree, timestamps out of step with ``fps``, task indices without a task, a NaN
+or infinite number in ``meta/stats.json`` or in a state or action (which would make every
+training loss NaN), and (:meth:`LeRobotFolder.check_videos`) a missing,
 unreadable or undecodable video, or one shorter than its episodes' rows or timestamps.
 
 The ``data_path`` and ``video_path`` templates come from the folder, so they are checked
@@ -47,6 +48,7 @@ import numpy as np
 
 from scopebench.policy.data import ACTION_KEY, DATA_PATH, STATE_KEY, VIDEO_PATH
 from scopebench.policy.video import TOLERANCE_SEC, probe_video
+from scopebench.validate import number
 
 INFO_KEYS = ("codebase_version", "fps", "features", "data_path", "total_frames")
 DATA_COLUMNS = (STATE_KEY, ACTION_KEY, "timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -258,7 +260,8 @@ class LeRobotFolder:
         missing = [k for k in INFO_KEYS if k not in info]
         if missing:
             raise ValueError(f"{self.info_path} lacks key(s) {missing}; a v3.0 info.json has all of {INFO_KEYS}")
-        self.fps = float(info["fps"])
+        # frames are 1 / fps apart: 0 divided by zero, a string had no float
+        self.fps = number(f"{self.info_path}: fps", info["fps"], low=0, low_open=True)
         features = info["features"]
         for key in (STATE_KEY, ACTION_KEY):
             if not isinstance(features.get(key), dict) or "shape" not in features[key]:
@@ -305,6 +308,8 @@ class LeRobotFolder:
         for path in files:
             table = _read_parquet(path, needed).select(needed).to_pylist()
             rows += [{**row, "_file": path} for row in table]
+        if not rows:
+            raise ValueError(f"{folder}: its {len(files)} file(s) hold no episode (0 rows); a dataset needs one")
         rows.sort(key=lambda r: r["dataset_from_index"])
         self._episode_rows = rows
         self.data_files = sorted(

@@ -235,16 +235,27 @@ def settings_dict(settings: Any) -> dict[str, Any]:
 
 
 def check_json_path(key: str, path: str | Path | None) -> None:
-    """Refuse, before any work, a JSON path :func:`write_json` could not write (None passes).
+    """Refuse, before any work, an output path :func:`write_json` could not write or another
+    run is writing (None passes); then hold it for this run.
+
+    The path's folder must exist (a mistyped folder is refused, not created), and the file
+    is claimed (:func:`scopebench.atomic.claim_output`): a second run given the same path
+    while this one runs is refused at once, naming this one. The claim is released when the
+    command ends (:func:`scopebench.commands._common.refuses`). Only the process that writes
+    the reports claims it (rank 0, :func:`scopebench.distributed.writes_reports`). Also
+    used for ``find-max-batch``'s ``--png``.
 
     Args:
         key: How the user gave the path (``--json``, ``PROFILE_STEP_JSON``), for the message.
         path: The file to write.
 
     Raises:
-        ValueError: ``path`` is a folder, or its folder is not writable and cannot be created
-            (:func:`scopebench.profiler.config.check_writable_dir`'s reason, after ``key``).
+        ValueError: ``path`` is a folder, its folder does not exist or is not writable
+            (:func:`scopebench.profiler.config.check_writable_dir`'s reason, after ``key``), or
+            another run is writing it (its pid named).
     """
+    from scopebench.atomic import claim_output
+    from scopebench.distributed import writes_reports
     from scopebench.profiler.config import check_writable_dir
 
     if path is None or not str(path):
@@ -253,6 +264,10 @@ def check_json_path(key: str, path: str | Path | None) -> None:
     if target.is_dir():
         raise ValueError(f"{key}={str(path)!r} is a directory, not a file path")
     check_writable_dir(f"{key} {str(path)!r}: folder", target.parent)
+    if not target.parent.is_dir():
+        raise ValueError(f"{key} {str(path)!r}: folder {str(target.parent)!r} does not exist; create it first")
+    if writes_reports():
+        claim_output(key, path)
 
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> Path:

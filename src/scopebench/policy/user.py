@@ -22,15 +22,23 @@ lists and tuples of tensors (other leaves, such as strings, stay as they are).
 
 Errors a factory can make are refused in one line naming it (:class:`PolicyError`, a
 ``ValueError``): the module or function not found, the factory raising (its traceback below
-that line), a return value that is not a :class:`UserPolicy`, a dataset of length 0, and
-(at the first step, or before training when FLOPs are counted) a loss that is not a scalar
-tensor with a gradient.
+that line), a return value that is not a :class:`UserPolicy`, a dataset of length 0, a model
+without a trainable parameter (training), and (at the first step, or before training when
+FLOPs are counted) a loss that is not a scalar tensor with a gradient or a logged term that
+is not a number. So is an exception raised by the policy's code while it runs, naming the
+policy, the phase and the exception: ``policy mypkg:make: forward raised RuntimeError: shape
+mismatch ...`` (phases ``forward``: the model's forward, called by the loss; ``loss``: the
+rest of ``loss(model, batch)``; ``dataset[i]``: the dataset's ``__getitem__``, also in a
+DataLoader worker). The exception is chained (``__cause__``) for its traceback; the commands
+print the one line alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
+import numbers
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -43,14 +51,17 @@ from torch import nn
 
 __all__ = [
     "BUILTIN_POLICIES",
+    "PolicyDataError",
     "PolicyError",
     "UserPolicy",
     "build_policy",
+    "check_trainable",
     "check_policy_name",
     "fixed_batch",
     "make_policy_loader",
     "measure_flops_per_sample",
     "policy_loss",
+    "policy_sample",
     "prepare_batch",
     "resolve_factory",
     "to_device",
@@ -63,6 +74,24 @@ BUILTIN_POLICIES = {"pi05": "scopebench.policy.pi05:make_pi05_policy"}
 
 class PolicyError(ValueError):
     """A policy factory or what it returned cannot run; the message's first line names the factory."""
+
+
+class PolicyDataError(PolicyError):
+    """The policy's dataset raised (:func:`policy_sample`), in one line naming the policy and the index.
+
+    Raised in a DataLoader worker, torch re-raises it in the training process as
+    ``PolicyDataError("Caught PolicyDataError in DataLoader worker process 0.\\nOriginal
+    Traceback ...")``; the one line is then taken back from the traceback's last line, and
+    the worker's traceback kept in :attr:`worker_traceback`.
+    """
+
+    def __init__(self, message: str) -> None:
+        self.worker_traceback = None
+        head, _, rest = message.partition("\n")
+        if head.startswith(f"Caught {type(self).__name__} ") and rest.startswith("Original Traceback"):
+            self.worker_traceback = rest
+            message = rest.rstrip().rpartition("\n")[2].partition(f"{type(self).__name__}: ")[2] or head
+        super().__init__(message)
 
 
 @dataclass(kw_only=True, eq=False)
@@ -106,6 +135,8 @@ class UserPolicy:
     """Submodules of ``model`` that FSDP2 shards as one unit each (then the root); None: each
     child of ``model`` that holds parameters (a child sharing a parameter with another stays in
     the root). An accelerate file's ``fsdp_transformer_layer_cls_to_wrap`` wins over both."""
+    factory: str = dataclasses.field(default="", init=False, repr=False)
+    """The factory that built it (set by :func:`build_policy`), named by every error of its code."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
@@ -235,7 +266,90 @@ def build_policy(name: str, args: Mapping[str, Any] | None = None, *, seed: int 
         raise _raised(f"policy factory {name} raised", err) from None
     if not isinstance(policy, UserPolicy):
         raise PolicyError(f"policy factory {name} returned {type(policy).__name__}, not a scopebench.policy.UserPolicy")
+    policy.factory = name
     return policy
+
+
+def check_trainable(policy: UserPolicy, name: str = "") -> None:
+    """Refuse a model that training cannot change: no parameter, or every one frozen
+    (torch's optimizer said "optimizer got an empty parameter list").
+
+    Raises:
+        PolicyError: in one line naming the policy.
+    """
+    params = list(policy.model.parameters())
+    if any(p.requires_grad for p in params):
+        return
+    what = "no parameter" if not params else f"{len(params)} parameter tensor(s), all frozen (requires_grad=False)"
+    raise PolicyError(
+        f"{_who(policy, name)}model {type(policy.model).__name__} has {what}: training needs at least one "
+        "trainable parameter"
+    )
+
+
+# -- errors of the policy's own code ---------------------------------------------------------
+
+
+def _who(policy: UserPolicy, name: str = "") -> str:
+    name = name or policy.factory
+    return f"policy {name}: " if name else ""
+
+
+def _one_line(who: str, phase: str, err: BaseException, kind: type[PolicyError] = PolicyError) -> PolicyError:
+    """``policy <name>: <phase> raised <Type>: <first line of its message>`` (one line)."""
+    text = str(err).strip()
+    first = text.partition("\n")[0] + (" ..." if "\n" in text else "")
+    return kind(f"{who}{phase} raised {type(err).__name__}" + (f": {first}" if first else ""))
+
+
+def _passes(err: BaseException) -> bool:
+    """Whether an exception of the policy's code passes as it is: already one line (ours), out
+    of memory (``find-max-batch`` catches it), or a peer rank's failure (the launcher names it)."""
+    import torch.distributed as dist
+
+    not_the_policy = (PolicyError, torch.OutOfMemoryError, MemoryError, getattr(dist, "DistError", PolicyError))
+    return isinstance(err, not_the_policy)
+
+
+def _loss_phase(err: BaseException, model: nn.Module) -> str:
+    """``forward`` when ``err`` went through ``model``'s ``__call__`` (the loss called the model,
+    wrapped or not, and its forward raised), else ``loss``."""
+    tb = err.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name in ("_call_impl", "_wrapped_call_impl") and frame.f_locals.get("self") is model:
+            return "forward"
+        tb = tb.tb_next
+    return "loss"
+
+
+def policy_sample(policy: UserPolicy, index: int, name: str = "") -> Any:
+    """``policy.dataset[index]``; an exception it raises becomes one line naming the policy and
+    the index (:class:`PolicyDataError`, the exception chained)."""
+    return _sample(policy.dataset, index, _who(policy, name))
+
+
+def _sample(dataset: Any, index: int, who: str) -> Any:
+    try:
+        return dataset[index]
+    except Exception as err:
+        if _passes(err):
+            raise
+        raise _one_line(who, f"dataset[{index}]", err, PolicyDataError) from err
+
+
+class _AttributedDataset(torch.utils.data.Dataset):
+    """The policy's dataset as its DataLoader sees it: each sample through :func:`policy_sample`
+    (it holds the dataset and the policy's name only: workers started by ``spawn`` pickle it)."""
+
+    def __init__(self, dataset: Any, who: str) -> None:
+        self.dataset, self.who = dataset, who
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return _sample(self.dataset, index, self.who)
 
 
 # -- running it ---------------------------------------------------------------------------
@@ -263,12 +377,19 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> A
 
 def policy_loss(policy: UserPolicy, model: nn.Module, batch: Any, name: str = "") -> tuple[torch.Tensor, dict]:
     """``policy.loss(model, batch)`` as ``(loss, terms)``, refused unless the loss is a scalar
-    tensor with a gradient (the checks read attributes only: no device sync)."""
-    out = policy.loss(model, batch)
+    tensor with a gradient and every term a number or a 0-d tensor (the checks read attributes
+    only: no device sync). An exception of the loss or the model's forward is refused in one
+    line naming the policy, the phase and the exception (chained)."""
+    try:
+        out = policy.loss(model, batch)
+    except Exception as err:
+        if _passes(err):
+            raise
+        raise _one_line(_who(policy, name), _loss_phase(err, model), err) from err
     terms: Mapping = {}
     if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
         out, terms = out
-    who = f"policy {name}: " if name else ""
+    who = _who(policy, name)
     if not isinstance(out, torch.Tensor):
         raise PolicyError(
             f"{who}loss(model, batch) returned {type(out).__name__}; expected a scalar tensor or (scalar, {{name: float}})"
@@ -283,6 +404,15 @@ def policy_loss(policy: UserPolicy, model: nn.Module, batch: Any, name: str = ""
     bad = [k for k in terms if not isinstance(k, str) or not k.isidentifier()]
     if bad:
         raise PolicyError(f"{who}loss term names must be identifiers (they become columns), got {bad}")
+    for key, value in terms.items():
+        scalar = isinstance(value, torch.Tensor) and value.ndim == 0
+        if not scalar and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            from scopebench.validate import quote
+
+            shown = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else quote(value)
+            raise PolicyError(
+                f"{who}loss term {key!r} is {shown} ({type(value).__name__}); expected a float or a 0-d tensor"
+            )
     return out, dict(terms)
 
 
@@ -292,7 +422,7 @@ def fixed_batch(policy: UserPolicy, batch_size: int) -> Any:
 
     from scopebench.policy.dataset import eval_indices
 
-    samples = [policy.dataset[i] for i in eval_indices(len(policy.dataset), batch_size)]
+    samples = [policy_sample(policy, i) for i in eval_indices(len(policy.dataset), batch_size)]
     return (policy.collate_fn or default_collate)(samples)
 
 
@@ -328,7 +458,7 @@ def measure_flops_per_sample(policy: UserPolicy, device: torch.device, name: str
     from torch.utils.flop_counter import FlopCounterMode
 
     model = policy.model
-    batch = prepare_batch(policy, (policy.collate_fn or default_collate)([policy.dataset[0]]), device)
+    batch = prepare_batch(policy, (policy.collate_fn or default_collate)([policy_sample(policy, 0, name)]), device)
     buffers = {key: b.detach().clone() for key, b in model.named_buffers()}
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -355,13 +485,14 @@ def make_policy_loader(
     """The training ``DataLoader`` of a policy's dataset: a seeded sampler whose position a checkpoint
     resumes (:class:`~scopebench.policy.dataset.WeightedMixtureSampler` over one dataset), the
     policy's ``collate_fn``, workers kept between epochs, prefetch, pinned memory on CUDA; a last
-    incomplete batch is dropped. accelerate's ``prepare`` then hands each rank its share."""
+    incomplete batch is dropped. accelerate's ``prepare`` then hands each rank its share. A
+    sample's exception is refused naming the policy and the index (:func:`policy_sample`)."""
     from torch.utils.data import DataLoader, default_collate
 
     from scopebench.policy.dataset import WeightedMixtureSampler
 
     return DataLoader(
-        policy.dataset,
+        _AttributedDataset(policy.dataset, _who(policy)),
         batch_size=batch_size,
         sampler=WeightedMixtureSampler([len(policy.dataset)], seed=seed),
         num_workers=num_workers,

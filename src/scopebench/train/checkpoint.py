@@ -395,6 +395,7 @@ def load_checkpoint(
             f"backend={backend.name} on {world_size}: resume with the same backend and number of ranks, or "
             f"`scopebench convert-checkpoint {checkpoint}` for its weights alone (model.safetensors)"
         )
+    backend.check_shards(checkpoint, world_size)
     with data_only_loading():  # accelerate and DeepSpeed's engine would unpickle anything
         accelerator.load_state(str(checkpoint))
         backend.load(*(state or (None, None)), checkpoint)
@@ -412,11 +413,17 @@ def consolidate(checkpoint: str | Path) -> Path:
 
     Raises:
         ValueError: a damaged file, or one that holds pickled code, named.
+        FileNotFoundError: a shard missing from the folder and from the manifest (the
+            backend's :meth:`~scopebench.train.backends.TrainingBackend.check_shards`, DCP's
+            ``.metadata`` for FSDP2 / HSDP), named.
     """
     checkpoint = resolve_checkpoint(checkpoint)
     verify_files(checkpoint)
     target = checkpoint / MODEL_FILE
-    state = _recorded_backend(read_step_file(checkpoint)).consolidated_state(checkpoint)
+    meta = read_step_file(checkpoint)
+    backend = _recorded_backend(meta)
+    backend.check_shards(checkpoint, int(meta.get("world_size", 1)))
+    state = backend.consolidated_state(checkpoint)
     if state is None:
         return target
     from safetensors.torch import save

@@ -120,10 +120,25 @@ def read_dcp_metadata(path: str | Path) -> Any:
 
 
 def checked_reader(folder: str | Path) -> Any:
-    """A :class:`DataOnlyReader` of ``folder`` whose metadata was read once here: DCP itself
-    folds a reader's error into an ``AssertionError`` of every rank's attempts."""
-    reader = _data_only_reader_class()(Path(folder))
-    reader.read_metadata()
+    """A :class:`DataOnlyReader` of ``folder`` whose metadata was read once here, and every
+    shard file it names found: DCP itself folds a reader's error into an ``AssertionError``
+    or a ``CheckpointException`` of every rank's attempts, two tracebacks long.
+
+    Raises:
+        ValueError: the metadata holds more than data (:func:`read_dcp_metadata`).
+        FileNotFoundError: a shard the metadata names is missing, named.
+    """
+    folder = Path(folder)
+    reader = _data_only_reader_class()(folder)
+    metadata = reader.read_metadata()
+    names = {getattr(item, "relative_path", None) for item in (metadata.storage_data or {}).values()}
+    missing = sorted(name for name in names if isinstance(name, str) and not (folder / name).is_file())
+    if missing:
+        raise FileNotFoundError(
+            f"{folder / missing[0]}: missing, {folder / '.metadata'} names it"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            + ": the checkpoint is damaged"
+        )
     return reader
 
 

@@ -27,46 +27,38 @@ unprotected (the launcher normally stops them).
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
-import socket
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from scopebench.atomic import FileLock, read_lock_record
 
 __all__ = ["LOCK_FILE", "OWNER_ENV", "RunFolderLock", "own_run_folder", "read_owner"]
 
 LOCK_FILE = ".scopebench_run.lock"
 #: The owner's record (JSON), handed by the owner to the ranks it launches.
 OWNER_ENV = "SCOPEBENCH_TRAIN_RUN_OWNER"
-#: ``flock`` errors saying another descriptor holds the lock (the rest: no locking here).
-_HELD = (errno.EAGAIN, errno.EACCES)
 
 
 def read_owner(output_dir: str | Path) -> dict[str, Any] | None:
     """The record in ``output_dir``'s lock file; None when there is none or it is unreadable
     (its holder has just created it and not yet written it)."""
-    try:
-        owner = json.loads((Path(output_dir) / LOCK_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return owner if isinstance(owner, dict) else None
+    return read_lock_record(Path(output_dir) / LOCK_FILE)
 
 
 class RunFolderLock:
-    """The lock on one output folder, held from :meth:`acquire` to :meth:`release`.
+    """The lock on one output folder, held from :meth:`acquire` to :meth:`release`
+    (a :class:`scopebench.atomic.FileLock` on :data:`LOCK_FILE`).
 
     Attributes:
         path: The lock file.
         owner: The record written into it (``pid``, ``host``, ``started``).
     """
 
-    def __init__(self, path: Path, fd: int | None, owner: dict[str, Any]) -> None:
-        self.path, self._fd, self.owner = path, fd, owner
+    def __init__(self, lock: FileLock) -> None:
+        self._lock, self.path, self.owner = lock, lock.path, lock.record
 
     @classmethod
     def acquire(cls, output_dir: str | Path) -> RunFolderLock:
@@ -77,45 +69,20 @@ class RunFolderLock:
         """
         folder = Path(output_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / LOCK_FILE
-        owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as err:
-                os.close(fd)
-                if err.errno in _HELD:
-                    raise ValueError(_busy(folder)) from None
-                # A file system without flock (some Lustre mounts): train, unprotected, rather
-                # than refuse every run there.
-                print(
-                    f"scopebench train: warning: cannot lock {path} ({err.strerror}): a second run into "
-                    f"output_dir {folder} would not be detected",
-                    file=sys.stderr,
-                )
-                return cls(path, None, owner)
-            # The previous holder removes the file before it unlocks: a lock on a removed
-            # file protects nothing (a third run creates a new one), so open it again.
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(path))
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, (json.dumps(owner) + "\n").encode())
-        return cls(path, fd, owner)
+
+        def unprotected(err: OSError) -> str:
+            return (
+                f"scopebench train: warning: cannot lock {folder / LOCK_FILE} ({err.strerror}): a second run into "
+                f"output_dir {folder} would not be detected"
+            )
+
+        return cls(
+            FileLock.acquire(folder / LOCK_FILE, busy=lambda owner: _busy(folder, owner), unprotected=unprotected)
+        )
 
     def release(self) -> None:
-        """Remove the lock file, then unlock it (in this order: see :meth:`acquire`)."""
-        if self._fd is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-        os.close(self._fd)
-        self._fd = None
+        """Remove the lock file, then unlock it (:meth:`scopebench.atomic.FileLock.release`)."""
+        self._lock.release()
 
 
 def _handed_owner() -> dict[str, Any] | None:
@@ -127,8 +94,7 @@ def _handed_owner() -> dict[str, Any] | None:
     return owner if isinstance(owner, dict) else None
 
 
-def _busy(folder: Path) -> str:
-    owner = read_owner(folder)
+def _busy(folder: Path, owner: dict[str, Any] | None) -> str:
     if owner is None:
         who = "whose pid is not written yet: it is starting"
     else:

@@ -200,10 +200,11 @@ def audit_parameters(settings: TrainSettings, *, dataset_root: str | Path, chunk
     """One forward + backward of the run's model on the run's first batch, on one device
     (no DDP): which parameters get no gradient (:func:`scopebench.policy.audit.find_unused_parameters`)."""
     from scopebench.policy.audit import find_unused_parameters
-    from scopebench.policy.user import make_policy_loader, policy_loss, prepare_batch
+    from scopebench.policy.user import check_trainable, make_policy_loader, policy_loss, prepare_batch
 
     device = resolve_device(settings.device)
     policy = run_policy(settings, dataset_root=dataset_root, chunk_size=chunk_size)
+    check_trainable(policy)
     loader = make_policy_loader(policy, min(settings.batch_size, len(policy.dataset)), seed=settings.seed)
     model = policy.model.to(device)
     batch = prepare_batch(policy, next(iter(loader)), device)
@@ -391,10 +392,13 @@ class PolicyTrainRun(RankRun):
     def _check_policy(self) -> None:
         """A user policy's dataset against the batch, and its model states against the free memory."""
         from scopebench.policy.dataset import check_batch_fits
+        from scopebench.policy.user import check_trainable
 
         s, policy = self.settings, self.policy
         if s.policy == "pi05":
             return
+        if self.task == "train":
+            check_trainable(policy)
         check_batch_fits(s.batch_size, len(policy.dataset), self.world_size, f"the dataset of policy {s.policy}")
         if self.task == "train" and s.check_memory:
             params = sum(p.numel() for p in policy.model.parameters())

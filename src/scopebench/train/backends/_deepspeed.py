@@ -12,8 +12,10 @@ included); with ``bf16`` the weights and gradients are bf16. Checkpoints are Dee
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from scopebench.train.backends.base import ADAMW, PRECISIONS, RNG_FILES, TrainingBackend, bytes_per_element
@@ -144,6 +146,25 @@ class ZeroBackend(TrainingBackend):
             "steps_per_print": _NEVER,
             "wall_clock_breakdown": False,
         }
+
+    def check_shards(self, checkpoint: Any, world_size: int) -> None:
+        """Each rank's optimizer shard, ``<tag>/..._pp_rank_<r>_..._optim_states.pt`` (the tag:
+        ``latest``'s): ``zero_to_fp32`` only counts them ("Expected 2 of '*_optim_states.pt' ...
+        but found 1 files") and DeepSpeed's engine fails on the missing one."""
+        checkpoint = Path(checkpoint)
+        try:
+            folder = checkpoint / (checkpoint / "latest").read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            return  # named before (resolve_checkpoint: ``latest`` missing) or by DeepSpeed
+        rank = re.compile(r"_pp_rank_(\d+)_")
+        found = {int(m.group(1)): p.name for p in folder.glob("*_optim_states.pt") if (m := rank.search(p.name))}
+        missing = [r for r in range(world_size) if r not in found]
+        if found and missing:
+            name = rank.sub(f"_pp_rank_{missing[0]}_", next(iter(found.values())), count=1)
+            raise FileNotFoundError(
+                f"{folder / name}: missing (the optimizer shard of rank {missing[0]} of {world_size}): "
+                "the checkpoint is damaged"
+            )
 
     def consolidated_state(self, checkpoint: Any) -> dict[str, Any]:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

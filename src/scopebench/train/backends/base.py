@@ -199,6 +199,14 @@ class TrainingBackend:
     def load(self, model: Any, optimizer: Any, folder: Any) -> None:
         """Every rank: read back what :meth:`save` wrote, as data only (nothing here)."""
 
+    def check_shards(self, checkpoint: Any, world_size: int) -> None:
+        """Name a shard file that ``world_size`` ranks wrote and the checkpoint lacks, before a
+        library reads the shards (nothing to check here).
+
+        Raises:
+            FileNotFoundError: the missing file, named.
+        """
+
     def consolidated_state(self, checkpoint: Any) -> dict[str, Any] | None:
         """The full fp32 weights of a checkpoint's shards, on one process; None when the
         checkpoint already holds :data:`MODEL_FILE`."""
