@@ -13,6 +13,11 @@ the parquet holds ``objective_<phase>_time_sec`` etc.
 
 from benchopt import BaseObjective
 
+from scopebench.runs import own_job_folder
+
+# A Submitit folder of this run's own: a plain `benchopt run` never reads another run's result.
+own_job_folder()
+
 
 class Objective(BaseObjective):
     name = "pi05 policy"

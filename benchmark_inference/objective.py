@@ -9,6 +9,11 @@ the estimate after ``k`` iterations and carries the profiler metrics of iteratio
 
 from benchopt import BaseObjective
 
+from scopebench.runs import own_job_folder
+
+# A Submitit folder of this run's own: a plain `benchopt run` never reads another run's result.
+own_job_folder()
+
 
 class Objective(BaseObjective):
     name = "Imaging inference"

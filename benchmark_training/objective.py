@@ -14,6 +14,11 @@ profiler iteration ``k - 1``; the row at ``stop_val = 0`` scores the untrained n
 
 from benchopt import BaseObjective
 
+from scopebench.runs import own_job_folder
+
+# A Submitit folder of this run's own: a plain `benchopt run` never reads another run's result.
+own_job_folder()
+
 
 class Objective(BaseObjective):
     name = "unrolled_pnp_training"

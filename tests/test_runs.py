@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -111,7 +112,7 @@ def test_each_run_gets_its_own_submitit_folder():
     from scopebench import runs
 
     call = "benchopt(prog_name='benchopt')"
-    report = "print(Benchmark.get_slurm_folder(None))"
+    report = "from benchopt.benchmark import Benchmark; print(Benchmark.get_slurm_folder(None))"
     program = runs._BENCHOPT_TIMED.replace(call, report)
     out = subprocess.run([sys.executable, "-c", program, "/x/benchopt_run/r1", "", ""], capture_output=True, text=True)
     assert out.stdout.strip() == "/x/benchopt_run/r1", out.stderr
@@ -122,6 +123,37 @@ def test_each_run_gets_its_own_submitit_folder():
     assert folder.parent == REPO / "benchmark_inference" / "benchopt_run"
     assert runs._benchopt_program(folder, 1, None)[2:] == [str(folder), "1", ""]
     assert runs.new_run_id() != runs.new_run_id()
+
+
+OWN_FOLDER = """
+import sys, types
+from benchopt.benchmark import Benchmark
+from scopebench.runs import own_job_folder
+bench = types.SimpleNamespace(benchmark_dir=sys.argv[1])
+own_job_folder()
+first = Benchmark.get_slurm_folder(bench)
+own_job_folder()  # a second import of an objective keeps the run's folder
+print(first, Benchmark.get_slurm_folder(bench))
+"""
+
+
+def test_a_plain_benchopt_run_of_the_suite_gets_a_folder_of_its_own(tmp_path):
+    """``own_job_folder()`` (each objective.py calls it) picks a new run folder once per
+    process, keeps it for every executor, and says where; benchopt's own is the fixed one."""
+    import subprocess
+    import sys
+
+    outs = [
+        subprocess.run([sys.executable, "-c", OWN_FOLDER, str(tmp_path)], capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    folders = [out.stdout.split() for out in outs]
+    for (first, again), out in zip(folders, outs):
+        assert first == again and Path(first).parent == tmp_path / "benchopt_run", out.stdout
+        assert f"this run's Submitit folder (scripts, logs, results): {first}" in out.stderr
+    assert folders[0][0] != folders[1][0]  # two runs, two folders
+    for objective in ("objective.py", "benchmark_inference/objective.py", "benchmark_training/objective.py"):
+        assert "\nown_job_folder()\n" in (REPO / objective).read_text(), objective
 
 
 @pytest.mark.parametrize("key", ["submitit_poll_sec", "submitit_result_wait_sec"])

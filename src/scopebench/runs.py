@@ -18,7 +18,10 @@ With a submitit ``--parallel-config`` each run gets its own Submitit folder,
 result file it finds as its job's: when job ids start again (a cluster whose state was
 reset, two clusters sharing a home) a run sharing the fixed folder reads an **older run's**
 result. In a folder of its own a result can only come from a job this run submitted. The
-run id is in the parquet's metadata (``run_id``, ``job_folder``), next to the run's logs.
+suite's three benchmarks install the folder themselves (:func:`own_job_folder`, called by
+their ``objective.py``), so a plain ``benchopt run`` gets one too and says where on stderr;
+through :func:`run_benchopt` the run id is also in the parquet's metadata (``run_id``,
+``job_folder``), next to the run's logs.
 Jobs SLURM still holds when benchopt is done are cancelled; a failed run's error quotes
 ``scontrol show job`` of each, and its parquet (if any) is marked ``partial``.
 """
@@ -48,6 +51,7 @@ __all__ = [
     "TruncatedRunWarning",
     "job_folder",
     "new_run_id",
+    "own_job_folder",
     "read_run_metadata",
     "run_benchopt",
     "timeout_messages",
@@ -131,6 +135,34 @@ def job_folder(benchmark: str | Path, run_id: str) -> Path:
     return Path(benchmark).resolve() / cluster.JOB_FOLDER / run_id
 
 
+def own_job_folder(folder: str | Path | None = None) -> None:
+    """Give this ``benchopt run`` process a Submitit folder of its own, under the benchmark's
+    ``benchopt_run/``: ``folder``, else :func:`job_folder` of a new run id, chosen when
+    benchopt first asks for it (``Benchmark.get_slurm_folder``, once per executor; the same
+    folder for every executor of the run) and named on stderr.
+
+    The suite's ``objective.py`` files call it when benchopt imports them, before any job is
+    submitted, so a plain ``benchopt run`` never takes another run's result file for its
+    job's (the module docstring); :func:`run_benchopt`'s program calls it first with its
+    folder, and the objective's call then keeps that one. Harmless where no job is
+    submitted (a local run, a job importing the objective).
+    """
+    from benchopt.benchmark import Benchmark
+
+    if folder is None and getattr(Benchmark.get_slurm_folder, "scopebench_own", False):
+        return  # installed already, by run_benchopt's program or an earlier import
+    chosen: list[Path] = [Path(folder)] if folder is not None else []
+
+    def get_slurm_folder(self) -> Path:
+        if not chosen:
+            chosen.append(job_folder(self.benchmark_dir, new_run_id()))
+            print(f"scopebench: this run's Submitit folder (scripts, logs, results): {chosen[0]}", file=sys.stderr)
+        return chosen[0]
+
+    get_slurm_folder.scopebench_own = True
+    Benchmark.get_slurm_folder = get_slurm_folder
+
+
 def _job_errors(folder: Path, since: float, limit: int = 3, chars: int = 2000) -> list[str]:
     """Ends of the Submitit job error logs (``<run's job folder>/*_log.err``) written since ``since``.
 
@@ -182,13 +214,13 @@ STATE_CHECK_MIN_SEC = 10.0
 #:   counts as failed: 15 s, for shared file systems that show a file late.
 _BENCHOPT_TIMED = "\n".join(
     [
-        "import functools, pathlib, sys",
+        "import functools, sys",
         "import submitit.core.core, submitit.helpers",
-        "from benchopt.benchmark import Benchmark",
+        "from scopebench.runs import own_job_folder",
         "from benchopt.cli import benchopt",
         "from benchopt.parallel_backends import slurm_executor",
         "folder, poll, wait = sys.argv.pop(1), sys.argv.pop(1), sys.argv.pop(1)",
-        "Benchmark.get_slurm_folder = lambda self: pathlib.Path(folder)",
+        "own_job_folder(folder)",
         "if poll:",
         "    slurm_executor.as_completed = functools.partial(",
         "        submitit.helpers.as_completed, poll_frequency=float(poll))",

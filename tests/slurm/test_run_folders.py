@@ -8,9 +8,19 @@ run A (a cell its solver skips, two tasks), the cluster restarted with the same 
 id, run B (a valid cell, one task) — B must report its own rows, not A's skip. In this
 order the old result is there before B's job starts, so a shared folder hands it to B
 every time (the other order only when A's second task ends before its first one writes).
+
+Both interfaces: :func:`scopebench.runs.run_benchopt`, and a plain ``benchopt run`` as
+users type it (the benchmark's ``objective.py`` installs the folder:
+:func:`scopebench.runs.own_job_folder`).
 """
 
 from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -40,36 +50,54 @@ def _config(tmp_path, name: str) -> str:
     return str(path)
 
 
-def test_a_reset_cluster_never_hands_a_run_an_older_runs_result(slurm_clusters, tmp_path):
+def _plain_benchopt(config: str, parallel: Path, output: Path, env: dict) -> tuple[str, Path]:
+    """``benchopt run`` as a user types it: its output, and the Submitit folder it named."""
+    cmd = [sys.executable, "-m", "benchopt", "run", str(BENCHMARK), "--config", config, "--no-plot", "--no-display"]
+    cmd += ["--parallel-config", str(parallel), "--output", str(output)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+    log = proc.stdout + proc.stderr
+    named = re.findall(r"this run's Submitit folder \(scripts, logs, results\): (\S+)", log)
+    assert len(named) == 1, log[-3000:]
+    return log, Path(named[0])
+
+
+@pytest.mark.parametrize("interface", ["run_benchopt", "benchopt run"])
+def test_a_reset_cluster_never_hands_a_run_an_older_runs_result(slurm_clusters, tmp_path, interface):
     slurm_clusters.close()  # this test starts its own cluster twice, with the same job ids
     jobs = JobFolder(BENCHMARK)
-    runs = {}
+    logs, folders, outputs = {}, {}, {}
     try:
         for name in ("A", "B"):
+            outputs[name] = tmp_path / f"{name}.parquet"
             with local_slurm(1, first_job_id=FIRST_JOB_ID) as cluster:
                 parallel = cluster_parallel_config("slurm.yml", cluster, tmp_path)
-                runs[name] = run_benchopt(
+                if interface == "benchopt run":
+                    env = {**os.environ, **cluster.env}
+                    logs[name], folders[name] = _plain_benchopt(_config(tmp_path, name), parallel, outputs[name], env)
+                    continue
+                run = run_benchopt(
                     BENCHMARK,
                     _config(tmp_path, name),
-                    output=tmp_path / f"{name}.parquet",
+                    output=outputs[name],
                     extra_args=["--parallel-config", str(parallel)],
                     env=cluster.env,
                     timeout_sec=300,
                     check=name == "B",
                     **SUBMITIT_TIMING,
                 )
-        b, a = runs["B"], runs["A"]
-        rows = pd.read_parquet(b.parquet)
-        assert len(rows) == 2 and rows["objective_psnr"].notna().all(), rows
+                logs[name], folders[name] = run.log, run.job_folder
+        rows = pd.read_parquet(outputs["B"])
+        assert len(rows) == 2 and rows["objective_psnr"].notna().all(), (rows, logs["B"][-3000:])
         # Run A's cell was skipped in its job, and B did not take A's skip for its own.
-        if a.parquet.exists():
-            assert pd.read_parquet(a.parquet).empty, pd.read_parquet(a.parquet)
-        assert "would only repeat rank 0's work" in a.log, a.log[-3000:]
-        assert "would only repeat rank 0's work" not in b.log, b.log[-3000:]
+        if outputs["A"].exists():
+            assert pd.read_parquet(outputs["A"]).empty, pd.read_parquet(outputs["A"])
+        assert "would only repeat rank 0's work" in logs["A"], logs["A"][-3000:]
+        assert "would only repeat rank 0's work" not in logs["B"], logs["B"][-3000:]
         # The ids did start again: both runs' only job is FIRST_JOB_ID, each in its own folder.
-        assert a.job_folder != b.job_folder and a.job_folder.parent == b.job_folder.parent
-        for run in (a, b):
-            assert sorted(p.name for p in run.job_folder.glob("*_submission.sh")) == [f"{FIRST_JOB_ID}_submission.sh"]
-        assert read_run_metadata(b.parquet)["job_folder"] == str(b.job_folder)
+        assert folders["A"] != folders["B"] and folders["A"].parent == folders["B"].parent == jobs.path
+        for folder in folders.values():
+            assert sorted(p.name for p in folder.glob("*_submission.sh")) == [f"{FIRST_JOB_ID}_submission.sh"]
+        if interface == "run_benchopt":
+            assert read_run_metadata(outputs["B"])["job_folder"] == str(folders["B"])
     finally:
         jobs.cleanup()
