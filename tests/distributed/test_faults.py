@@ -1,7 +1,8 @@
 """Faults of a local multi-process run, injected by the tests on 2 real gloo ranks.
 
 A killed worker fails the run quickly, naming the rank, its signal and its last
-iteration; a stopped worker fails it at the group timeout, naming the rank; a killed
+iteration; a stopped worker fails it at the group timeout, naming the rank, and so does
+one that hangs in its own code (with its stack); a killed
 rank 0 leaves no worker and no temporary folder behind; the local rendezvous listens on
 the loopback interface only.
 """
@@ -143,6 +144,26 @@ def test_stopped_worker_fails_at_the_group_timeout_naming_the_rank(worker_path):
         "rank 1 is stopped (SIGSTOP or a debugger) after iteration 4; no progress within group_timeout_sec=3 s"
     ), err.value
     assert gone(worker) and not run_dir.exists()
+
+
+def test_a_worker_hanging_in_its_own_code_is_named_with_its_stack(worker_path):
+    """Both ranks finished iteration 4; rank 1 then waits in its own code, rank 0 in the
+    all-reduce. Rank 0 times out; rank 1 neither fails nor leaves a note: named, with the
+    stack it wrote into its log when asked (it was gloo's bare timeout traceback)."""
+    from distributed.workers import HangingRun
+
+    run = HangingRun(nproc=2, device="cpu", group_timeout_sec=3.0)
+    with pytest.raises(RankFailure) as err:
+        with run:
+            worker = run.session.worker_pids[0]
+            run.loop(lambda: True)
+    text = str(err.value)
+    assert text.startswith(
+        "rank 1 hangs in its own code (or is too slow): it never reached the collective rank 0 waited for, "
+        "after iteration 4; no progress within group_timeout_sec=3 s\n"
+    ), text
+    assert "Stack (most recent call first):" in text and "in hang_in_user_code" in text, text
+    assert gone(worker) and not dist.is_initialized()
 
 
 def test_group_timeout_reaches_the_workers_and_defaults_by_launcher(monkeypatch):

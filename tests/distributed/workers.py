@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.distributed as dist
 
@@ -36,6 +38,27 @@ class CountingRun(RankRun):
 
 def run_counting(**kwargs):
     with CountingRun(**kwargs) as run:
+        run.loop(None)
+
+
+def hang_in_user_code():
+    """A user's code that never returns (waits on an event nobody sets)."""
+    threading.Event().wait()
+
+
+class HangingRun(CountingRun):
+    """Rank 1 stops in code of its own at iteration 5, before that iteration's all-reduce."""
+
+    worker_target = "distributed.workers:run_hanging"
+
+    def step(self, profiler):
+        if self.rank == 1 and profiler.iteration == 5:
+            hang_in_user_code()
+        super().step(profiler)
+
+
+def run_hanging(**kwargs):
+    with HangingRun(**kwargs) as run:
         run.loop(None)
 
 

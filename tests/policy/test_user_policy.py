@@ -103,6 +103,29 @@ class _Missing(torch.utils.data.Dataset):
 
 def dataset_raises():
     return UserPolicy(model=torch.nn.Linear(2, 1), loss=lambda model, batch: model(batch[0]).sum(), dataset=_Missing())
+
+
+class _TwoParts(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lm = torch.nn.Linear(2, 2)
+        self.head = torch.nn.Linear(2, 1)
+
+    def forward(self, x):
+        return self.head(self.lm(x))
+
+
+def calls_a_submodule(**extra):  # trains on one rank without the check; DDP's wrapper has no lm
+    return UserPolicy(
+        model=_TwoParts(),
+        loss=lambda model, batch: model.head(model.lm(batch[0])).sum(),
+        dataset=torch.utils.data.TensorDataset(torch.randn(8, 2)),
+        **extra,
+    )
+
+
+def calls_a_submodule_at_the_first_step():  # no FLOP count: the first call is the first step's
+    return calls_a_submodule(flops_per_sample=6)
 """
 
 
@@ -165,6 +188,15 @@ def _tool(args: list[str], capsys) -> tuple[int, str, str]:
             "profile-dataloader",
             r"policy .*:dataset_raises: dataset\[5\] raised KeyError: 'sample 5 is missing'$",
         ),
+        *[
+            (
+                f"{{bad}}:{factory}",
+                tool,
+                r"policy .*:calls_a_submodule\w*: loss\(model, batch\) never called model\(\.\.\.\): it must",
+            )
+            for factory in ("calls_a_submodule", "calls_a_submodule_at_the_first_step")
+            for tool in ("profile-step", "train")
+        ],
     ],
 )
 def test_a_bad_factory_is_refused_in_one_line_naming_it(bad, factory, tool, line, capsys, tmp_path):
@@ -175,6 +207,21 @@ def test_a_bad_factory_is_refused_in_one_line_naming_it(bad, factory, tool, line
     assert code == 2, err
     assert err.count("\n") == 1, err  # one line
     assert err.startswith(f"scopebench {tool}: ") and re.search(line, err), err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factory", ["calls_a_submodule", "calls_a_submodule_at_the_first_step"])
+def test_a_loss_that_bypasses_the_wrapper_is_named_on_two_ranks_too(bad, factory, capsys):
+    """On two ranks the loss meets DDP's wrapper (which has no ``lm``) or, with the FLOP count
+    first, the bare model: either way one line naming the contract, rank 0's own refusal (it
+    was rank 1's ``AttributeError`` traceback in the launcher's report)."""
+    args = ["profile-step", "--config", TINY, "--policy", f"{bad}:{factory}", "--nproc-per-node", "2"]
+    code, _, err = _tool([*args, "--steps", "2", "--warmup", "0"], capsys)
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert re.search(
+        r"loss\(model, batch\) (never called model|called model\.\w+)\(\.\.\.\): it must call model", err
+    ), err
 
 
 def test_the_policy_s_own_exception_is_chained_under_the_line_and_comes_back_from_a_worker(bad):

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import datetime
 import os
+import re
 import signal
 import socket
 import time
@@ -28,19 +29,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "STACK_SIGNAL",
     "RankReport",
     "announce_failure",
     "describe_exit",
+    "dump_stack",
     "launcher_reports",
     "log_tail",
     "node_name",
     "process_state",
     "read_progress",
     "silent_nodes",
+    "timed_out",
+    "wait_for_notes",
 ]
 
 #: Lines of a failed rank's log quoted in the run's error.
 LOG_TAIL_LINES = 25
+#: The signal on which a locally spawned worker writes its Python stack into its log
+#: (:mod:`scopebench.distributed.worker`; ranks of torchrun or SLURM keep SIGUSR1 as it is).
+STACK_SIGNAL = signal.SIGUSR1
+#: How long rank 0 waits for a hung rank's stack to reach its log.
+STACK_WAIT_SEC = 3.0
 #: How long a rank that saw its group fail tries to leave its note in rank 0's store.
 ANNOUNCE_TIMEOUT_SEC = 2.0
 
@@ -109,6 +119,9 @@ class RankReport:
     """The node a launcher's rank runs on (``SLURMD_NODENAME``, else its host name), when known."""
     silent: bool = False
     """A rank on another node that left no note after the group failed (:func:`announce_failure`)."""
+    hung: bool = False
+    """A live rank that left no note after rank 0 timed out waiting in a collective: it never
+    reached that collective (it runs its own code: hung, or slower than the group timeout)."""
 
     @property
     def behind(self) -> bool:
@@ -122,7 +135,7 @@ class RankReport:
         """Ended badly, is stopped, fell behind the others (a hang), or went silent."""
         if self.returncode is not None:
             return self.returncode != 0
-        return self.gone or self.state == "T" or self.behind or self.silent
+        return self.gone or self.state == "T" or self.behind or self.silent or self.hung
 
     def sentence(self, timeout_sec: float) -> str:
         """One line naming the rank, how it ended or where it hangs, and its last iteration.
@@ -136,6 +149,8 @@ class RankReport:
             'rank 2 on node gpu017 hangs or is too slow (the other ranks finished iteration 5) after iteration 3; no progress within group_timeout_sec=60 s'
             >>> RankReport(1, None, None, 5, 5, node="gpu018", silent=True).sentence(60)
             'rank 1 on node gpu018 is unreachable: no word from it after the group failed (its node is cut off or down) after iteration 5'
+            >>> RankReport(1, None, "S", 2, 2, hung=True).sentence(10)
+            'rank 1 hangs in its own code (or is too slow): it never reached the collective rank 0 waited for, after iteration 2; no progress within group_timeout_sec=10 s'
         """
         where = _where(self.last_iteration)
         who = f"rank {self.rank}" + (f" on node {self.node}" if self.node else "")
@@ -147,6 +162,8 @@ class RankReport:
             what = "is stopped (SIGSTOP or a debugger)"
         elif self.silent and not self.behind:
             return f"{who} is unreachable: no word from it after the group failed (its node is cut off or down) {where}"
+        elif self.hung and not self.behind:
+            what = "hangs in its own code (or is too slow): it never reached the collective rank 0 waited for,"
         elif self.culprit:
             what = f"hangs or is too slow (the other ranks finished iteration {self.lead_iteration})"
         else:
@@ -202,7 +219,7 @@ def launcher_reports(store, world_size: int, wait_sec: float = 0.0) -> list[Rank
                 node, pid = store.get(f"pid/{rank}").decode().rsplit(" ", 1)
                 where[rank] = (node, int(pid))
     remote = [rank for rank, (node, _) in where.items() if node != host]
-    noted = _wait_for_notes(store, remote, wait_sec)
+    noted = wait_for_notes(store, remote, wait_sec)
     reports = []
     for rank in range(1, world_size):
         node, pid = where.get(rank, (None, None))
@@ -225,7 +242,59 @@ def launcher_reports(store, world_size: int, wait_sec: float = 0.0) -> list[Rank
     return reports
 
 
-def _wait_for_notes(store, ranks: list[int], wait_sec: float) -> set[int]:
+#: Where a Python exception's messages say that a collective gave up waiting (gloo:
+#: ``Timed out waiting 60000ms for recv operation``; NCCL's watchdog: ``Watchdog caught
+#: collective operation timeout``; the store: ``Socket Timeout``).
+_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+
+
+def timed_out(error: BaseException | None) -> bool:
+    """Whether ``error`` (or an exception it was raised from or during) is a collective or
+    store operation that gave up at its timeout: this rank waited for a rank that never came.
+
+    :Examples:
+        >>> timed_out(RuntimeError("[gloo] Timed out waiting 10000ms for recv operation to complete"))
+        True
+        >>> timed_out(ValueError("batch_size must be >= 1")), timed_out(None)
+        (False, False)
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if _TIMED_OUT.search(str(error)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+#: A rank's Python stack, dumped into its log by :mod:`faulthandler` (``Stack (most recent
+#: call first):`` for one thread, ``Current thread ... (most recent call first):`` for all).
+STACK_MARK = "(most recent call first):"
+
+
+def dump_stack(pid: int, log: Path | None, wait_sec: float = STACK_WAIT_SEC) -> bool:
+    """Ask the spawned rank ``pid`` for its Python stack (:data:`STACK_SIGNAL`, which it gave
+    to :func:`faulthandler.register`) and wait up to ``wait_sec`` until its log holds a dump
+    written after the request. Returns whether one came."""
+    if log is None or not log.is_file():
+        return False
+    start = log.stat().st_size
+    try:
+        os.kill(pid, STACK_SIGNAL)
+    except OSError:
+        return False
+    deadline = time.monotonic() + wait_sec
+    while True:
+        with open(log, "rb") as fh:
+            fh.seek(start)
+            if STACK_MARK.encode() in fh.read():
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def wait_for_notes(store, ranks: list[int], wait_sec: float) -> set[int]:
     """The ``ranks`` that left ``failed/<rank>`` within ``wait_sec`` (polled)."""
     noted: set[int] = set()
     deadline = time.monotonic() + wait_sec

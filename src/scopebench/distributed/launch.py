@@ -28,8 +28,9 @@ import datetime
 import json
 import os
 import signal
+import sys
 
-from scopebench.distributed.faults import announce_failure, launcher_reports, silent_nodes
+from scopebench.distributed.faults import announce_failure, launcher_reports, silent_nodes, timed_out
 from scopebench.distributed.info import SPAWN_ENV, DistInfo, get_dist_info
 from scopebench.distributed.spawn import (
     WORKER_KWARGS_ENV,
@@ -252,10 +253,19 @@ class DistSession:
         import torch.distributed as dist
 
         global _REPORTING_FAILURE
+        error = sys.exc_info()[1] if failed else None  # this rank's own, when closed while it propagates
+        if failed and diagnose and isinstance(error, ValueError) and self.info.rank == 0:
+            # rank 0 refused an input of its own (a user policy's broken contract...): every rank
+            # makes the same refusal, and its one line says more than the others' exits
+            diagnose = False
         if failed and diagnose:
             _REPORTING_FAILURE = True
         spawn, self._spawn = self._spawn, None
         culprits = [r for r in spawn.diagnose() if r.culprit] if (spawn and failed and diagnose) else []
+        if spawn and failed and diagnose and not culprits and timed_out(error):
+            # rank 0 waited in a collective for a rank that never came, and none died or fell
+            # behind: a worker that neither fails at its own timeout nor leaves a note hangs
+            culprits = spawn.hung(min(NOTE_WAIT_SEC, self.timeout_sec))
         nodes = ""
         if not spawn and failed and diagnose and self._store is not None and self.info.rank != 0:
             announce_failure(self._store, self.info.rank)

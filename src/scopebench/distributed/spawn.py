@@ -25,6 +25,7 @@ every interface).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -37,7 +38,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from scopebench.distributed.faults import RankReport, log_tail, node_name, process_state, read_progress
+from scopebench.distributed.faults import (
+    RankReport,
+    dump_stack,
+    log_tail,
+    node_name,
+    process_state,
+    read_progress,
+    wait_for_notes,
+)
 from scopebench.distributed.info import SPAWN_ENV
 
 __all__ = [
@@ -302,6 +311,23 @@ class LocalSpawn:
             time.sleep(_POLL_SEC)
         progress = self._progress()
         return [self.report(i, progress) for i in range(len(self.procs))]
+
+    def hung(self, wait_sec: float) -> list[RankReport]:
+        """The workers that hang in their own code, after rank 0 timed out in a collective.
+
+        A worker that waited in that collective too fails at its own timeout and leaves a
+        note in the store (:func:`~scopebench.distributed.faults.announce_failure`, as it
+        closes its session); one that never reached it stays alive and silent. So each live,
+        running worker that leaves no note within ``wait_sec`` is named, with its Python
+        stack (:func:`~scopebench.distributed.faults.dump_stack`) at the end of its log.
+        """
+        live = [i for i, proc in enumerate(self.procs) if proc.poll() is None and process_state(proc.pid) != "T"]
+        noted = wait_for_notes(self.store, [self.ranks[i] for i in live], wait_sec)
+        silent = [i for i in live if self.ranks[i] not in noted]
+        for i in silent:
+            dump_stack(self.procs[i].pid, self.logs[i])
+        progress = self._progress()
+        return [dataclasses.replace(self.report(i, progress), hung=True) for i in silent]
 
     def reap(self, kill: bool) -> list[str]:
         """Wait for the workers (at most the group timeout), killing them at once if ``kill``.

@@ -5,7 +5,9 @@ process group announced in its environment, imports the target named in
 ``SCOPEBENCH_WORKER_TARGET`` (``"package.module:function"``) and calls it with the JSON
 keyword arguments of ``SCOPEBENCH_WORKER_KWARGS``. The target runs the same loop as rank
 0 without the benchopt callback (``profiler.iterate(None)`` follows rank 0's decisions).
-Exit status 0 on success; a traceback and status 1 on failure, which rank 0 reports.
+Exit status 0 on success; a traceback and status 1 on failure, which rank 0 reports. On
+:data:`~scopebench.distributed.faults.STACK_SIGNAL` (SIGUSR1) it writes its main thread's
+Python stack into its log and goes on: rank 0 asks a rank that hangs for it.
 
 A worker never outlives rank 0: it holds the read end of a pipe whose write end only rank
 0 holds (``SCOPEBENCH_LIFELINE_FD``). When rank 0 dies (killed, or crashed without
@@ -21,6 +23,7 @@ all its work succeeded, and rank 0 would report a failed worker.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import json
 import os
@@ -30,6 +33,7 @@ import sys
 import threading
 
 from scopebench.allocator import keep_freed_memory
+from scopebench.distributed.faults import STACK_SIGNAL
 from scopebench.distributed.info import SPAWN_ENV
 from scopebench.distributed.launch import WORKER_KWARGS_ENV, WORKER_TARGET_ENV, DistSession
 
@@ -74,6 +78,8 @@ def main() -> int:
         return 2
     if _lifeline() is not None:
         threading.Thread(target=_watch_rank0, name="scopebench-rank0-watch", daemon=True).start()
+    # rank 0 asks a rank that hangs for its stack, into this log (scopebench.distributed.faults.dump_stack)
+    faulthandler.register(STACK_SIGNAL, all_threads=False)
     module_name, func_name = target.split(":", 1)
     kwargs = json.loads(os.environ.get(WORKER_KWARGS_ENV, "{}"))
     try:

@@ -39,6 +39,7 @@ import dataclasses
 import importlib
 import importlib.util
 import numbers
+import re
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -137,6 +138,9 @@ class UserPolicy:
     the root). An accelerate file's ``fsdp_transformer_layer_cls_to_wrap`` wins over both."""
     factory: str = dataclasses.field(default="", init=False, repr=False)
     """The factory that built it (set by :func:`build_policy`), named by every error of its code."""
+    forward_checked: bool = dataclasses.field(default=False, init=False, repr=False)
+    """Whether a call of ``loss`` was seen calling ``model(...)`` (:func:`policy_loss` checks the
+    first calls, then no more)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
@@ -323,6 +327,27 @@ def _loss_phase(err: BaseException, model: nn.Module) -> str:
     return "loss"
 
 
+def _bypass(who: str, what: str) -> str:
+    """The line for a loss that does not go through ``model(...)`` (docs/policies.md's contract)."""
+    return (
+        f"{who}loss(model, batch) {what}: it must call model(...), the model it is given, whose forward calls "
+        "the rest (a submodule or method such as model.lm(...) bypasses the wrapper's forward, where DDP, "
+        "DeepSpeed and FSDP2 do their work, and a wrapper has no such attribute)"
+    )
+
+
+def _wrapper_lacks(err: BaseException, policy: UserPolicy, model: nn.Module) -> str | None:
+    """The attribute the loss asked of a wrapper (DDP, DeepSpeed's engine) that the policy's own
+    model has (``model.lm``: ``AttributeError: 'DistributedDataParallel' object has no attribute
+    'lm'``), else None."""
+    if not isinstance(err, AttributeError) or model is policy.model:
+        return None
+    found = re.search(r"object has no attribute '(\w+)'", str(err))
+    if found is None or not hasattr(policy.model, found.group(1)) or hasattr(model, found.group(1)):
+        return None
+    return found.group(1)
+
+
 def policy_sample(policy: UserPolicy, index: int, name: str = "") -> Any:
     """``policy.dataset[index]``; an exception it raises becomes one line naming the policy and
     the index (:class:`PolicyDataError`, the exception chained)."""
@@ -379,13 +404,32 @@ def policy_loss(policy: UserPolicy, model: nn.Module, batch: Any, name: str = ""
     """``policy.loss(model, batch)`` as ``(loss, terms)``, refused unless the loss is a scalar
     tensor with a gradient and every term a number or a 0-d tensor (the checks read attributes
     only: no device sync). An exception of the loss or the model's forward is refused in one
-    line naming the policy, the phase and the exception (chained)."""
+    line naming the policy, the phase and the exception (chained).
+
+    The contract that ``loss`` calls ``model(...)`` (the wrapper's forward, where DDP, DeepSpeed
+    and FSDP2 work) is checked on one rank as on several: until a call is seen calling it, a
+    forward pre-hook on ``policy.model`` watches each call, and a call that never reaches it
+    (``model.lm(...)``) is refused naming the contract, as is the ``AttributeError`` of a
+    wrapper that lacks the attribute."""
+    seen: list[bool] = []
+    hook = None
+    if not policy.forward_checked:  # until a call is seen calling model(...): a hook on its forward
+        hook = policy.model.register_forward_pre_hook(lambda module, args: seen.append(True))
     try:
         out = policy.loss(model, batch)
     except Exception as err:
         if _passes(err):
             raise
+        if (attr := _wrapper_lacks(err, policy, model)) is not None:
+            raise PolicyError(_bypass(_who(policy, name), f"called model.{attr}(...)")) from err
         raise _one_line(_who(policy, name), _loss_phase(err, model), err) from err
+    finally:
+        if hook is not None:
+            hook.remove()
+    if hook is not None:
+        if not seen:
+            raise PolicyError(_bypass(_who(policy, name), "never called model(...)"))
+        policy.forward_checked = True
     terms: Mapping = {}
     if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
         out, terms = out
