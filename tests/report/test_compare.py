@@ -87,3 +87,89 @@ def test_real_quickstart_against_itself_and_against_a_slowed_copy(quickstarts, t
     df.to_parquet(tmp_path / "slow.parquet")
     result = compare(read([real]).configs, read([tmp_path / "slow.parquet"]).configs)
     assert flagged(result) == {"forward"}
+
+
+# --- the gate (compare --fail-slower / --fail-memory) ---------------------------------------
+
+
+def gated_run(tmp_path, name, seed, factor=1.0, n=40, other=None, rss=1000.0):
+    regions = {region: t * factor for region, t in REGIONS.items()}
+    extra = {"max_rss_mb": rss, **({"host_other_cpu_pct": other, "host_steal_pct": 0.0} if other is not None else {})}
+    return write(
+        tmp_path / f"{name}.parquet", config_rows("Pi05Train", regions, n=n, noise=0.05, seed=seed, extra=extra)
+    )
+
+
+def gate_of(capsys, a, b, *flags):
+    code = main(["compare", a, b, *flags, "--json"])
+    return code, json.loads(capsys.readouterr().out)["gate"]
+
+
+def test_the_gate_fails_a_30_percent_slower_b_and_passes_an_equal_one(tmp_path, capsys):
+    a = gated_run(tmp_path, "a", 1)
+    code, verdict = gate_of(capsys, a, gated_run(tmp_path, "slow", 2, factor=1.3), "--fail-slower", "10")
+    assert (code, verdict["verdict"], verdict["exit_status"]) == (1, "regression", 1)
+    assert {r["what"] for r in verdict["rows"] if r["verdict"] == "regression"} == {*REGIONS, "step"}
+    code, verdict = gate_of(capsys, a, gated_run(tmp_path, "same", 3), "--fail-slower", "10")
+    assert (code, verdict["verdict"]) == (0, "pass") and all(r["verdict"] == "pass" for r in verdict["rows"])
+    assert main(["compare", a, gated_run(tmp_path, "slow2", 4, factor=1.3), "--fail-slower", "10"]) == 1
+    text = capsys.readouterr().out
+    assert "gate: REGRESSION: step of Pi05Train" in text and text.rstrip().endswith(
+        "gate: REGRESSION (0 rows within their limits)"
+    )
+
+
+def test_a_contended_side_makes_the_gate_inconclusive(tmp_path, capsys):
+    a = gated_run(tmp_path, "a", 1, other=2.0)
+    code, verdict = gate_of(capsys, a, gated_run(tmp_path, "busy", 2, factor=1.3, other=45.0), "--fail-slower", "10")
+    assert (code, verdict["verdict"]) == (3, "inconclusive")
+    assert all("the run was contended (B: other processes took 45.0%" in r["reason"] for r in verdict["rows"])
+    both = gated_run(tmp_path, "both", 3, other=45.0)
+    code, verdict = gate_of(capsys, gated_run(tmp_path, "a_busy", 4, other=45.0), both, "--fail-slower", "10")
+    assert code == 3 and "A: other processes took 45.0%" in verdict["rows"][0]["reason"]
+
+
+def test_the_gate_says_inconclusive_for_too_few_iterations_or_a_straddled_limit(tmp_path, capsys):
+    few = gated_run(tmp_path, "few_a", 1, n=6), gated_run(tmp_path, "few_b", 2, n=6)
+    code, verdict = gate_of(capsys, *few, "--fail-slower", "10")
+    assert code == 3 and "from 5 / 5 iterations: the gate needs 10 on each side" in verdict["rows"][0]["reason"]
+    # B about 10 % slower against a 10 % limit: the interval holds the limit
+    code, verdict = gate_of(
+        capsys, gated_run(tmp_path, "a", 3), gated_run(tmp_path, "b", 4, factor=1.1), "--fail-slower", "step=10"
+    )
+    (step,) = verdict["rows"]
+    assert code == 3 and step["what"] == "step" and step["ci_low"] <= 1.1 < step["ci_high"], step
+    assert step["reason"].endswith("straddles the limit 1.100: rerun both sides with more iterations")
+
+
+def test_per_region_and_memory_thresholds(tmp_path, capsys):
+    a, slow = gated_run(tmp_path, "a", 1), gated_run(tmp_path, "slow", 2, factor=1.3)
+    code, verdict = gate_of(capsys, a, slow, "--fail-slower", "bwd=50")  # only bwd, at 50 %
+    assert (code, [r["what"] for r in verdict["rows"]]) == (0, ["bwd"])
+    code, verdict = gate_of(capsys, a, gated_run(tmp_path, "fat", 3, rss=1300.0), "--fail-memory", "20")
+    assert code == 1 and [(r["what"], r["verdict"]) for r in verdict["rows"]] == [("max_rss_mb", "regression")]
+    assert verdict["rows"][0]["reason"] == "peak 1300.0 MB against 1000.0 MB (B/A 1.300) above the limit 1.200"
+    assert gate_of(capsys, a, gated_run(tmp_path, "lean", 4, rss=1100.0), "--fail-memory", "20")[0] == 0
+    # a peak of 0 (max_gpu_mb of a CPU run) is no memory to judge: nothing gated, inconclusive
+    none = gated_run(tmp_path, "cpu_a", 5, rss=0.0), gated_run(tmp_path, "cpu_b", 6, rss=0.0)
+    assert gate_of(capsys, *none, "--fail-memory", "20") == (
+        3,
+        {"verdict": "inconclusive", "exit_status": 3, "rows": []},
+    )
+
+
+@pytest.mark.parametrize(
+    "flags, line",
+    [
+        (["--fail-slower", "ten"], "--fail-slower must be PCT or REGION=PCT with PCT a number >= 0, got 'ten'"),
+        (["--fail-slower", "=5"], "--fail-slower must be PCT or REGION=PCT"),
+        (["--fail-memory", "-1"], "--fail-memory must be"),
+    ],
+)
+def test_the_gate_refuses_bad_thresholds_and_unreadable_input_with_2(tmp_path, capsys, flags, line):
+    a = gated_run(tmp_path, "a", 1)
+    assert main(["compare", a, a, *flags]) == 2
+    assert line in capsys.readouterr().err
+    (tmp_path / "broken.parquet").write_bytes(b"not a parquet file")
+    assert main(["compare", a, str(tmp_path / "broken.parquet"), "--fail-slower", "10"]) == 2
+    assert capsys.readouterr().err.startswith("scopebench compare: ")

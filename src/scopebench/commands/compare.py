@@ -12,9 +12,17 @@ Run: ``scopebench compare outputs/a.parquet outputs/b.parquet [--level 0.95] [--
 (each side a file or a folder of parquet files).
 
 ``--json`` prints ``{level, differences: {param: {a, b}}, rows: [{benchmark, config,
-region, n_a, n_b, median_a_ms, median_b_ms, ratio, ci_low, ci_high, change}],
-unmatched_a, unmatched_b}``. Exit status 0 when configurations matched (flagged or not),
-2 on a bad file or when nothing matched.
+region, n_a, n_b, median_a_ms, median_b_ms, ratio, ci_low, ci_high, change, contention}],
+memory: [{benchmark, config, column, max_a_mb, max_b_mb, ratio}], contended: {config: why},
+unmatched_a, unmatched_b}``, and with a threshold ``gate: {verdict, exit_status, rows:
+[{benchmark, config, what, limit, ratio, ci_low, ci_high, verdict, reason}]}``.
+
+As a CI gate (:func:`scopebench.report.compare.gate`): ``--fail-slower PCT`` gates every
+region and the step at ``PCT`` percent, ``--fail-slower REGION=PCT`` (repeatable) one region
+at its own threshold, ``--fail-memory PCT`` the peak memory columns. Exit status without a
+threshold: 0 when configurations matched (flagged or not); with one: 0 pass, 1 regression,
+3 inconclusive (a contended side, too few iterations, an interval straddling the limit);
+2 on a refused input (a bad file or threshold, nothing matched) either way.
 """
 
 from __future__ import annotations
@@ -33,22 +41,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--level", type=float, default=0.95, help="confidence level of the interval (default 0.95)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument(
+        "--fail-slower",
+        action="append",
+        default=[],
+        metavar="[REGION=]PCT",
+        help="gate: exit 1 when B is slower than A by more than PCT %% (every region and the step, or REGION), "
+        "3 when the comparison is inconclusive; repeatable",
+    )
+    parser.add_argument(
+        "--fail-memory",
+        type=float,
+        default=None,
+        metavar="PCT",
+        help="gate: exit 1 when a peak memory grew by > PCT %%",
+    )
 
 
 @refuses("compare")
 def run(args: argparse.Namespace) -> int:
     from scopebench.report.build import read
-    from scopebench.report.compare import compare, format_comparison
+    from scopebench.report.compare import compare, format_comparison, format_gate, gate
     from scopebench.validate import number
 
     level = number("level", args.level, low=0.0, high=1.0, low_open=True, high_open=True)
+    slower, regions = _thresholds(args.fail_slower)
+    memory = None if args.fail_memory is None else number("--fail-memory", args.fail_memory, low=0.0)
+    gated = slower is not None or bool(regions) or memory is not None
     a, b = read([args.a]), read([args.b])
     result = compare(a.configs, b.configs, level=level, seed=args.seed)
+    verdict = gate(result, slower_pct=slower, region_pct=regions, memory_pct=memory) if gated else None
     if args.json:
-        print_json(result.as_dict())
+        print_json({**result.as_dict(), **({"gate": verdict.as_dict()} if verdict else {})})
     else:
-        print(format_comparison(result))
+        print(format_comparison(result) + (f"\n{format_gate(verdict)}" if verdict else ""))
     if not result.rows:
         print("scopebench compare: no configuration of A matches one of B", file=sys.stderr)
         return REFUSED
-    return 0
+    return verdict.exit_status if verdict else 0
+
+
+def _thresholds(values: list[str]) -> tuple[float | None, dict[str, float]]:
+    """``--fail-slower`` values: ``PCT`` for every row, ``REGION=PCT`` for one (refused in one line).
+
+    :Examples:
+
+    >>> _thresholds(["10", "bwd=5", "step=2.5"])
+    (10.0, {'bwd': 5.0, 'step': 2.5})
+    >>> _thresholds(["ten"])
+    Traceback (most recent call last):
+    ValueError: --fail-slower must be PCT or REGION=PCT with PCT a number >= 0, got 'ten'
+    """
+    every: float | None = None
+    regions: dict[str, float] = {}
+    for value in values:
+        region, _, pct = value.rpartition("=")
+        try:
+            number = float(pct)
+        except ValueError:
+            number = float("nan")
+        if not (number >= 0 and number != float("inf")) or (value.count("=") and not region):
+            raise ValueError(f"--fail-slower must be PCT or REGION=PCT with PCT a number >= 0, got {value!r}")
+        if region:
+            regions[region] = number
+        else:
+            every = number
+    return every, regions

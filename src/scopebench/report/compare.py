@@ -15,18 +15,49 @@ unchanged row in twenty is flagged by chance; raise ``level`` for many regions.
 A matched pair whose sides ran under different contention (the host sampler's columns,
 :func:`scopebench.report.contention.ab_note`) gets a note under its block, and its
 flagged rows read ``slower?`` / ``faster?``: their interval is not a speed difference.
+
+The gate (:func:`gate`, ``compare --fail-slower PCT``, ``--fail-memory PCT``) turns the rows
+into one verdict for a CI job: **regression** when a row's whole interval lies above its
+limit (B slower than A by more than ``PCT`` %, at the interval's level) or a peak memory
+column of B exceeds A's by more than its ``PCT``; **inconclusive** when a row cannot say:
+either side ran contended, fewer than :data:`MIN_GATE_ITERATIONS` iterations on a side, or
+an interval that straddles the limit (wider than the threshold allows); else **pass**. Any
+regression makes the run's verdict a regression, else any inconclusive row makes it
+inconclusive. Exit status (:data:`GATE_EXIT`): 0 pass, 1 regression, 3 inconclusive.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scopebench import stats
 from scopebench.report.contention import ab_note, contention
 from scopebench.report.results import Configuration
 
-__all__ = ["Comparison", "Row", "compare", "format_comparison"]
+__all__ = [
+    "GATE_EXIT",
+    "MEMORY_COLUMNS",
+    "MIN_GATE_ITERATIONS",
+    "Comparison",
+    "Gate",
+    "GateRow",
+    "MemoryRow",
+    "Row",
+    "compare",
+    "format_comparison",
+    "format_gate",
+    "gate",
+]
+
+#: Peak memory columns the gate compares (``--fail-memory``): B's maximum over its recorded
+#: rows against A's.
+MEMORY_COLUMNS = ("max_rss_mb", "max_gpu_mb")
+#: A gated row with fewer matched iterations than this on either side is inconclusive.
+MIN_GATE_ITERATIONS = 10
+PASS, REGRESSION, INCONCLUSIVE = "pass", "regression", "inconclusive"
+#: ``compare``'s exit status for each verdict of the gate (2 stays a refused input).
+GATE_EXIT = {PASS: 0, REGRESSION: 1, INCONCLUSIVE: 3}
 
 
 @dataclass(frozen=True)
@@ -50,6 +81,21 @@ class Row:
     """Why this pair's interval is not a speed difference (different contention), else ``None``."""
 
 
+@dataclass(frozen=True)
+class MemoryRow:
+    """One peak memory column of one matched configuration: the maxima over the recorded rows."""
+
+    benchmark: str
+    config: str
+    column: str
+    max_a_mb: float
+    max_b_mb: float
+
+    @property
+    def ratio(self) -> float:
+        return self.max_b_mb / self.max_a_mb if self.max_a_mb > 0 else float("inf")
+
+
 @dataclass
 class Comparison:
     rows: list[Row]
@@ -58,12 +104,18 @@ class Comparison:
     unmatched_a: list[str]
     unmatched_b: list[str]
     level: float
+    memory: list[MemoryRow] = field(default_factory=list)
+    """The peak memory columns both sides of a pair hold."""
+    contended: dict[str, str] = field(default_factory=dict)
+    """Configuration (A's label) -> which sides ran contended and how (absent: neither)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "level": self.level,
             "differences": {k: {"a": a, "b": b} for k, (a, b) in self.differences.items()},
             "rows": [asdict(r) for r in self.rows],
+            "memory": [{**asdict(m), "ratio": m.ratio} for m in self.memory],
+            "contended": self.contended,
             "unmatched_a": self.unmatched_a,
             "unmatched_b": self.unmatched_b,
         }
@@ -97,6 +149,8 @@ def compare(a: list[Configuration], b: list[Configuration], level: float = 0.95,
     for c in b:
         index_b.setdefault(_key(c, ignore), []).append(c)
     rows: list[Row] = []
+    memory: list[MemoryRow] = []
+    contended: dict[str, str] = {}
     matched_b: set[int] = set()
     unmatched_a = []
     for ca in a:
@@ -107,7 +161,15 @@ def compare(a: list[Configuration], b: list[Configuration], level: float = 0.95,
         cb = candidates[0]
         matched_b.add(id(cb))
         sa, sb = _series(ca), _series(cb)
-        note = ab_note(contention(ca), contention(cb))
+        hosts = {"A": contention(ca), "B": contention(cb)}
+        note = ab_note(hosts["A"], hosts["B"])
+        busy = [f"{side}: {host.text()}" for side, host in hosts.items() if host is not None and host.contended]
+        if busy:
+            contended[ca.label] = "; ".join(busy)
+        for column in MEMORY_COLUMNS:
+            peaks = [max(c.values(column), default=None) for c in (ca, cb)]
+            if None not in peaks and min(peaks) > 0:  # a GPU column of a CPU run holds 0
+                memory.append(MemoryRow(ca.benchmark, ca.label, column, *peaks))
         for region in [r for r in sa if r in sb]:
             ratio, low, high = stats.median_ratio_ci(sa[region], sb[region], level=level, seed=seed)
             change = "slower" if low > 1.0 else "faster" if high < 1.0 else None
@@ -128,7 +190,123 @@ def compare(a: list[Configuration], b: list[Configuration], level: float = 0.95,
                 )
             )
     unmatched_b = [c.label for c in b if id(c) not in matched_b]
-    return Comparison(rows, differences, unmatched_a, unmatched_b, level)
+    return Comparison(rows, differences, unmatched_a, unmatched_b, level, memory, contended)
+
+
+# -- the gate --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GateRow:
+    """The verdict on one gated row: a region (or the step) or a peak memory column."""
+
+    benchmark: str
+    config: str
+    what: str
+    """The region, ``step``, or the memory column."""
+    limit: float
+    """The largest B/A that passes (1 + PCT / 100)."""
+    ratio: float
+    ci_low: float | None
+    ci_high: float | None
+    """The interval of a time row (None for memory: peaks have none)."""
+    verdict: str
+    reason: str
+
+
+@dataclass
+class Gate:
+    """The gate's verdict on a comparison: one of ``pass``, ``regression``, ``inconclusive``."""
+
+    verdict: str
+    rows: list[GateRow]
+
+    @property
+    def exit_status(self) -> int:
+        return GATE_EXIT[self.verdict]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "exit_status": self.exit_status, "rows": [asdict(r) for r in self.rows]}
+
+
+def gate(
+    result: Comparison,
+    *,
+    slower_pct: float | None = None,
+    region_pct: dict[str, float] | None = None,
+    memory_pct: float | None = None,
+) -> Gate:
+    """The gate's verdict (module docstring) on every row a threshold applies to.
+
+    Args:
+        result: :func:`compare`'s comparison.
+        slower_pct: Largest slow-down in percent that passes, for every region and the step.
+        region_pct: Region (or ``step``) -> its own threshold; with ``slower_pct`` None only
+            these regions are gated.
+        memory_pct: Largest growth of a peak memory column (:data:`MEMORY_COLUMNS`) in percent.
+
+    :Examples:
+
+    >>> row = Row("b", "PnP", "step", 30, 30, 10.0, 13.0, 1.3, 1.25, 1.36, "slower")
+    >>> gate(Comparison([row], {}, [], [], 0.95), slower_pct=10).verdict
+    'regression'
+    >>> gate(Comparison([row], {}, [], [], 0.95), slower_pct=40).verdict
+    'pass'
+    >>> gate(Comparison([row], {}, [], [], 0.95), slower_pct=30).rows[0].reason
+    'B/A 1.300, interval [1.250, 1.360] straddles the limit 1.300: rerun both sides with more iterations'
+    """
+    region_pct = dict(region_pct or {})
+    rows: list[GateRow] = []
+    for r in result.rows:
+        pct = region_pct.get(r.region, slower_pct)
+        if pct is None:
+            continue
+        limit = 1.0 + pct / 100.0
+        shown = f"B/A {r.ratio:.3f}, interval [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+        busy = result.contended.get(r.config)
+        if busy or r.contention:
+            verdict, reason = INCONCLUSIVE, f"{shown}, but the run was contended ({busy or r.contention})"
+        elif min(r.n_a, r.n_b) < MIN_GATE_ITERATIONS:
+            verdict = INCONCLUSIVE
+            reason = f"{shown} from {r.n_a} / {r.n_b} iterations: the gate needs {MIN_GATE_ITERATIONS} on each side"
+        elif r.ci_low > limit:
+            verdict, reason = REGRESSION, f"{shown} lies above the limit {limit:.3f} (B slower by more than {pct:g}%)"
+        elif r.ci_high <= limit:
+            verdict, reason = PASS, f"{shown} within the limit {limit:.3f}"
+        else:
+            verdict = INCONCLUSIVE
+            reason = f"{shown} straddles the limit {limit:.3f}: rerun both sides with more iterations"
+        rows.append(GateRow(r.benchmark, r.config, r.region, limit, r.ratio, r.ci_low, r.ci_high, verdict, reason))
+    if memory_pct is not None:
+        limit = 1.0 + memory_pct / 100.0
+        for m in result.memory:
+            shown = f"peak {m.max_b_mb:.1f} MB against {m.max_a_mb:.1f} MB (B/A {m.ratio:.3f})"
+            if m.ratio > limit:
+                verdict, reason = REGRESSION, f"{shown} above the limit {limit:.3f}"
+            else:
+                verdict, reason = PASS, f"{shown} within the limit {limit:.3f}"
+            rows.append(GateRow(m.benchmark, m.config, m.column, limit, m.ratio, None, None, verdict, reason))
+    verdicts = {row.verdict for row in rows}
+    verdict = REGRESSION if REGRESSION in verdicts else INCONCLUSIVE if INCONCLUSIVE in verdicts or not rows else PASS
+    return Gate(verdict, rows)
+
+
+def format_gate(result: Gate) -> str:
+    """The gate's lines: each row that did not pass, then the verdict.
+
+    :Examples:
+
+    >>> print(format_gate(Gate("pass", [GateRow("b", "PnP", "step", 1.1, 1.0, 0.98, 1.02, "pass", "ok")])))
+    gate: PASS (1 row within its limit)
+    """
+    lines = [f"gate: {r.verdict.upper()}: {r.what} of {r.config}: {r.reason}" for r in result.rows if r.verdict != PASS]
+    passed = sum(r.verdict == PASS for r in result.rows)
+    if not result.rows:
+        lines.append("gate: INCONCLUSIVE (no row to gate: no region, step or memory column matched a threshold)")
+    else:
+        within = "1 row within its limit" if passed == 1 else f"{passed} rows within their limits"
+        lines.append(f"gate: {result.verdict.upper()} ({within})")
+    return "\n".join(lines)
 
 
 def format_comparison(result: Comparison) -> str:
