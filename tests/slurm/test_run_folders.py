@@ -53,6 +53,7 @@ def _config(tmp_path, name: str) -> str:
 def _plain_benchopt(config: str, parallel: Path, output: Path, env: dict) -> tuple[str, Path]:
     """``benchopt run`` as a user types it: its output, and the Submitit folder it named."""
     cmd = [sys.executable, "-m", "benchopt", "run", str(BENCHMARK), "--config", config, "--no-plot", "--no-display"]
+    cmd += ["--no-cache"]  # benchopt would hand back its cached rows of an earlier run of the same cell
     cmd += ["--parallel-config", str(parallel), "--output", str(output)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
     log = proc.stdout + proc.stderr
