@@ -92,6 +92,13 @@ CASES = {
         [train(extra={"profiler_overhead_sec": 0.0005})],
         "= 63% of the step",
     ),
+    "profiler-too-costly: the steady state, not the start-up": (
+        "profiler-too-costly",
+        [train(extra={"profiler_overhead_sec": 0.02})],
+        # the first recorded iteration carries a one-off 20 ms: its mean says 16%, its median 0.1%
+        [train(n=5, extra={"profiler_overhead_sec": lambda i: 0.02 if i == 1 else 25e-6})],
+        "ms per iteration (median) = 63% of the step",
+    ),
     "compile-not-effective": (
         "compile-not-effective",
         [config_rows("Pi05Inference", {"prefill": 0.004, "denoise": 0.02}, params={"compile": "default"}, extra={"first_call_ratio": 1.3})],
@@ -227,3 +234,15 @@ def test_rank_imbalance_names_the_worst_region(tmp_path):
     extra = {"rank_skew_pct": 2.0, "bwd_rank_skew_pct": 30.0, "world_size": 2}
     (finding,) = [f for f in findings(tmp_path, "region", [train(extra=extra)]) if f.rule == "rank-imbalance"]
     assert "bwd skew 30.0%" in finding.message and "straggler not measured" in finding.message
+
+
+def test_the_phase_tables_state_the_profiler_s_steady_cost_and_its_start_up(tmp_path):
+    from scopebench.report.tables import format_config
+
+    rows = train(n=5, extra={"profiler_overhead_sec": lambda i: 0.02 if i == 1 else 25e-6})
+    (config,) = configurations(load_results([write(tmp_path / "cost.parquet", rows)]))
+    assert "\nprofiler cost: 25 µs / step (0.1% of the step) outside the clock; first recorded iteration 20.0 ms " in (
+        format_config(config)
+    )
+    (plain,) = configurations(load_results([write(tmp_path / "plain.parquet", train())]))
+    assert "profiler cost" not in format_config(plain)
