@@ -18,9 +18,8 @@ latency line (inference: mean / p50 / p95 / p99 per call) or the dataloader ceil
 
 from __future__ import annotations
 
-from typing import Any
-
 from dataclasses import dataclass
+from typing import Any
 
 from scopebench import stats
 from scopebench.report.contention import contention
