@@ -12,11 +12,12 @@ the parquet holds ``objective_<phase>_time_sec`` etc.
 """
 
 from benchopt import BaseObjective
+from benchopt.benchmark import Benchmark
 
 from scopebench.runs import own_job_folder
 
 # A Submitit folder of this run's own: a plain `benchopt run` never reads another run's result.
-own_job_folder()
+own_job_folder(Benchmark)
 
 
 class Objective(BaseObjective):

@@ -8,11 +8,12 @@ the estimate after ``k`` iterations and carries the profiler metrics of iteratio
 """
 
 from benchopt import BaseObjective
+from benchopt.benchmark import Benchmark
 
 from scopebench.runs import own_job_folder
 
 # A Submitit folder of this run's own: a plain `benchopt run` never reads another run's result.
-own_job_folder()
+own_job_folder(Benchmark)
 
 
 class Objective(BaseObjective):

@@ -13,11 +13,12 @@ profiler iteration ``k - 1``; the row at ``stop_val = 0`` scores the untrained n
 """
 
 from benchopt import BaseObjective
+from benchopt.benchmark import Benchmark
 
 from scopebench.runs import own_job_folder
 
 # A Submitit folder of this run's own: a plain `benchopt run` never reads another run's result.
-own_job_folder()
+own_job_folder(Benchmark)
 
 
 class Objective(BaseObjective):

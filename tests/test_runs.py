@@ -130,15 +130,15 @@ import sys, types
 from benchopt.benchmark import Benchmark
 from scopebench.runs import own_job_folder
 bench = types.SimpleNamespace(benchmark_dir=sys.argv[1])
-own_job_folder()
+own_job_folder(Benchmark)
 first = Benchmark.get_slurm_folder(bench)
-own_job_folder()  # a second import of an objective keeps the run's folder
+own_job_folder(Benchmark)  # a second import of an objective keeps the run's folder
 print(first, Benchmark.get_slurm_folder(bench))
 """
 
 
 def test_a_plain_benchopt_run_of_the_suite_gets_a_folder_of_its_own(tmp_path):
-    """``own_job_folder()`` (each objective.py calls it) picks a new run folder once per
+    """``own_job_folder(Benchmark)`` (each objective.py calls it) picks a new run folder once per
     process, keeps it for every executor, and says where; benchopt's own is the fixed one."""
     import subprocess
     import sys
@@ -153,7 +153,7 @@ def test_a_plain_benchopt_run_of_the_suite_gets_a_folder_of_its_own(tmp_path):
         assert f"this run's Submitit folder (scripts, logs, results): {first}" in out.stderr
     assert folders[0][0] != folders[1][0]  # two runs, two folders
     for objective in ("objective.py", "benchmark_inference/objective.py", "benchmark_training/objective.py"):
-        assert "\nown_job_folder()\n" in (REPO / objective).read_text(), objective
+        assert "\nown_job_folder(Benchmark)\n" in (REPO / objective).read_text(), objective
 
 
 @pytest.mark.parametrize("key", ["submitit_poll_sec", "submitit_result_wait_sec"])

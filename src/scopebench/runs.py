@@ -135,7 +135,7 @@ def job_folder(benchmark: str | Path, run_id: str) -> Path:
     return Path(benchmark).resolve() / cluster.JOB_FOLDER / run_id
 
 
-def own_job_folder(folder: str | Path | None = None) -> None:
+def own_job_folder(benchmark_class: Any, folder: str | Path | None = None) -> None:
     """Give this ``benchopt run`` process a Submitit folder of its own, under the benchmark's
     ``benchopt_run/``: ``folder``, else :func:`job_folder` of a new run id, chosen when
     benchopt first asks for it (``Benchmark.get_slurm_folder``, once per executor; the same
@@ -146,9 +146,13 @@ def own_job_folder(folder: str | Path | None = None) -> None:
     job's (the module docstring); :func:`run_benchopt`'s program calls it first with its
     folder, and the objective's call then keeps that one. Harmless where no job is
     submitted (a local run, a job importing the objective).
-    """
-    from benchopt.benchmark import Benchmark
 
+    Args:
+        benchmark_class: benchopt's ``benchopt.benchmark.Benchmark``, handed in by the caller
+            (the library itself never imports benchopt).
+        folder: This run's folder, else a new one under the benchmark's ``benchopt_run/``.
+    """
+    Benchmark = benchmark_class  # noqa: N806 (benchopt's class, patched in place)
     if folder is None and getattr(Benchmark.get_slurm_folder, "scopebench_own", False):
         return  # installed already, by run_benchopt's program or an earlier import
     chosen: list[Path] = [Path(folder)] if folder is not None else []
@@ -216,11 +220,12 @@ _BENCHOPT_TIMED = "\n".join(
     [
         "import functools, sys",
         "import submitit.core.core, submitit.helpers",
+        "from benchopt.benchmark import Benchmark",
         "from scopebench.runs import own_job_folder",
         "from benchopt.cli import benchopt",
         "from benchopt.parallel_backends import slurm_executor",
         "folder, poll, wait = sys.argv.pop(1), sys.argv.pop(1), sys.argv.pop(1)",
-        "own_job_folder(folder)",
+        "own_job_folder(Benchmark, folder)",
         "if poll:",
         "    slurm_executor.as_completed = functools.partial(",
         "        submitit.helpers.as_completed, poll_frequency=float(poll))",

@@ -295,7 +295,8 @@ def check_trainable(policy: UserPolicy, name: str = "") -> None:
 
 
 def _who(policy: UserPolicy, name: str = "") -> str:
-    name = name or policy.factory
+    # a stand-in with the dataset alone (tests, scripts) has no factory to name
+    name = name or getattr(policy, "factory", "")
     return f"policy {name}: " if name else ""
 
 
@@ -413,7 +414,7 @@ def policy_loss(policy: UserPolicy, model: nn.Module, batch: Any, name: str = ""
     wrapper that lacks the attribute."""
     seen: list[bool] = []
     hook = None
-    if not policy.forward_checked:  # until a call is seen calling model(...): a hook on its forward
+    if not getattr(policy, "forward_checked", True):  # until a call is seen calling model(...): a hook on its forward
         hook = policy.model.register_forward_pre_hook(lambda module, args: seen.append(True))
     try:
         out = policy.loss(model, batch)
