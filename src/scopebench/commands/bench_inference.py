@@ -95,6 +95,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         write_json,
     )
     from scopebench.profiler import ProfilerConfig
+    from scopebench.report.contention import measured_steps
     from scopebench.stats import summarize
 
     s = config.inference
@@ -147,6 +148,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
             "max_rss_mb": max(row.get("max_rss_mb", 0.0) for row in rows),
             "max_gpu_mb": max(row.get("max_gpu_mb", 0.0) for row in rows),
         },
+        **measured_steps(rows),
         "environment": environment_info(run.device),
     }
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
@@ -179,4 +181,6 @@ def format_report(report: dict) -> str:
         )
     mem = report["peak_memory"]
     lines.append(f"peak memory: rss {mem['max_rss_mb']:.0f} MB, gpu {mem['max_gpu_mb']:.0f} MB")
+    if report["contention"] is not None:
+        lines.append(report["contention"]["line"])
     return "\n".join(lines)

@@ -84,6 +84,7 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
         settings_dict,
     )
     from scopebench.profiler import ProfilerConfig
+    from scopebench.report.contention import measured_steps
     from scopebench.stats import median, percentile
 
     total = repeats * len(steps)
@@ -130,6 +131,7 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
         **verdict,
         "expert_share": expert / (fit["fixed_sec"] + expert) if verdict["fit_applies"] else None,
         "denoise_share": median(denoise[top]) / med[top],
+        **measured_steps(rows),
         "environment": environment_info(device),
     }
     return finish(format_report(report), report, json_path)
@@ -163,4 +165,8 @@ def format_report(report: dict) -> str:
         )
     else:
         lines += [f"the fit does not apply: {report['fit_reason']}", f"at N={top}: {denoise} of the call"]
+    host = report["contention"]
+    if host is not None:  # said after the fit: its points are what the machine's load disturbed
+        busy = ": the fit's points were measured on a busy machine" if host["contended"] else ""
+        lines.append(host["line"] + busy)
     return "\n".join(lines)

@@ -83,6 +83,7 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
 
     from scopebench.policy.dataset import RobotDataset
     from scopebench.policy.max_batch import StepTrial, run_steps, search
+    from scopebench.report.contention import measured_steps
     from scopebench.validate import batch_limit
 
     s, d = config.train, config.dataset
@@ -99,12 +100,25 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="scopebench_max_batch_") as tmp:
         steps = run_steps(s, dataset_root=str(root), chunk_size=d.chunk_size, output_dir=tmp)
-        trial = StepTrial(steps, budget, torch.cuda if device.type == "cuda" else None)
+        measured: list[dict] = []  # each trial's measured step (empty when it raised), for the host load
+
+        def timed(batch: int) -> dict:
+            metrics: dict = {}
+            try:
+                metrics = steps(batch)
+                return metrics
+            finally:
+                measured.append(metrics)
+
+        trial = StepTrial(timed, budget, torch.cuda if device.type == "cuda" else None)
         best, trials = search(trial, limit=limit, report=lambda t: print("  " + t.line(), flush=True))
     last = next((t for t in reversed(trials) if t.batch == best and t.fits), None)
     margin = trial.margin_mb(last) if last else None
     margin_text = "" if margin is None else f" (margin {margin:.1f} MiB)"
     print(f"largest per-rank batch: {best}{margin_text}" + (" (the dataset's limit)" if best == limit else ""))
+    host = measured_steps(measured)  # step i: trial i's measured step
+    if host["contention"] is not None:
+        print(host["contention"]["line"])
     payload = {
         "tool": "find-max-batch",
         "config": config.source,
@@ -118,6 +132,7 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
         "largest_batch": best,
         "margin_mb": margin,
         "trials": [t.__dict__ for t in trials],
+        **host,
     }
     finish(None, payload, json_path)
     if png_path:

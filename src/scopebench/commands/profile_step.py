@@ -179,6 +179,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
     """The JSON summary (see the module docstring) from rank 0's per-step metrics."""
     from scopebench.policy.phases import TRAIN_PHASES, describe_phases
     from scopebench.policy.tools import environment_info, settings_dict, summary_sec
+    from scopebench.report.contention import measured_steps
 
     step_times = [m["step_time_sec"] for m in per_step]
     total = summary_sec(step_times)
@@ -236,6 +237,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
         },
         "per_rank": per_rank,
         "samples": {**samples, "total": step_times},
+        **measured_steps(per_step),
         "environment": environment_info(run.device),
     }
 
@@ -277,5 +279,7 @@ def format_report(report: dict) -> str:
             f"mfu: {m['mfu']:.3f} (achieved {m['achieved_flops_per_sec'] / 1e9:.2f} GFLOP/s of "
             f"{m['peak_flops_per_sec'] / 1e9:.2f} GFLOP/s peak, {m['peak_flops_source']})"
         )
+    if report["contention"] is not None:
+        lines.append(report["contention"]["line"])
     lines.append(BAR)
     return "\n".join(lines)

@@ -139,6 +139,12 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench train: {err}", file=sys.stderr)
         return 2
+    from scopebench.report.contention import measured_steps
+
+    host = measured_steps(result.pop("host_samples"), first=result["start_step"] + 1)
+    result.update(host)
+    if host["contention"] is not None and launcher.rank == 0:  # how busy the machine was over the steps trained
+        print(host["contention"]["line"], flush=True)
     if args.json and writes_reports():
         write_json(args.json, {"tool": "train", "config": config.source, **result})
         print(f"wrote {args.json}")
