@@ -26,7 +26,9 @@ Output: a summary on stdout, and ``<BENCH_OUTPUT_DIR>/<host>_<preset>_<timestamp
 ``warmup_sec`` (list), ``samples_sec`` (every timed call), ``summary`` (``mean, std, p50,
 p95, p99, min, max`` in seconds), ``phases`` (phase -> ``mean_sec, median_sec,
 p95_sec``), ``compile_time_sec`` and ``first_call_ratio`` (null without compilation),
-``peak_memory`` (``max_rss_mb``, ``max_gpu_mb``), ``environment`` (host, device, CUDA
+``peak_memory`` (``max_rss_mb``, ``max_gpu_mb``), ``host_other_cpu_pct``,
+``host_steal_pct`` and ``contention`` (per timed call, as ``profile-step``'s; the summary
+ends with its ``CONTENDED:`` / ``host load:`` line), ``environment`` (host, device, CUDA
 driver and runtime, cuDNN, Python, torch, accelerate, scopebench, threads, load).
 """
 

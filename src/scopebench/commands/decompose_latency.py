@@ -33,7 +33,9 @@ Output: a table (N, median and p95 ms, fitted ms) and the fit. JSON (``--json``)
 ``r2_all_calls`` (the least-squares fit, whether it applies or not), ``fit_applies``,
 ``fit_reason`` (why not; null when it applies), ``trend_z`` and ``trend_p`` (Page's test),
 ``expert_share`` (at the largest N; null when the fit does not apply), ``denoise_share``
-(measured), ``environment``.
+(measured), ``host_other_cpu_pct``, ``host_steal_pct`` and ``contention`` (per timed call in
+the order run, as ``profile-step``'s), ``environment``. After the fit, the ``host load:``
+line, or ``CONTENDED: ...: the fit's points were measured on a busy machine``.
 """
 
 from __future__ import annotations

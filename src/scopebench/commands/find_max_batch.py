@@ -17,7 +17,9 @@ Output: one line per trial (batch, peak by category in MiB, fits or not), then t
 batch and its margin. JSON (``--json``): ``tool`` ("find-max-batch"), ``config``, ``preset``,
 ``backend``, ``world_size``, ``device``, ``memory_gb``, ``limit``, ``limit_mb`` (the budget,
 else the CUDA device's memory, MiB), ``largest_batch``, ``margin_mb``, ``trials`` (``batch``,
-``fits``, ``peak_mb``, ``categories_mb``, ``reserved_mb``, ``note``). PNG (``--png``): the
+``fits``, ``peak_mb``, ``categories_mb``, ``reserved_mb``, ``note``), ``host_other_cpu_pct``,
+``host_steal_pct`` and ``contention`` (per trial's measured step, as ``profile-step``'s; the
+``CONTENDED:`` / ``host load:`` line is printed after the largest batch). PNG (``--png``): the
 trials' peaks against the batch, their least-squares line, the limit and the largest batch
 read off the line beside the one the trials found (the report's memory-against-batch
 picture, :func:`scopebench.report.memory_figures.batch_figure`).

@@ -26,7 +26,10 @@ Output: one line per rank, then the summary block. JSON (``--json``), keys: ``to
 (``mean_sec, median_sec, p95_sec``), ``batches_per_sec``, ``samples``: raw
 ``fetch_time_sec`` / ``decode_time_sec`` / ``h2d_time_sec``), ``batches_per_sec``
 (``min, mean, max`` over ranks), ``cluster_samples_per_sec``, ``decoder`` (``pyav`` for MP4,
-``pil`` for PNG), ``decode_per_frame_sec`` (rank 0's mean, all batches), ``environment``.
+``pil`` for PNG), ``decode_per_frame_sec`` (rank 0's mean, all batches),
+``host_other_cpu_pct``, ``host_steal_pct`` and ``contention`` (per measured batch, the busiest
+rank's, as ``profile-step``'s; the summary block ends with its ``CONTENDED:`` / ``host load:``
+line), ``environment``.
 """
 
 from __future__ import annotations

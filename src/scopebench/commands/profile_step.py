@@ -35,7 +35,13 @@ phase holds under that backend), ``batch_size``, ``gradient_accumulation_steps``
 ``mfu`` (``mfu``, ``achieved_flops_per_sec``, ``peak_flops_per_sec``, ``peak_flops_source``),
 ``per_rank`` (list of ``rank``, ``step_time_sec`` stats and ``samples``: every raw
 ``<phase>_time_sec`` and ``step_time_sec`` of that rank), ``samples`` (phase -> the
-per-step values of the table), ``environment``.
+per-step values of the table), ``host_other_cpu_pct`` and ``host_steal_pct`` (the host
+sampler's other-process share and steal per measured step, null where it gave none),
+``contention`` (``other_pct``, ``other_max_pct``, ``steal_pct``, ``steal_max_pct``,
+``affected`` (measured steps, from 0), ``sampled``, ``contended``, ``line``; null with the
+sampler off), ``environment``. The text ends with ``line``: ``CONTENDED: ...`` when other
+processes or steal took more than ``scopebench summary`` allows, else ``host load: ...``
+(:func:`scopebench.report.contention.measured_steps`).
 
 A loss or loss term that is NaN or infinite (checked when the losses are gathered, every
 ``gather_every`` steps and after the last step) does not stop the measurement: the steps
