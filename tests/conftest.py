@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -180,3 +183,39 @@ def read_only_dir(tmp_path):
         subprocess.run(["umount", str(path)], check=True)
     else:
         path.chmod(0o700)
+
+
+# --- contention: a busy-loop process on each core (tests/report/test_contention.py, the tools) ---
+
+
+def machine_other_pct(seconds: float = 1.0) -> float:
+    """Other processes' share of this process's CPUs over ``seconds`` (this test's group excluded)."""
+    from scopebench.host_load import OwnTime, read_cpu_times, shares, usable_cpus
+
+    own, cpus = OwnTime(), usable_cpus()
+    a = (read_cpu_times(cpus), own.read())
+    time.sleep(seconds)  # the measurement interval itself, not a synchronisation
+    return shares(a, (read_cpu_times(cpus), own.read()))["host_other_cpu_pct"]
+
+
+@pytest.fixture
+def hogs():
+    """A busy-loop process on each CPU this process may use, in its own session (not the run's group)."""
+    from scopebench.host_load import usable_cpus
+
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in usable_cpus()
+    ]
+    try:
+        for proc in procs:  # running, not just started: each has used CPU time
+            while True:
+                with open(f"/proc/{proc.pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                if int(fields[11]) + int(fields[12]) > 0:
+                    break
+                time.sleep(0.01)
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

@@ -5,15 +5,14 @@ the machine rules stay silent on the quickstarts' results."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pandas as pd
 import pytest
+from conftest import machine_other_pct
 
 from scopebench.harness.run import RankRun
-from scopebench.host_load import OwnTime, read_cpu_times, shares, usable_cpus
+from scopebench.host_load import usable_cpus
 from scopebench.profiler.sampler import PERIOD_SEC
 from scopebench.report.compare import compare, format_comparison
 from scopebench.report.contention import ITERATION_OTHER_CPU_PCT, OTHER_CPU_PCT, STEAL_PCT, contention
@@ -54,35 +53,6 @@ def run_to_parquet(path, iterations: int = 16) -> str:
     base["p_solver_profiler_warmup"] = 1
     pd.DataFrame([{**base, "objective_value": 0.0, "time": 0.0, **row} for row in rows]).to_parquet(path)
     return str(path)
-
-
-def machine_other_pct(seconds: float = 1.0) -> float:
-    """Other processes' share of this process's CPUs over ``seconds`` (this test's group excluded)."""
-    own, cpus = OwnTime(), usable_cpus()
-    a = (read_cpu_times(cpus), own.read())
-    time.sleep(seconds)  # the measurement interval itself, not a synchronisation
-    return shares(a, (read_cpu_times(cpus), own.read()))["host_other_cpu_pct"]
-
-
-@pytest.fixture
-def hogs():
-    """A busy-loop process on each CPU this process may use, in its own session (not the run's group)."""
-    procs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in usable_cpus()
-    ]
-    try:
-        for proc in procs:  # running, not just started: each has used CPU time
-            while True:
-                with open(f"/proc/{proc.pid}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-                if int(fields[11]) + int(fields[12]) > 0:
-                    break
-                time.sleep(0.01)
-        yield procs
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.slow

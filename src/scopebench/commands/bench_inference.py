@@ -26,7 +26,9 @@ Output: a summary on stdout, and ``<BENCH_OUTPUT_DIR>/<host>_<preset>_<timestamp
 ``warmup_sec`` (list), ``samples_sec`` (every timed call), ``summary`` (``mean, std, p50,
 p95, p99, min, max`` in seconds), ``phases`` (phase -> ``mean_sec, median_sec,
 p95_sec``), ``compile_time_sec`` and ``first_call_ratio`` (null without compilation),
-``peak_memory`` (``max_rss_mb``, ``max_gpu_mb``), ``environment`` (host, device, CUDA
+``peak_memory`` (``max_rss_mb``, ``max_gpu_mb``), ``host_other_cpu_pct``,
+``host_steal_pct`` and ``contention`` (per timed call, as ``profile-step``'s; the summary
+ends with its ``CONTENDED:`` / ``host load:`` line), ``environment`` (host, device, CUDA
 driver and runtime, cuDNN, Python, torch, accelerate, scopebench, threads, load).
 """
 
@@ -95,6 +97,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         write_json,
     )
     from scopebench.profiler import ProfilerConfig
+    from scopebench.report.contention import measured_steps
     from scopebench.stats import summarize
 
     s = config.inference
@@ -147,6 +150,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
             "max_rss_mb": max(row.get("max_rss_mb", 0.0) for row in rows),
             "max_gpu_mb": max(row.get("max_gpu_mb", 0.0) for row in rows),
         },
+        **measured_steps(rows),
         "environment": environment_info(run.device),
     }
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
@@ -179,4 +183,6 @@ def format_report(report: dict) -> str:
         )
     mem = report["peak_memory"]
     lines.append(f"peak memory: rss {mem['max_rss_mb']:.0f} MB, gpu {mem['max_gpu_mb']:.0f} MB")
+    if report["contention"] is not None:
+        lines.append(report["contention"]["line"])
     return "\n".join(lines)

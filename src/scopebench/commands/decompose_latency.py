@@ -33,7 +33,9 @@ Output: a table (N, median and p95 ms, fitted ms) and the fit. JSON (``--json``)
 ``r2_all_calls`` (the least-squares fit, whether it applies or not), ``fit_applies``,
 ``fit_reason`` (why not; null when it applies), ``trend_z`` and ``trend_p`` (Page's test),
 ``expert_share`` (at the largest N; null when the fit does not apply), ``denoise_share``
-(measured), ``environment``.
+(measured), ``host_other_cpu_pct``, ``host_steal_pct`` and ``contention`` (per timed call in
+the order run, as ``profile-step``'s), ``environment``. After the fit, the ``host load:``
+line, or ``CONTENDED: ...: the fit's points were measured on a busy machine``.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
         settings_dict,
     )
     from scopebench.profiler import ProfilerConfig
+    from scopebench.report.contention import measured_steps
     from scopebench.stats import median, percentile
 
     total = repeats * len(steps)
@@ -130,6 +133,7 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
         **verdict,
         "expert_share": expert / (fit["fixed_sec"] + expert) if verdict["fit_applies"] else None,
         "denoise_share": median(denoise[top]) / med[top],
+        **measured_steps(rows),
         "environment": environment_info(device),
     }
     return finish(format_report(report), report, json_path)
@@ -163,4 +167,8 @@ def format_report(report: dict) -> str:
         )
     else:
         lines += [f"the fit does not apply: {report['fit_reason']}", f"at N={top}: {denoise} of the call"]
+    host = report["contention"]
+    if host is not None:  # said after the fit: its points are what the machine's load disturbed
+        busy = ": the fit's points were measured on a busy machine" if host["contended"] else ""
+        lines.append(host["line"] + busy)
     return "\n".join(lines)

@@ -17,7 +17,9 @@ Output: one line per trial (batch, peak by category in MiB, fits or not), then t
 batch and its margin. JSON (``--json``): ``tool`` ("find-max-batch"), ``config``, ``preset``,
 ``backend``, ``world_size``, ``device``, ``memory_gb``, ``limit``, ``limit_mb`` (the budget,
 else the CUDA device's memory, MiB), ``largest_batch``, ``margin_mb``, ``trials`` (``batch``,
-``fits``, ``peak_mb``, ``categories_mb``, ``reserved_mb``, ``note``). PNG (``--png``): the
+``fits``, ``peak_mb``, ``categories_mb``, ``reserved_mb``, ``note``), ``host_other_cpu_pct``,
+``host_steal_pct`` and ``contention`` (per trial's measured step, as ``profile-step``'s; the
+``CONTENDED:`` / ``host load:`` line is printed after the largest batch). PNG (``--png``): the
 trials' peaks against the batch, their least-squares line, the limit and the largest batch
 read off the line beside the one the trials found (the report's memory-against-batch
 picture, :func:`scopebench.report.memory_figures.batch_figure`).
@@ -83,6 +85,7 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
 
     from scopebench.policy.dataset import RobotDataset
     from scopebench.policy.max_batch import StepTrial, run_steps, search
+    from scopebench.report.contention import measured_steps
     from scopebench.validate import batch_limit
 
     s, d = config.train, config.dataset
@@ -99,12 +102,25 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="scopebench_max_batch_") as tmp:
         steps = run_steps(s, dataset_root=str(root), chunk_size=d.chunk_size, output_dir=tmp)
-        trial = StepTrial(steps, budget, torch.cuda if device.type == "cuda" else None)
+        measured: list[dict] = []  # each trial's measured step (empty when it raised), for the host load
+
+        def timed(batch: int) -> dict:
+            metrics: dict = {}
+            try:
+                metrics = steps(batch)
+                return metrics
+            finally:
+                measured.append(metrics)
+
+        trial = StepTrial(timed, budget, torch.cuda if device.type == "cuda" else None)
         best, trials = search(trial, limit=limit, report=lambda t: print("  " + t.line(), flush=True))
     last = next((t for t in reversed(trials) if t.batch == best and t.fits), None)
     margin = trial.margin_mb(last) if last else None
     margin_text = "" if margin is None else f" (margin {margin:.1f} MiB)"
     print(f"largest per-rank batch: {best}{margin_text}" + (" (the dataset's limit)" if best == limit else ""))
+    host = measured_steps(measured)  # step i: trial i's measured step
+    if host["contention"] is not None:
+        print(host["contention"]["line"])
     payload = {
         "tool": "find-max-batch",
         "config": config.source,
@@ -118,6 +134,7 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
         "largest_batch": best,
         "margin_mb": margin,
         "trials": [t.__dict__ for t in trials],
+        **host,
     }
     finish(None, payload, json_path)
     if png_path:

@@ -26,7 +26,10 @@ Output: one line per rank, then the summary block. JSON (``--json``), keys: ``to
 (``mean_sec, median_sec, p95_sec``), ``batches_per_sec``, ``samples``: raw
 ``fetch_time_sec`` / ``decode_time_sec`` / ``h2d_time_sec``), ``batches_per_sec``
 (``min, mean, max`` over ranks), ``cluster_samples_per_sec``, ``decoder`` (``pyav`` for MP4,
-``pil`` for PNG), ``decode_per_frame_sec`` (rank 0's mean, all batches), ``environment``.
+``pil`` for PNG), ``decode_per_frame_sec`` (rank 0's mean, all batches),
+``host_other_cpu_pct``, ``host_steal_pct`` and ``contention`` (per measured batch, the busiest
+rank's, as ``profile-step``'s; the summary block ends with its ``CONTENDED:`` / ``host load:``
+line), ``environment``.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
         summary_sec,
     )
     from scopebench.profiler import ProfilerConfig
+    from scopebench.report.contention import measured_steps
 
     root = data_root(config)
     run = PolicyTrainRun(
@@ -86,10 +90,11 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
         name="profile_dataloader",
         keep_rows=True,
     )
+    per_step: list[dict] = []  # each batch's metrics, the slowest rank's (the host sampler's included)
     with run:
         with progress_bar(warmup + batches, "profile-dataloader", enabled=run.rank == 0) as bar:
             start = time.perf_counter()
-            run.loop(StepCounter(warmup + batches, bar=bar))
+            run.loop(StepCounter(warmup + batches, lambda: per_step.append(run.metrics()), bar))
             wall = time.perf_counter() - start
         if not writes_reports():
             return 0
@@ -124,6 +129,7 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
         "cluster_samples_per_sec": sum(rates) * s.batch_size,
         "decoder": run.work.decoder,
         "decode_per_frame_sec": run.work.decode_sec / run.work.decoded_frames if run.work.decoded_frames else None,
+        **measured_steps([m for m in per_step if "total_time_sec" in m]),
         "environment": environment_info(run.device),
     }
     return finish(format_report(report), report, json_path)
@@ -154,6 +160,8 @@ def format_report(report: dict) -> str:
         lines.append(
             f"decode per camera frame ({report['decoder']}, {where}): {report['decode_per_frame_sec'] * 1e3:.3f} ms"
         )
+    if report["contention"] is not None:
+        lines.append(report["contention"]["line"])
     lines += [
         "=" * len(title),
     ]

@@ -35,7 +35,13 @@ phase holds under that backend), ``batch_size``, ``gradient_accumulation_steps``
 ``mfu`` (``mfu``, ``achieved_flops_per_sec``, ``peak_flops_per_sec``, ``peak_flops_source``),
 ``per_rank`` (list of ``rank``, ``step_time_sec`` stats and ``samples``: every raw
 ``<phase>_time_sec`` and ``step_time_sec`` of that rank), ``samples`` (phase -> the
-per-step values of the table), ``environment``.
+per-step values of the table), ``host_other_cpu_pct`` and ``host_steal_pct`` (the host
+sampler's other-process share and steal per measured step, null where it gave none),
+``contention`` (``other_pct``, ``other_max_pct``, ``steal_pct``, ``steal_max_pct``,
+``affected`` (measured steps, from 0), ``sampled``, ``contended``, ``line``; null with the
+sampler off), ``environment``. The text ends with ``line``: ``CONTENDED: ...`` when other
+processes or steal took more than ``scopebench summary`` allows, else ``host load: ...``
+(:func:`scopebench.report.contention.measured_steps`).
 
 A loss or loss term that is NaN or infinite (checked when the losses are gathered, every
 ``gather_every`` steps and after the last step) does not stop the measurement: the steps
@@ -179,6 +185,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
     """The JSON summary (see the module docstring) from rank 0's per-step metrics."""
     from scopebench.policy.phases import TRAIN_PHASES, describe_phases
     from scopebench.policy.tools import environment_info, settings_dict, summary_sec
+    from scopebench.report.contention import measured_steps
 
     step_times = [m["step_time_sec"] for m in per_step]
     total = summary_sec(step_times)
@@ -236,6 +243,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
         },
         "per_rank": per_rank,
         "samples": {**samples, "total": step_times},
+        **measured_steps(per_step),
         "environment": environment_info(run.device),
     }
 
@@ -277,5 +285,7 @@ def format_report(report: dict) -> str:
             f"mfu: {m['mfu']:.3f} (achieved {m['achieved_flops_per_sec'] / 1e9:.2f} GFLOP/s of "
             f"{m['peak_flops_per_sec'] / 1e9:.2f} GFLOP/s peak, {m['peak_flops_source']})"
         )
+    if report["contention"] is not None:
+        lines.append(report["contention"]["line"])
     lines.append(BAR)
     return "\n".join(lines)

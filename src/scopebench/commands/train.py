@@ -48,11 +48,15 @@ nan): stopped; the last checkpoint, step 2, is kept as out/checkpoints/last``; e
 With ``gather_every > 1`` the losses are checked when gathered: the line names the step whose
 loss was not finite and the later step where it was found.
 
-Output: the log on rank 0's stdout. JSON (``--json``), keys: ``tool`` ("train"),
+Output: the log on rank 0's stdout, ending with how busy the machine was over the steps
+trained: ``CONTENDED: ...`` or ``host load: ...``, as ``scopebench summary`` prints it (none with
+the sampler off). JSON (``--json``), keys: ``tool`` ("train"),
 ``config``, ``start_step``, ``steps``, ``checkpoints`` (folders written), ``world_size``,
 ``accelerate_num_processes``, ``backend``, ``log`` (list of ``step``, ``train_loss``, ``samples_per_sec``,
 ``phases_mean_sec``), ``nonfinite_loss`` (null, or ``step``, ``term``, ``value``, ``train_loss``,
-``rank``, ``world_size``, ``checked_at``, ``gather_every``, ``message``).
+``rank``, ``world_size``, ``checked_at``, ``gather_every``, ``message``), ``host_other_cpu_pct``
+and ``host_steal_pct`` (rank 0's record per trained step: the busiest rank's values), ``contention``
+(as ``profile-step``'s, its steps numbered as the log's; null with the sampler off).
 
 Exit status: 0; 2 with one line for a refused input (before any work); 1 when the run
 failed (a rank died, stopped or hung: named) or stopped at a non-finite loss.
@@ -139,6 +143,12 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench train: {err}", file=sys.stderr)
         return 2
+    from scopebench.report.contention import measured_steps
+
+    host = measured_steps(result.pop("host_samples"), first=result["start_step"] + 1)
+    result.update(host)
+    if host["contention"] is not None and launcher.rank == 0:  # how busy the machine was over the steps trained
+        print(host["contention"]["line"], flush=True)
     if args.json and writes_reports():
         write_json(args.json, {"tool": "train", "config": config.source, **result})
         print(f"wrote {args.json}")

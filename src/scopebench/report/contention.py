@@ -11,12 +11,18 @@ other processes took more than :data:`OTHER_CPU_PCT` of its CPUs or steal exceed
 :data:`OTHER_CPU_PCT` or :data:`STEAL_PCT` are the *affected* ones.
 
 The diagnosis rule ``contended``, the phase tables' ``host load`` line and the
-``scopebench compare`` check all read :func:`contention`; thresholds: docs/diagnosis.md.
+``scopebench compare`` check all read :func:`contention`; the tools that time steps
+(``profile-step``, ``profile-dataloader``, ``bench-inference``, ``decompose-latency``,
+``find-max-batch``, ``train``) read :func:`measured_steps`. Both compute through
+:func:`contention_of`, and print :func:`contention_line`. Thresholds: docs/diagnosis.md.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from scopebench.report.results import Configuration
 
@@ -27,7 +33,10 @@ __all__ = [
     "STEAL_PCT",
     "ab_note",
     "contention",
+    "contention_line",
+    "contention_of",
     "iteration_ranges",
+    "measured_steps",
 ]
 
 #: Other processes' share of the run's CPUs over the window above which it is contended (%).
@@ -96,35 +105,114 @@ def iteration_ranges(iterations: list[int] | tuple[int, ...]) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
 
 
-def _weighted(rows, column: str) -> tuple[float | None, float | None, list[tuple[int, float]]]:
-    """(weighted mean, max, [(iteration, value)]) of ``objective_<column>`` over recorded rows."""
-    name = f"objective_{column}"
-    if name not in rows.columns:
-        return None, None, []
-    present = rows[rows[name].notna()]
-    if present.empty:
-        return None, None, []
-    values = present[name].astype(float)
-    weights = present["objective_total_time_sec"].astype(float).clip(lower=0.0)
-    mean = float((values * weights).sum() / weights.sum()) if float(weights.sum()) > 0 else float(values.mean())
-    pairs = [(int(s) - 1, float(v)) for s, v in zip(present["stop_val"], values)]
-    return mean, float(values.max()), pairs
+def contention_of(iterations: Iterable[tuple[int, float, float | None, float | None]]) -> Contention | None:
+    """The contention of measured iterations, ``None`` when none has a sampler value.
+
+    The one computation behind :func:`contention` (a benchopt configuration) and the tools'
+    ``contention`` (:func:`measured_steps`). Each item is ``(iteration, total_time_sec,
+    host_other_cpu_pct, host_steal_pct)``, a value ``None`` (or NaN) when the sampler gave
+    none. A share over the window is the mean of the iterations that have it, weighted by
+    their time: ``sum(v_i * t_i) / sum(t_i)`` (negative times count 0; all zero: the plain
+    mean).
+    """
+    items = list(iterations)
+
+    def column(k: int) -> tuple[float | None, float | None, list[tuple[int, float]]]:
+        present = [(int(it[0]), float(it[k]), _weight(it[1])) for it in items if _value(it[k])]
+        if not present:
+            return None, None, []
+        weights = sum(w for _, _, w in present)
+        values = [v for _, v, _ in present]
+        if weights > 0:
+            mean = sum(v * w for _, v, w in present) / weights
+        else:
+            mean = sum(values) / len(values)
+        return mean, max(values), [(i, v) for i, v, _ in present]
+
+    other, other_max, other_rows = column(2)
+    steal, steal_max, steal_rows = column(3)
+    if not (other_rows or steal_rows):
+        return None
+    affected = {i for i, v in other_rows if v > OTHER_CPU_PCT} | {i for i, v in steal_rows if v > STEAL_PCT}
+    sampled = len({i for i, _ in other_rows} | {i for i, _ in steal_rows})
+    return Contention(other, other_max, steal, steal_max, tuple(sorted(affected)), sampled)
+
+
+def _value(x: Any) -> bool:
+    """Whether ``x`` is a sampler value (not ``None``, not NaN)."""
+    return x is not None and not math.isnan(float(x))
+
+
+def _weight(seconds: Any) -> float:
+    """An iteration's weight: its time, 0 when negative or missing."""
+    return max(float(seconds), 0.0) if _value(seconds) else 0.0
 
 
 def contention(config: Configuration) -> Contention | None:
-    """The contention of ``config``'s recorded iterations, ``None`` without sampler columns."""
+    """The contention of ``config``'s recorded iterations, ``None`` without sampler columns.
+
+    The row logged at ``stop_val = k`` is iteration ``k - 1`` (docs/design.md).
+    """
     if "contention" in config.cache:
         return config.cache["contention"]
     result = None
-    if not config.recorded.empty:
-        other, other_max, other_rows = _weighted(config.recorded, "host_other_cpu_pct")
-        steal, steal_max, steal_rows = _weighted(config.recorded, "host_steal_pct")
-        if other_rows or steal_rows:
-            affected = {i for i, v in other_rows if v > OTHER_CPU_PCT} | {i for i, v in steal_rows if v > STEAL_PCT}
-            sampled = len({i for i, _ in other_rows} | {i for i, _ in steal_rows})
-            result = Contention(other, other_max, steal, steal_max, tuple(sorted(affected)), sampled)
+    rows = config.recorded
+    if not rows.empty and ({"objective_host_other_cpu_pct", "objective_host_steal_pct"} & set(rows.columns)):
+
+        def col(name: str) -> list[Any]:
+            key = f"objective_{name}"
+            return list(rows[key]) if key in rows.columns else [None] * len(rows)
+
+        iterations = zip(
+            [int(s) - 1 for s in rows["stop_val"]],
+            col("total_time_sec"),
+            col("host_other_cpu_pct"),
+            col("host_steal_pct"),
+        )
+        result = contention_of(iterations)
     config.cache["contention"] = result
     return result
+
+
+def contention_line(found: Contention) -> str:
+    """The line the phase tables and every tool print: ``CONTENDED: <text>`` when
+    :attr:`Contention.contended`, else ``host load: <text>``."""
+    return ("CONTENDED: " if found.contended else "host load: ") + found.text()
+
+
+def measured_steps(steps: Sequence[Mapping[str, Any]], first: int = 0) -> dict[str, Any]:
+    """A tool's JSON keys for its measured steps' host load (docs/tools.md, "Contention").
+
+    Args:
+        steps: One metrics dict per measured step, in order (the profiler's
+            ``total_time_sec``, ``host_other_cpu_pct``, ``host_steal_pct``); a step is
+            numbered by its place among them, from ``first``.
+
+    Returns:
+        ``host_other_cpu_pct`` and ``host_steal_pct`` (lists aligned with ``steps``, ``None``
+        where the sampler gave nothing) and ``contention``: ``None`` when no step has a
+        sampler value (sampler off), else ``other_pct``, ``other_max_pct``, ``steal_pct``,
+        ``steal_max_pct``, ``affected`` (step numbers), ``sampled``, ``contended`` and
+        ``line`` (:func:`contention_line`).
+    """
+    other = [m.get("host_other_cpu_pct") for m in steps]
+    steal = [m.get("host_steal_pct") for m in steps]
+    found = contention_of(
+        (i, m.get("total_time_sec", 0.0), o, s) for i, (m, o, s) in enumerate(zip(steps, other, steal), first)
+    )
+    record = None
+    if found is not None:
+        record = {
+            "other_pct": found.other_pct,
+            "other_max_pct": found.other_max_pct,
+            "steal_pct": found.steal_pct,
+            "steal_max_pct": found.steal_max_pct,
+            "affected": list(found.affected),
+            "sampled": found.sampled,
+            "contended": found.contended,
+            "line": contention_line(found),
+        }
+    return {"host_other_cpu_pct": other, "host_steal_pct": steal, "contention": record}
 
 
 def ab_note(a: Contention | None, b: Contention | None) -> str | None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scopebench import stats
-from scopebench.report.contention import contention
+from scopebench.report.contention import contention, contention_line
 from scopebench.report.results import Configuration, step_times
 
 __all__ = [
@@ -223,7 +223,7 @@ def _header(config: Configuration, kind: str) -> list[str]:
     lines.append(f"wall-clock over the measured iterations (callback included): {wall:.3f}s")
     host = contention(config)  # how busy the machine was (the host sampler's columns)
     if host is not None:
-        lines.append(("CONTENDED: " if host.contended else "host load: ") + host.text())
+        lines.append(contention_line(host))
     cost = profiler_cost(config)
     if cost is not None:
         lines.append(cost.text())

@@ -142,6 +142,9 @@ def _allowed_changes(config: RunConfig, resume_from: str | Path) -> list[str]:
     return lines
 
 
+_HOST_KEYS = ("total_time_sec", "host_other_cpu_pct", "host_steal_pct")
+
+
 class TrainLog:
     """Rank 0's callback: log every ``log_freq`` steps, stop after step ``steps``, or at once when
     the training step found a non-finite loss (``work.nonfinite``: every rank then stops).
@@ -155,6 +158,9 @@ class TrainLog:
         self.out, self.bar = out, bar
         self.window: list[dict[str, Any]] = []
         self.records: list[dict[str, Any]] = []
+        #: Each trained step's time and host sampler values (``scopebench train`` says how busy
+        #: the machine was over them, :func:`scopebench.report.contention.measured_steps`).
+        self.host: list[dict[str, Any]] = []
 
     def __call__(self) -> bool:
         step = self.run.work.steps
@@ -162,6 +168,7 @@ class TrainLog:
             metrics = self.run.metrics()
             if "total_time_sec" in metrics:
                 self.window.append(metrics)
+                self.host.append({k: metrics.get(k) for k in _HOST_KEYS})
             if self.bar is not None:
                 self.bar.update(1)
             if step % self.log_freq == 0 or step == self.steps:
@@ -203,7 +210,8 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
     Returns:
         On every rank: ``start_step``, ``steps``, ``checkpoints`` (folders written),
         ``world_size``, ``accelerate_num_processes`` (what accelerate sees), ``backend``,
-        ``log`` (rank 0's log records), ``nonfinite_loss`` (None, or the
+        ``log`` (rank 0's log records), ``host_samples`` (rank 0's: each trained step's
+        ``total_time_sec``, ``host_other_cpu_pct``, ``host_steal_pct``), ``nonfinite_loss`` (None, or the
         :meth:`~scopebench.policy.run.nonfinite.NonFiniteLoss.record` of the first non-finite
         loss, its ``message`` the line that says so and which checkpoint is kept).
     """
@@ -264,6 +272,7 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
             "accelerate_num_processes": run.accelerator.num_processes,
             "backend": run.settings.backend,
             "log": log.records,
+            "host_samples": log.host,
             "nonfinite_loss": None if stopped is None else _stopped(stopped, loop.output_dir),
         }
 
