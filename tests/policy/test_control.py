@@ -155,6 +155,10 @@ def test_bench_inference_keeps_up_with_a_quick_policy(control_policies, tmp_path
     assert control["verdict"] == "keeps up at 1 Hz with 8 actions a chunk: 0.0% missed, worst d = 1"
     assert f"control: {control['verdict']}" in out
     assert "p99.9 not estimable (20 calls; needs 1000)" in out
+    figure = report["control_figure"]
+    assert figure.endswith("_control.png") and f"control figure: {figure}" in out
+    with open(figure, "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_inference_names_a_policy_that_misses(control_policies, tmp_path, capsys):
@@ -175,7 +179,9 @@ def test_bench_inference_without_a_control_rate_has_no_figures(control_policies,
         [*args, "--n-timed", "2", "--output-dir", str(tmp_path), "--json", f"{tmp_path}/b.json"], capsys
     )
     assert code == 0, err
-    assert json.loads((tmp_path / "b.json").read_text())["control"] is None and "control:" not in out
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert report["control"] is None and report["control_figure"] is None and "control:" not in out
+    assert not list(tmp_path.glob("*.png"))
 
 
 def test_decompose_latency_gives_the_figures_at_every_num_steps(control_policies, tmp_path, capsys):

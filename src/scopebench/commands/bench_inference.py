@@ -38,7 +38,9 @@ driver and runtime, cuDNN, Python, torch, accelerate, scopebench, threads, load)
 ``control`` (null without a control rate; else ``control_hz, n_action_steps, calls,
 deadline_sec, missed, missed_share, p999_sec`` (null under 1000 calls, ``p999_note`` says
 why), ``std_sec, p99_minus_p50_sec, delay_steps`` (d -> calls), ``worst_delay_steps,
-keeps_up, verdict``).
+keeps_up, verdict``), ``control_figure`` (the PNG of the latencies' histogram and CDF with
+the deadline, ``<host>_<preset>_<timestamp>_control.png`` beside the JSON; null without a
+control rate).
 """
 
 from __future__ import annotations
@@ -171,6 +173,12 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
     label = s.preset if s.policy == "pi05" else s.policy.rpartition(":")[2]
     path = Path(out_dir) / f"{socket.gethostname()}_{label}_{stamp}.json"
+    report["control_figure"] = None
+    if control is not None:  # latency histogram and CDF against the deadline, next to the JSON
+        from scopebench.report.control_figure import draw_control_figure
+
+        figure = path.with_name(f"{path.stem}_control.png")
+        report["control_figure"] = str(draw_control_figure(calls, report["control"], figure))
     if json_path:
         write_json(json_path, report)
     # the timestamped file in the output folder is the one named (--json is a copy of it)
@@ -200,4 +208,6 @@ def format_report(report: dict) -> str:
     mem = report["peak_memory"]
     lines.append(f"peak memory: rss {mem['max_rss_mb']:.0f} MB, gpu {mem['max_gpu_mb']:.0f} MB")
     lines += control_lines(report.get("control"))
+    if report.get("control_figure"):
+        lines.append(f"control figure: {report['control_figure']}")
     return "\n".join(lines)
