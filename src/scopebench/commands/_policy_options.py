@@ -27,3 +27,15 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.set_defaults(overrides=[])
     parser.epilog = OVERRIDES_HELP
+
+
+def add_control_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--control-hz`` and ``--n-action-steps``: the control-rate figures (``scopebench.policy.control``)."""
+    parser.add_argument(
+        "--control-hz", type=float, default=None, metavar="HZ",
+        help="the robot's control rate, for the control-rate figures (default: policy.control_hz; none: no figures)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--n-action-steps", type=int, default=None, metavar="N",
+        help="actions executed per chunk, at most the chunk size (default: policy.n_action_steps, else the chunk)",
+    )  # fmt: skip

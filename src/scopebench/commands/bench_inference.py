@@ -14,6 +14,13 @@ How to run (a single process)::
     scopebench bench-inference --config configs/policy/tiny.yml
     BENCH_NO_COMPILE=1 scopebench bench-inference --config configs/policy/small.yml
     BENCH_COMPILE_MODE=default scopebench bench-inference --config configs/policy/small.yml
+    scopebench bench-inference --config configs/policy/tiny.yml --control-hz 30 --n-action-steps 4
+
+Control-rate figures (:mod:`scopebench.policy.control`), with ``--control-hz`` (default the
+config's ``policy.control_hz``; none: no figures) and ``--n-action-steps`` (actions executed
+per chunk, default ``policy.n_action_steps``, else the whole chunk): the deadline
+``n_action_steps / control_hz``, the share of calls over it, p99.9 (from 1000 calls), the
+jitter and the real-time-chunking delay ``d = ceil(latency * control_hz)``, with a verdict line.
 
 Environment (flags win): ``BENCH_NO_COMPILE`` (0), ``BENCH_COMPILE_MODE`` (unset: the
 config's ``policy.compile_mode``; upstream defaults to ``max-autotune``, which takes many
@@ -29,7 +36,13 @@ p95_sec``), ``compile_time_sec`` and ``first_call_ratio`` (null without compilat
 ``peak_memory`` (``max_rss_mb``, ``max_gpu_mb``), ``host_other_cpu_pct``,
 ``host_steal_pct`` and ``contention`` (per timed call, as ``profile-step``'s; the summary
 ends with its ``CONTENDED:`` / ``host load:`` line), ``environment`` (host, device, CUDA
-driver and runtime, cuDNN, Python, torch, accelerate, scopebench, threads, load).
+driver and runtime, cuDNN, Python, torch, accelerate, scopebench, threads, load),
+``control`` (null without a control rate; else ``control_hz, n_action_steps, calls,
+deadline_sec, missed, missed_share, p999_sec`` (null under 1000 calls, ``p999_note`` says
+why), ``std_sec, p99_minus_p50_sec, delay_steps`` (d -> calls), ``worst_delay_steps,
+keeps_up, verdict``), ``control_figure`` (the PNG of the latencies' histogram and CDF with
+the deadline, ``<host>_<preset>_<timestamp>_control.png`` beside the JSON; null without a
+control rate).
 """
 
 from __future__ import annotations
@@ -42,9 +55,10 @@ HELP = "latency of one sample_actions call at batch 1 (mean / p50 / p95 / p99, c
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scopebench.commands._policy_options import add_config_arguments
+    from scopebench.commands._policy_options import add_config_arguments, add_control_arguments
 
     add_config_arguments(parser)
+    add_control_arguments(parser)
     parser.add_argument("--no-compile", action="store_true", default=None, help="BENCH_NO_COMPILE")
     parser.add_argument("--compile-mode", default=None, help="BENCH_COMPILE_MODE")
     parser.add_argument("--n-warmup", type=int, default=None, help="BENCH_N_WARMUP")
@@ -56,9 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
+    from scopebench.policy.control import FLAGS, check_config_control, check_control
     from scopebench.policy.tools import check_json_path, env_bool, env_int, load_config
     from scopebench.profiler.config import check_writable_dir
 
+    check_control(args.control_hz, args.n_action_steps, keys=FLAGS)  # as typed, before the config
     env_warmup = env_int("BENCH_N_WARMUP", -1, low=0)
     env = {
         "policy.compile_mode": (
@@ -69,11 +85,14 @@ def run(args: argparse.Namespace) -> int:
     flags = {
         "policy.compile_mode": "none" if args.no_compile else args.compile_mode or None,
         "policy.n_warmup": args.n_warmup,
+        "policy.control_hz": args.control_hz,
+        "policy.n_action_steps": args.n_action_steps,
     }
     timed = args.n_timed if args.n_timed is not None else env_int("BENCH_N_TIMED", 50)
     if timed < 1:
         raise ValueError(f"--n-timed must be >= 1, got {timed}")
     config = load_config(args, env=env, flags=flags)
+    check_config_control(config, args.control_hz, args.n_action_steps)
     out_dir = args.output_dir or os.environ.get("BENCH_OUTPUT_DIR") or "benchmark_results"
     check_writable_dir("--output-dir" if args.output_dir else "BENCH_OUTPUT_DIR", out_dir)
     check_json_path("--json", args.json)
@@ -117,7 +136,8 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         num_params = sum(p.numel() for p in run.model.parameters())
         warm = next(iter(run.warmup_sec.values()), [])
         compile_info = run.compile_metrics()
-    calls = [row["step_time_sec"] for row in rows]
+        calls = [row["step_time_sec"] for row in rows]
+        control = run.control(calls)
     stats = summarize(calls)
     report = {
         "tool": "bench-inference",
@@ -151,11 +171,18 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
             "max_gpu_mb": max(row.get("max_gpu_mb", 0.0) for row in rows),
         },
         **measured_steps(rows),
+        "control": None if control is None else control.as_dict(),
         "environment": environment_info(run.device),
     }
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
     label = s.preset if s.policy == "pi05" else s.policy.rpartition(":")[2]
     path = Path(out_dir) / f"{socket.gethostname()}_{label}_{stamp}.json"
+    report["control_figure"] = None
+    if control is not None:  # latency histogram and CDF against the deadline, next to the JSON
+        from scopebench.report.control_figure import draw_control_figure
+
+        figure = path.with_name(f"{path.stem}_control.png")
+        report["control_figure"] = str(draw_control_figure(calls, report["control"], figure))
     if json_path:
         write_json(json_path, report)
     # the timestamped file in the output folder is the one named (--json is a copy of it)
@@ -163,6 +190,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
 
 
 def format_report(report: dict) -> str:
+    from scopebench.policy.control import control_lines
     from scopebench.policy.tools import policy_label
 
     s, m = report["settings"], report["summary"]
@@ -185,4 +213,7 @@ def format_report(report: dict) -> str:
     lines.append(f"peak memory: rss {mem['max_rss_mb']:.0f} MB, gpu {mem['max_gpu_mb']:.0f} MB")
     if report["contention"] is not None:
         lines.append(report["contention"]["line"])
+    lines += control_lines(report.get("control"))
+    if report.get("control_figure"):
+        lines.append(f"control figure: {report['control_figure']}")
     return "\n".join(lines)

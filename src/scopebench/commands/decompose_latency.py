@@ -25,6 +25,10 @@ How to run::
 
     scopebench decompose-latency --config configs/policy/small.yml --num-steps 1,2,5,10
     scopebench decompose-latency --config configs/policy/tiny.yml --policy.compile_mode=default
+    scopebench decompose-latency --config configs/policy/tiny.yml --control-hz 30 --n-action-steps 4
+
+With ``--control-hz`` / ``--n-action-steps`` (as ``bench-inference``'s), one control-rate
+verdict per N (:mod:`scopebench.policy.control`).
 
 Output: a table (N, median and p95 ms, fitted ms) and the fit. JSON (``--json``), keys:
 ``tool`` ("decompose-latency"), ``config``, ``settings``, ``num_steps`` (list),
@@ -34,8 +38,9 @@ Output: a table (N, median and p95 ms, fitted ms) and the fit. JSON (``--json``)
 ``fit_reason`` (why not; null when it applies), ``trend_z`` and ``trend_p`` (Page's test),
 ``expert_share`` (at the largest N; null when the fit does not apply), ``denoise_share``
 (measured), ``host_other_cpu_pct``, ``host_steal_pct`` and ``contention`` (per timed call in
-the order run, as ``profile-step``'s), ``environment``. After the fit, the ``host load:``
-line, or ``CONTENDED: ...: the fit's points were measured on a busy machine``.
+the order run, as ``profile-step``'s), ``control`` (null without a control rate; else N -> the
+control object of ``bench-inference`` over that N's calls), ``environment``. After the fit, the
+``host load:`` line, or ``CONTENDED: ...: the fit's points were measured on a busy machine``.
 """
 
 from __future__ import annotations
@@ -58,20 +63,25 @@ def _num_steps(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scopebench.commands._policy_options import add_config_arguments
+    from scopebench.commands._policy_options import add_config_arguments, add_control_arguments
 
     add_config_arguments(parser)
+    add_control_arguments(parser)
     parser.add_argument("--num-steps", type=_num_steps, default=[1, 2, 5, 10], help="comma-separated N (1,2,5,10)")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per N (20)")
 
 
 @refuses("decompose-latency")
 def run(args: argparse.Namespace) -> int:
+    from scopebench.policy.control import FLAGS, check_config_control, check_control
     from scopebench.policy.tools import check_json_path, load_config
 
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    config = load_config(args)
+    check_control(args.control_hz, args.n_action_steps, keys=FLAGS)  # as typed, before the config
+    flags = {"policy.control_hz": args.control_hz, "policy.n_action_steps": args.n_action_steps}
+    config = load_config(args, flags=flags)
+    check_config_control(config, args.control_hz, args.n_action_steps)
     check_json_path("--json", args.json)
     return _decompose(config, args.num_steps, args.repeats, args.json)
 
@@ -104,6 +114,7 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
             run.loop(StepCounter(total, bar=bar))
         rows = list(run.profiler.rows)
         device = run.device
+        control = {n: run.control([row["step_time_sec"] for row in rows[i :: len(steps)]]) for i, n in enumerate(steps)}
     latency = {n: [] for n in steps}
     denoise = {n: [] for n in steps}
     for i, row in enumerate(rows):
@@ -134,6 +145,7 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
         "expert_share": expert / (fit["fixed_sec"] + expert) if verdict["fit_applies"] else None,
         "denoise_share": median(denoise[top]) / med[top],
         **measured_steps(rows),
+        "control": None if control[steps[-1]] is None else {str(n): c.as_dict() for n, c in control.items()},
         "environment": environment_info(device),
     }
     return finish(format_report(report), report, json_path)
@@ -171,4 +183,6 @@ def format_report(report: dict) -> str:
     if host is not None:  # said after the fit: its points are what the machine's load disturbed
         busy = ": the fit's points were measured on a busy machine" if host["contended"] else ""
         lines.append(host["line"] + busy)
+    for n, control in (report.get("control") or {}).items():
+        lines.append(f"control at N={n}: {control['verdict']}")
     return "\n".join(lines)

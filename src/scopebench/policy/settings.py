@@ -240,7 +240,10 @@ class InferenceSettings:
     chunk_size: int | None = None
     """pi05: actions predicted per call (None: the dataset's chunk size)."""
     n_action_steps: int | None = None
-    """pi05: actions returned per call, at most ``chunk_size`` (None: all of them)."""
+    """pi05: actions returned per call, at most ``chunk_size`` (None: all of them); also the
+    actions executed per chunk in the control-rate figures (:mod:`scopebench.policy.control`)."""
+    control_hz: float | None = None
+    """The robot's control rate (Hz) for the control-rate figures (None: no figures)."""
     compile_mode: str = "none"
     """``none`` (eager) or a ``torch.compile`` mode, applied to prefill and denoise only."""
     precision: str = "fp32"
@@ -267,6 +270,7 @@ class InferenceSettings:
         optional(integer, "n_action_steps", self.n_action_steps, low=1)
         if self.chunk_size is not None and self.n_action_steps is not None and self.n_action_steps > self.chunk_size:
             raise ValueError(f"n_action_steps must be at most chunk_size={self.chunk_size}, got {self.n_action_steps}")
+        optional(number, "control_hz", self.control_hz, low=0, low_open=True)
         choice("compile_mode", self.compile_mode, compile_modes())
         choice("precision", self.precision, PRECISIONS)
         choice("attention_implementation", self.attention_implementation, ATTENTION_IMPLEMENTATIONS)

@@ -219,6 +219,9 @@ class InferenceRun(RankRun):
         self.actions: Any = None
         self._untimed = None
         self._calls = 0
+        #: Timed calls' latency (``step_time_sec``) gathered by :meth:`control_metrics`.
+        self.control_latencies: list[float] = []
+        self._control_seen = -1
 
     def build(self) -> None:
         """Policy, observation, compilation; then ``n_warmup`` calls for each ``num_steps``."""
@@ -298,6 +301,29 @@ class InferenceRun(RankRun):
                 f"(expected >= {COMPILE_RATIO_WARNING:.0f}x): compilation may not have happened",
                 stacklevel=3,
             )
+
+    def control(self, latencies: Sequence[float]):
+        """The :class:`~scopebench.policy.control.ControlFigures` of ``latencies`` at the
+        settings' ``control_hz`` with ``n_action_steps`` actions executed per chunk (None:
+        the whole chunk); None without a ``control_hz`` or a latency."""
+        from scopebench.policy.control import control_figures
+
+        s = self.settings
+        if s.control_hz is None or not latencies:
+            return None
+        return control_figures(latencies, s.control_hz, s.n_action_steps or self.chunk_size)
+
+    def control_metrics(self) -> dict[str, Any]:
+        """The ``control_*`` metrics over the timed calls so far (the solver's rows): the last
+        call's ``step_time_sec`` is gathered once per call, however often this is asked."""
+        if self.settings.control_hz is None:
+            return {}
+        step = self.profiler.get_current_metrics().get("step_time_sec") if self.profiler is not None else None
+        if step is not None and self._control_seen != self._calls:
+            self._control_seen = self._calls
+            self.control_latencies.append(step)
+        figures = self.control(self.control_latencies)
+        return figures.metrics() if figures is not None else {}
 
     def metrics(self) -> dict[str, Any]:
         """The metrics now: the last call's profiler metrics and ``setup_time_sec``

@@ -193,7 +193,8 @@ class TrainSolverMixin(_PolicySolverMixin):
 
 
 class InferenceSolverMixin(_PolicySolverMixin):
-    """``Pi05Inference``: one action chunk per iteration."""
+    """``Pi05Inference``: one action chunk per iteration; with ``control_hz``, its rows carry
+    the control-rate figures of the timed calls so far (:meth:`InferenceRun.control_metrics`)."""
 
     @classmethod
     def check_cell(cls, params: dict[str, Any], spec: dict[str, Any], launcher_world_size: int | None) -> str | None:
@@ -223,9 +224,10 @@ class InferenceSolverMixin(_PolicySolverMixin):
         import torch
 
         run = self.run_object
+        metrics = {**run.metrics(), **run.control_metrics()}  # control_*: with a control_hz only
         if run.settings.policy != "pi05":  # a user policy's output is not an action chunk of the dataset
-            return dict(sampled=True, **run.metrics())
+            return dict(sampled=True, **metrics)
         actions = run.actions
         if actions is None:  # no call yet (n_warmup: 0): "no motion", scored like any other
             actions = torch.zeros(1, run.settings.n_action_steps or run.chunk_size, self.action_dim)
-        return dict(actions=actions, **run.metrics())
+        return dict(actions=actions, **metrics)
