@@ -152,8 +152,7 @@ def own_job_folder(benchmark_class: Any, folder: str | Path | None = None) -> No
             (the library itself never imports benchopt).
         folder: This run's folder, else a new one under the benchmark's ``benchopt_run/``.
     """
-    Benchmark = benchmark_class  # noqa: N806 (benchopt's class, patched in place)
-    if folder is None and getattr(Benchmark.get_slurm_folder, "scopebench_own", False):
+    if folder is None and getattr(benchmark_class.get_slurm_folder, "scopebench_own", False):
         return  # installed already, by run_benchopt's program or an earlier import
     chosen: list[Path] = [Path(folder)] if folder is not None else []
 
@@ -164,7 +163,7 @@ def own_job_folder(benchmark_class: Any, folder: str | Path | None = None) -> No
         return chosen[0]
 
     get_slurm_folder.scopebench_own = True
-    Benchmark.get_slurm_folder = get_slurm_folder
+    benchmark_class.get_slurm_folder = get_slurm_folder  # benchopt's class, patched in place
 
 
 def _job_errors(folder: Path, since: float, limit: int = 3, chars: int = 2000) -> list[str]:
