@@ -6,9 +6,13 @@ Two cumulative counters read from ``/proc`` (Linux), in clock ticks (``USER_HZ``
   (``sched_getaffinity``): ``busy`` (user, nice, system, irq, softirq: what any process in
   this kernel ran, guests included), ``steal`` (time the hypervisor gave to another
   machine) and ``total`` (busy + idle + iowait + steal);
-* :class:`OwnTime` — the CPU time (``utime + stime`` of ``/proc/<pid>/stat``) of every
-  process in the run's process groups: this process, its threads and children (dataloader
-  workers), and the other ranks on this host when they share a group or are named.
+* :class:`OwnTime` — the CPU time (``utime + stime + cutime + cstime`` of
+  ``/proc/<pid>/stat``) of every process in the run's process groups: this process, its
+  threads and children (dataloader workers), and the other ranks on this host when they
+  share a group or are named. The ``c`` fields are the children a process has waited for,
+  so a worker that exits between two readings, or is born and exits between two scans,
+  still counts as the run's (once: what was read of a known child before it went is not
+  counted again when its parent's ``cutime`` takes it).
 
 A driver whose work runs in subprocesses that exit within the interval (the ``perf/``
 scripts) counts :func:`self_and_waited_ticks` as its own instead.
@@ -22,9 +26,12 @@ every period; the ``perf/`` scripts read them around each round
 Accuracy: ``/proc/stat`` counts in ticks (10 ms at ``USER_HZ = 100``), so an interval of
 100 ms on two CPUs holds 20 ticks and a single interval's share is only good to about
 ±10 %; shares over seconds are good to about 1 %. A process that joins a group is found
-when the membership is scanned again (every :data:`RESCAN_SEC`); one born since the
-last scan has all its CPU time counted as the run's at that scan, and one that exits
-between two readings loses its last interval (counted as other).
+when the membership is scanned again (every :data:`RESCAN_SEC`, or when a reader asks:
+the sampler does when an interval looks busy); one born since the last scan has all its
+CPU time counted as the run's at that scan. A child of the run reaped by a process
+outside it (re-parented to init) loses its last interval (counted as other); a child
+outside the run's groups that a process of the run waits for counts as the run's when it
+is reaped.
 """
 
 from __future__ import annotations
@@ -106,13 +113,13 @@ def _read(path: Path) -> str | None:
         os.close(fd)
 
 
-def _stat(pid: int, root: str | Path) -> tuple[int, int, int] | None:
-    """``(pgrp, utime + stime, starttime)`` of ``pid``, ``None`` once it is gone."""
+def _stat(pid: int, root: str | Path) -> tuple[int, int, int, int] | None:
+    """``(pgrp, utime + stime + cutime + cstime, starttime, ppid)`` of ``pid``, ``None`` once it is gone."""
     text = _read(Path(root) / f"proc/{pid}/stat")
     if text is None:
         return None
     rest = text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and parentheses
-    return int(rest[2]), int(rest[11]) + int(rest[12]), int(rest[19])
+    return int(rest[2]), sum(int(v) for v in rest[11:15]), int(rest[19]), int(rest[1])
 
 
 def _uptime_ticks(root: str | Path) -> int:
@@ -142,6 +149,10 @@ class OwnTime:
         self.rescan_sec = rescan_sec
         self.known: dict[int, int] = {}
         self.ticks = 0
+        self._parent: dict[int, int] = {}  # known pid -> its parent
+        # parent pid -> ticks already counted of its known children that went away: its
+        # cutime/cstime takes them again when it reaps them
+        self._counted_gone: dict[int, int] = {}
         self._outside: set[int] = set()  # pids seen that are not the run's
         self._scanned_at = 0  # uptime ticks of the last scan
         self._scan(first=True)
@@ -159,21 +170,38 @@ class OwnTime:
             if stat is None or stat[0] not in self.pgids:
                 self._outside.add(pid)
                 continue
-            self.known[pid] = stat[1]
+            self.known[pid], self._parent[pid] = stat[1], stat[3]
             if not first and stat[2] >= self._scanned_at:
                 self.ticks += stat[1]  # born since the last scan: all its time is the run's, since then
         self._scanned_at = now
 
-    def read(self) -> int:
-        """Ticks the run's processes have used since this object was made (cumulative)."""
-        for pid, before in list(self.known.items()):
-            stat = _stat(pid, self.root)
+    def read(self, rescan: bool = False) -> int:
+        """Ticks the run's processes have used since this object was made (cumulative).
+
+        Args:
+            rescan: Scan ``/proc`` for the run's new processes now, not only every ``rescan_sec``.
+        """
+        stats = {pid: _stat(pid, self.root) for pid in self.known}
+        # The pids gone first: a parent read in this pass may already hold a reaped child's time.
+        for pid, stat in stats.items():
             if stat is None or stat[0] not in self.pgids:  # exited (or the pid was reused)
-                del self.known[pid]
-                continue
-            self.ticks += stat[1] - before
+                before = self.known.pop(pid)
+                self._counted_gone.pop(pid, None)  # its children not reaped yet go to init
+                parent = self._parent.pop(pid)
+                if parent in self.known:  # it takes the child's whole time when it reaps it
+                    self._counted_gone[parent] = self._counted_gone.get(parent, 0) + before
+        for pid, before in list(self.known.items()):
+            stat = stats[pid]
+            grown = stat[1] - before
+            owed = self._counted_gone.pop(pid, 0)
+            if owed:  # what was counted of its reaped children, once (the rest at a later reading)
+                taken = min(owed, max(grown, 0))
+                grown -= taken
+                if owed > taken:
+                    self._counted_gone[pid] = owed - taken
+            self.ticks += grown
             self.known[pid] = stat[1]
-        if time.monotonic() >= self._next_scan:
+        if rescan or time.monotonic() >= self._next_scan:
             self._scan()
             self._next_scan = time.monotonic() + self.rescan_sec
         return self.ticks

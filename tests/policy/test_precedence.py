@@ -81,7 +81,9 @@ def test_train_applies_flags_over_key_value_overrides(monkeypatch, tmp_path):
     from scopebench.policy.run import trainer
 
     seen = []
-    monkeypatch.setattr(trainer, "train_policy", lambda config, **kwargs: seen.append(config) or {})
+    # what train_policy returns that the command reads: where the run began, each step's host load
+    result = {"start_step": 0, "host_samples": []}
+    monkeypatch.setattr(trainer, "train_policy", lambda config, **kwargs: seen.append(config) or result)
     args = ["train", "--config", TINY, "--output_dir", str(tmp_path / "run")]
     assert main([*args, "--training.steps=7", "--steps", "5", "--training.log_freq=3"]) == 0
     (config,) = seen

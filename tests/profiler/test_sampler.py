@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import threading
 import time
 from types import SimpleNamespace
@@ -15,7 +16,14 @@ from test_host import FakeNVML, missing_pynvml
 
 from scopebench.host_load import CLK_TCK, OwnTime, read_cpu_times, usable_cpus
 from scopebench.profiler import create_profiler
-from scopebench.profiler.sampler import GPU_COLUMNS, THREAD_NAME, HostSampler, sampler_period, throttle_names
+from scopebench.profiler.sampler import (
+    GPU_COLUMNS,
+    MIN_INTERVAL_TICKS,
+    THREAD_NAME,
+    HostSampler,
+    sampler_period,
+    throttle_names,
+)
 
 HOUR = 3600.0  # a period the thread never reaches: the test takes every sample itself
 
@@ -124,16 +132,22 @@ class FakeProc:
         (root / "proc").mkdir()
         self.uptime = 1000.0
 
-    def write(self, busy: int, idle: int, steal: int = 0, procs: dict[int, tuple[int, int, int]] = ()):
-        """Per CPU ``busy`` (user) / ``idle`` / ``steal`` ticks; ``procs``: pid -> (pgrp, ticks, starttime)."""
+    def write(self, busy: int, idle: int, steal: int = 0, procs: dict[int, tuple] = ()):
+        """Per CPU ``busy`` (user) / ``idle`` / ``steal`` ticks; ``procs``: pid -> (pgrp, ticks,
+        starttime[, ppid, ticks of the children it waited for]). A pid no longer in ``procs`` is gone."""
         lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
         lines += [f"cpu{c} {busy} 0 0 {idle} 0 0 0 {steal} 0 0" for c in self.cpus]
         (self.root / "proc/stat").write_text("\n".join(lines) + "\nintr 1 2 3\n")
         (self.root / "proc/uptime").write_text(f"{self.uptime} 0\n")
-        for pid, (pgrp, ticks, born) in dict(procs).items():
+        procs = dict(procs)
+        for folder in (self.root / "proc").iterdir():
+            if folder.name.isdigit() and int(folder.name) not in procs:
+                shutil.rmtree(folder)
+        for pid, (pgrp, ticks, born, *rest) in procs.items():
+            ppid, waited = rest if rest else (1, 0)
             folder = self.root / f"proc/{pid}"
             folder.mkdir(exist_ok=True)
-            fields = ["S", "1", str(pgrp)] + ["0"] * 8 + [str(ticks), "0"] + ["0"] * 6 + [str(born)]
+            fields = ["S", str(ppid), str(pgrp)] + ["0"] * 8 + [str(ticks), "0", str(waited)] + ["0"] * 5 + [str(born)]
             (folder / "stat").write_text(f"{pid} (py (thon)) " + " ".join(fields) + "\n")
 
 
@@ -162,6 +176,73 @@ def test_a_process_of_the_run_born_later_is_the_runs_from_its_birth(tmp_path):
     proc.write(busy=200, idle=100, procs={10: (7, 5, 1), 12: (7, 40, int(1500 * CLK_TCK))})
     assert own.read() == 5 + 40
     assert set(own.known) == {10, 12}
+
+
+def test_a_worker_that_exits_between_readings_counts_once_through_its_parents_cutime(tmp_path):
+    proc = FakeProc(tmp_path)
+    proc.write(busy=100, idle=100, procs={10: (7, 0, 1), 12: (7, 0, 1, 10, 0)})
+    own = OwnTime({7}, tmp_path, rescan_sec=3600.0)
+    proc.write(busy=200, idle=100, procs={10: (7, 5, 1), 12: (7, 30, 1, 10, 0)})
+    assert own.read() == 5 + 30
+    # The worker ran 20 more ticks and exited; the parent reaped it: cutime holds its 50.
+    proc.write(busy=300, idle=100, procs={10: (7, 8, 1, 1, 50)})
+    assert own.read() == 8 + 50
+    # A parent that reaps its child only after the child's pid went: the rest comes then.
+    proc.write(busy=300, idle=100, procs={10: (7, 8, 1, 1, 50), 13: (7, 10, 1, 10, 0)})
+    own.read(rescan=True)
+    base = own.read()
+    proc.write(busy=300, idle=100, procs={10: (7, 8, 1, 1, 50)})  # gone, not reaped yet
+    assert own.read() == base
+    proc.write(busy=300, idle=100, procs={10: (7, 9, 1, 1, 50 + 14)})  # reaped: 10 seen + 4 unseen
+    assert own.read() == base + 1 + 4
+
+
+def test_a_worker_born_and_gone_between_scans_is_the_runs_through_its_parent(tmp_path):
+    proc = FakeProc(tmp_path)
+    proc.write(busy=100, idle=100, procs={10: (7, 0, 1)})
+    own = OwnTime({7}, tmp_path, rescan_sec=3600.0)
+    proc.write(busy=200, idle=100, procs={10: (7, 4, 1, 1, 60)})  # a worker never scanned: 60 ticks
+    assert own.read() == 4 + 60
+
+
+def test_a_busy_interval_makes_the_sampler_scan_for_the_runs_new_processes(tmp_path):
+    proc, n = FakeProc(tmp_path), len(usable_cpus())
+    proc.write(busy=0, idle=100, procs={10: (7, 0, 1)})
+    sampler = HostSampler("cpu", HOUR, pgids={7}, root=tmp_path)
+    sampler.start()
+    sampler._own.rescan_sec = 3600.0  # no periodic scan in this test
+    mark = sampler.mark()
+    proc.uptime = 2000.0
+    # A dataloader worker born after the first scan took every CPU busy tick of the interval.
+    proc.write(busy=50, idle=150, procs={10: (7, 0, 1), 12: (7, 50 * n, int(1500 * CLK_TCK), 10, 0)})
+    sampler.sample()
+    out = sampler.window(mark, 1.0)
+    assert out["host_other_cpu_pct"] == pytest.approx(0.0) and 12 in sampler._own.known
+    # A quiet interval scans nothing: a process of the run born then waits for the periodic scan.
+    mark = sampler.mark()
+    proc.write(busy=50, idle=250, procs={10: (7, 0, 1), 12: (7, 50 * n, 1), 14: (7, 0, int(1900 * CLK_TCK))})
+    sampler.sample()
+    sampler.stop()
+    assert sampler.window(mark, 1.0)["host_other_cpu_pct"] == pytest.approx(0.0) and 14 not in sampler._own.known
+
+
+def test_an_interval_of_few_ticks_reaches_back_to_enough_ticks_for_a_cpu_share(tmp_path):
+    proc, n = FakeProc(tmp_path), len(usable_cpus())
+    per_cpu = -(-MIN_INTERVAL_TICKS // n)  # ticks per CPU that make MIN_INTERVAL_TICKS over them all
+    proc.write(busy=0, idle=0)
+    sampler = HostSampler("cpu", HOUR, root=tmp_path)
+    sampler.start()
+    mark = sampler.mark()
+    proc.write(busy=0, idle=per_cpu - 1)  # one tick short on each CPU: no share, not a rounding
+    sampler.sample()
+    assert "host_other_cpu_pct" not in sampler.window(mark, 0.01)
+    mark = sampler.mark()
+    proc.write(busy=1, idle=per_cpu - 1)  # one busy tick per CPU: alone a 100 % interval
+    sampler.sample()
+    out = sampler.window(mark, 0.01)
+    sampler.stop()
+    # measured from the first sample: per_cpu ticks of which 1 busy, on each CPU
+    assert out["host_other_cpu_pct"] == pytest.approx(100.0 / per_cpu)
 
 
 def test_no_proc_stat_gives_no_cpu_column_with_the_reason(tmp_path):

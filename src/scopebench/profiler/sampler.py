@@ -2,7 +2,8 @@
 
 Every :data:`PERIOD_SEC` (100 ms) the thread ``scopebench-host-sampler`` reads the CPU
 counters of :mod:`scopebench.host_load` (``/proc/stat`` over the CPUs this process may
-use, and the CPU time of the run's own process groups) and, on a CUDA device with NVML
+use, and the CPU time of the run's own process groups, scanned again for new members at
+once when the interval looks busy: :data:`RESCAN_OTHER_PCT`) and, on a CUDA device with NVML
 (``nvidia-ml-py``), the measured GPU's utilisation, SM clock, power, temperature, memory
 used, throttle reasons, energy counter and (read every :data:`PROCESS_EVERY` samples,
 the latest count standing in between) the other processes on it. The profiler (:mod:`scopebench.profiler.base`) starts it when the
@@ -14,7 +15,9 @@ At the end of each recorded iteration the profiler asks for :meth:`HostSampler.w
 the samples from the last one taken before the iteration began to the latest one. An
 iteration shorter than the period gets the last full interval (neighbouring short
 iterations then share values); the first iteration of a window gets nothing until one
-period has passed. Columns (docs/profiler.md): ``host_other_cpu_pct``,
+period has passed. The CPU shares need :data:`MIN_INTERVAL_TICKS` ticks: a shorter
+interval reaches back to earlier samples of the window, and gets no CPU share until the
+window holds that many. Columns (docs/profiler.md): ``host_other_cpu_pct``,
 ``host_steal_pct``, ``gpu_util_pct``, ``gpu_sm_clock_mhz``, ``gpu_power_w`` (means over
 the samples), ``gpu_temp_c``, ``gpu_mem_used_mb``, ``gpu_other_procs_count`` (maxima),
 ``gpu_throttle`` (throttle-reason bits seen, OR-ed; :func:`throttle_names`),
@@ -42,6 +45,13 @@ __all__ = ["GPU_COLUMNS", "HostSampler", "PERIOD_SEC", "THREAD_NAME", "sampler_p
 PERIOD_SEC = 0.1
 ENV_PERIOD = "SCOPEBENCH_SAMPLER_PERIOD_SEC"
 THREAD_NAME = "scopebench-host-sampler"
+#: CPU ticks (over the usable CPUs) an interval needs for a CPU share: a share over fewer is
+#: mostly tick rounding (one tick of 3 is 33 %), so a shorter interval reaches back to earlier
+#: samples. 20 ticks: 100 ms on two CPUs at ``USER_HZ = 100``, good to about ±5 %.
+MIN_INTERVAL_TICKS = 20
+#: An interval whose other share exceeds this makes the sample scan ``/proc`` for the run's new
+#: processes at once (:meth:`scopebench.host_load.OwnTime.read`), not at the next periodic scan (%).
+RESCAN_OTHER_PCT = 5.0
 #: The GPU's process list is read every this many samples (it costs more than the rest).
 PROCESS_EVERY = 10
 #: NVML clock-event reason bits (``nvmlClocksEventReason*``) that slow the GPU down.
@@ -80,6 +90,22 @@ def sampler_period(environ: Mapping[str, str] | None = None) -> float:
     if value != 0 and not value >= 0.01:
         raise ValueError(f"environment variable {ENV_PERIOD} must be 0 (off) or seconds >= 0.01, got {raw!r}")
     return value
+
+
+def _enough_ticks(samples: list[tuple], first: int, latest: int) -> int:
+    """The latest sample at or before ``first`` from which to ``latest`` at least
+    :data:`MIN_INTERVAL_TICKS` CPU ticks passed (the oldest kept one when none has: its
+    interval then gives no CPU share)."""
+    by_seq = {s[0]: s for s in samples}
+    end = by_seq.get(latest)
+    if end is None or end[2] is None:
+        return first
+    start = first
+    while start in by_seq and by_seq[start][2] is not None:
+        if end[2].total - by_seq[start][2].total >= MIN_INTERVAL_TICKS or start - 1 not in by_seq:
+            return start
+        start -= 1
+    return first
 
 
 def throttle_names(mask: int, only_throttling: bool = True) -> list[str]:
@@ -271,6 +297,12 @@ class HostSampler:
         """Take one reading now (the thread calls it every period)."""
         cpu = read_cpu_times(self.cpus, self.root)
         own = self._own.read()
+        last = self._samples[-1] if self._samples else None
+        if cpu is not None and last is not None and last[2] is not None:
+            # Busy since the last sample: first look for the run's processes born since the
+            # last scan (dataloader workers), whose time would otherwise count as other.
+            if shares((last[2], last[3]), (cpu, own)).get("host_other_cpu_pct", 0.0) > RESCAN_OTHER_PCT:
+                own = self._own.read(rescan=True)
         gpu = self._gpu.read() if self._gpu is not None and self._gpu.available else {}
         with self._lock:
             self._seq += 1
@@ -289,12 +321,15 @@ class HostSampler:
         """
         latest = self._seq
         if latest != mark or self._cache is None or self._cache[0] != latest:
-            with self._lock:
-                # Keep what the next window may need: its mark (>= latest) and the one before.
-                self._samples = [s for s in self._samples if s[0] >= min(mark, latest) - 1]
-                samples = list(self._samples)
             first = mark if latest > mark else latest - 1
-            rates, power = self._interval(samples, first, latest)
+            with self._lock:
+                samples = list(self._samples)
+                cpu_first = _enough_ticks(samples, first, latest)
+                # Keep what the next window may need: its mark (>= latest), the one before, and
+                # the samples back to enough CPU ticks before them (never more than before now).
+                keep = min(cpu_first, min(mark, latest) - 1)
+                self._samples = [s for s in self._samples if s[0] >= keep]
+            rates, power = self._interval(samples, first, latest, cpu_first)
             if latest == mark:
                 self._cache = (latest, rates, power)
         else:
@@ -304,16 +339,19 @@ class HostSampler:
             out["gpu_energy_j"] = power * wall_sec
         return out
 
-    def _interval(self, samples: list[tuple], first: int, latest: int) -> tuple[dict[str, float], float | None]:
-        """Rates and means between samples ``first`` and ``latest``, and the mean power (W)
-        from the energy counter (``None`` without it)."""
+    def _interval(
+        self, samples: list[tuple], first: int, latest: int, cpu_first: int
+    ) -> tuple[dict[str, float], float | None]:
+        """Rates and means between samples ``first`` and ``latest`` (the CPU shares from
+        ``cpu_first``), and the mean power (W) from the energy counter (``None`` without it)."""
         by_seq = {s[0]: s for s in samples}
         if first not in by_seq or latest not in by_seq:
             return {}, None
         a, b = by_seq[first], by_seq[latest]
         out: dict[str, float] = {}
-        if a[2] is not None and b[2] is not None:
-            out.update(shares((a[2], a[3]), (b[2], b[3])))
+        c = by_seq.get(cpu_first)
+        if c is not None and c[2] is not None and b[2] is not None and b[2].total - c[2].total >= MIN_INTERVAL_TICKS:
+            out.update(shares((c[2], c[3]), (b[2], b[3])))
         inside = [s[4] for s in samples if first < s[0] <= latest]
         for key in _MEANS + _MAXIMA:
             values = [g[key] for g in inside if key in g]
