@@ -42,7 +42,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CpuTimes", "OwnTime", "read_cpu_times", "self_and_waited_ticks", "shares", "usable_cpus"]
+__all__ = [
+    "CpuTimes",
+    "OwnTime",
+    "process_age_sec",
+    "read_cpu_times",
+    "self_and_waited_ticks",
+    "shares",
+    "usable_cpus",
+]
 
 #: Clock ticks per second of ``/proc/stat`` and ``/proc/<pid>/stat``.
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -205,6 +213,27 @@ class OwnTime:
             self._scan()
             self._next_scan = time.monotonic() + self.rescan_sec
         return self.ticks
+
+
+def process_age_sec(pid: int | None = None, root: str | Path = "/") -> float | None:
+    """Seconds since process ``pid`` (default: this one) started, to a clock tick (10 ms);
+    ``None`` without ``/proc`` (not Linux).
+
+    :Examples:
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp()); (root / "proc/42").mkdir(parents=True)
+    >>> _ = (root / "proc/uptime").write_text("12.50 3.00\\n")
+    >>> born = 10 * CLK_TCK  # started 10 s after boot
+    >>> _ = (root / "proc/42/stat").write_text(f"42 (x) S 1 42 " + "0 " * 16 + f"{born} 0\\n")
+    >>> process_age_sec(42, root)
+    2.5
+    """
+    stat = _stat(os.getpid() if pid is None else pid, root)
+    now = _uptime_ticks(root)
+    if stat is None or not now:
+        return None
+    return max(0, now - stat[2]) / CLK_TCK
 
 
 def self_and_waited_ticks() -> int:

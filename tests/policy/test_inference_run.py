@@ -112,6 +112,9 @@ def test_compiled_calls_report_compile_time_and_first_call_ratio(robot_data):
     first, rest = run.warmup_sec[1][0], run.warmup_sec[1][1:]
     assert m["compile_time_sec"] == pytest.approx(first - median(rest)) and m["compile_time_sec"] > 0
     assert m["first_call_ratio"] == pytest.approx(first / median(rest)) and m["first_call_ratio"] >= 5
+    cold = run.cold_start_report()
+    assert cold["compiled_graphs"] >= 1 and cold["compile_note"] is None  # it compiled, and says so
+    assert cold["first_action_sec"] == first and cold["compile_time_sec"] == m["compile_time_sec"]
 
 
 def test_a_ratio_below_five_warns_that_compilation_may_not_have_happened(robot_data):

@@ -6,7 +6,9 @@ resize, normalize), prefill, ``num_steps`` denoising steps, postprocessing, on a
 observation of ``num_cameras`` images, a ``prompt_words``-word prompt and a state, with
 random weights (latency depends on shapes, dtype and compilation, not on weight values).
 ``BENCH_N_WARMUP`` calls first (the first pays for ``torch.compile``; with compilation the
-first-call / steady-call ratio is checked, >= 5x or a warning), then ``BENCH_N_TIMED``
+first-call / steady-call ratio is checked, >= 5x or a warning, and the graphs compiled are
+counted: none is a compile that fell back to eager; the cold start, from the process's start
+to the first action, is printed with it), then ``BENCH_N_TIMED``
 timed calls: mean / std / p50 / p95 / p99 / min / max, per-phase medians, peak memory.
 
 How to run (a single process)::
@@ -32,7 +34,13 @@ Output: a summary on stdout, and ``<BENCH_OUTPUT_DIR>/<host>_<preset>_<timestamp
 ``policy`` (the preset), ``compile_mode``, ``num_params``, ``n_warmup``, ``n_timed``,
 ``warmup_sec`` (list), ``samples_sec`` (every timed call), ``summary`` (``mean, std, p50,
 p95, p99, min, max`` in seconds), ``phases`` (phase -> ``mean_sec, median_sec,
-p95_sec``), ``compile_time_sec`` and ``first_call_ratio`` (null without compilation),
+p95_sec``), ``compile_time_sec`` and ``first_call_ratio`` (null without compilation), ``cold_start``
+(``process_to_build_sec`` (process start to the build's start: imports, configuration,
+data; null without ``/proc``), ``build_sec`` (policy made, moved, compile wrappers),
+``first_action_sec`` (the first call, compilation included), ``process_to_first_action_sec``
+(their sum), ``compile_time_sec`` (within the first action), ``warmup_sec``,
+``compile_note`` (why compilation may not have happened, else null) and, with a
+``compile_mode``, ``compiled_graphs`` and ``graph_breaks`` during the warm-up),
 ``peak_memory`` (``max_rss_mb``, ``max_gpu_mb``), ``host_other_cpu_pct``,
 ``host_steal_pct`` and ``contention`` (per timed call, as ``profile-step``'s; the summary
 ends with its ``CONTENDED:`` / ``host load:`` line), ``environment`` (host, device, CUDA
@@ -136,6 +144,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         num_params = sum(p.numel() for p in run.model.parameters())
         warm = next(iter(run.warmup_sec.values()), [])
         compile_info = run.compile_metrics()
+        cold_start = run.cold_start_report()
         calls = [row["step_time_sec"] for row in rows]
         control = run.control(calls)
     stats = summarize(calls)
@@ -166,6 +175,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         },
         "compile_time_sec": compile_info.get("compile_time_sec"),
         "first_call_ratio": compile_info.get("first_call_ratio"),
+        "cold_start": cold_start,
         "peak_memory": {
             "max_rss_mb": max(row.get("max_rss_mb", 0.0) for row in rows),
             "max_gpu_mb": max(row.get("max_gpu_mb", 0.0) for row in rows),
@@ -209,6 +219,7 @@ def format_report(report: dict) -> str:
             f"compile: {report['compile_time_sec']:.2f} s in the first call "
             f"(first / steady call = {report['first_call_ratio']:.1f}x)"
         )
+    lines += cold_start_lines(report["cold_start"])
     mem = report["peak_memory"]
     lines.append(f"peak memory: rss {mem['max_rss_mb']:.0f} MB, gpu {mem['max_gpu_mb']:.0f} MB")
     if report["contention"] is not None:
@@ -217,3 +228,26 @@ def format_report(report: dict) -> str:
     if report.get("control_figure"):
         lines.append(f"control figure: {report['control_figure']}")
     return "\n".join(lines)
+
+
+def cold_start_lines(cold: dict) -> list[str]:
+    """``cold start: ...`` (process start -> build -> first action), and the compile note when
+    compilation may not have happened."""
+
+    def sec(value: float | None) -> str:
+        return "?" if value is None else f"{value:.2f} s"
+
+    compiled = ""
+    if "compiled_graphs" in cold:
+        compiled = (
+            f" (compile {sec(cold['compile_time_sec'])} of it, {cold['compiled_graphs']} graph(s), "
+            f"{cold['graph_breaks']} graph break(s))"
+        )
+    lines = [
+        f"cold start: process start -> build {sec(cold['process_to_build_sec'])}, build {sec(cold['build_sec'])}, "
+        f"first action {sec(cold['first_action_sec'])}{compiled}: "
+        f"{sec(cold['process_to_first_action_sec'])} from process start to the first action"
+    ]
+    if cold.get("compile_note"):
+        lines.append(f"WARNING: {cold['compile_note']}")
+    return lines

@@ -12,6 +12,14 @@ measured iterations, and the first call's excess over a steady call is reported 
 ``compile_time_sec``, with ``first_call_ratio`` = first call / median later warm-up call
 (below 5, a warning says compilation may not have happened).
 
+**Cold start** (:attr:`InferenceRun.cold_start`, :meth:`InferenceRun.cold_start_report`): from
+the process's start (``/proc``, to 10 ms) to the build's start (imports, configuration, data),
+the build (policy made, moved to the device, compile wrappers), the first call (the first
+action: with compilation, its compile time is ``compile_time_sec`` within it), and their sum,
+process start to first action; with a ``compile_mode``, the graphs ``torch.compile``
+compiled and the graph breaks it took during the warm-up (``torch._dynamo``'s counters), so
+a compile that silently fell back to eager is reported in the note, not hidden.
+
 The observation is the policy's ``observation(1)``. pi05 builds it from the dataset's first
 frame (the objective scores against that frame's recorded actions):
 :func:`scopebench.policy.pi05.make_observation`.
@@ -143,6 +151,13 @@ def _seconds(value: float) -> str:
     return f"{value:.3g} s" if abs(value) >= 0.1 else f"{value * 1e3:.3g} ms"
 
 
+def _compile_counters() -> tuple[int, int]:
+    """Graphs ``torch.compile`` compiled and graph breaks it took so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
 def inference_memory_check(settings: InferenceSettings) -> None:
     """Refuse a preset whose weights exceed the free memory (``check_memory: false`` skips)."""
     from scopebench.policy import make_policy
@@ -219,6 +234,8 @@ class InferenceRun(RankRun):
         self.actions: Any = None
         self._untimed = None
         self._calls = 0
+        #: Seconds from the process's start to the first action (:meth:`cold_start_report`), after build.
+        self.cold_start: dict[str, Any] = {}
         #: Timed calls' latency (``step_time_sec``) gathered by :meth:`control_metrics`.
         self.control_latencies: list[float] = []
         self._control_seen = -1
@@ -227,10 +244,13 @@ class InferenceRun(RankRun):
         """Policy, observation, compilation; then ``n_warmup`` calls for each ``num_steps``."""
         import functools
 
+        from scopebench.host_load import process_age_sec
         from scopebench.policy.run.train import run_policy
         from scopebench.policy.user import prepare_batch, to_device
 
         s = self.settings
+        before_build, begin = process_age_sec(), time.perf_counter()
+        graphs_before = _compile_counters()
         self.warmup_sec, self._calls, self._untimed = {}, 0, None
         self.policy = policy = run_policy(
             s, dataset_root=self.dataset_root, chunk_size=self.chunk_size, task="inference"
@@ -259,8 +279,21 @@ class InferenceRun(RankRun):
             model=model,
             compiled=s.compile_mode != "none",
         )
+        built = time.perf_counter() - begin
         for n in dict.fromkeys(self.schedule):
             self.warmup_sec[n] = [self.timed_call(n) for _ in range(s.n_warmup)]
+        first = next(iter(self.warmup_sec.values()))[0] if s.n_warmup else None
+        self.cold_start = {
+            "process_to_build_sec": before_build,
+            "build_sec": built,
+            "first_action_sec": first,
+            "process_to_first_action_sec": (
+                None if before_build is None or first is None else before_build + built + first
+            ),
+        }
+        if s.compile_mode != "none":
+            graphs, breaks = (after - was for after, was in zip(_compile_counters(), graphs_before))
+            self.cold_start.update(compiled_graphs=graphs, graph_breaks=breaks)
         self._check_compilation()
 
     def step(self, profiler: Any) -> None:
@@ -293,14 +326,40 @@ class InferenceRun(RankRun):
         steady = median(first[1:])
         return {"compile_time_sec": max(0.0, first[0] - steady), "first_call_ratio": first[0] / steady}
 
-    def _check_compilation(self) -> None:
+    def compile_note(self) -> str | None:
+        """Why compilation may not have happened (None: it did, or no ``compile_mode``): the
+        first call under :data:`COMPILE_RATIO_WARNING` times a steady one, or no graph compiled."""
         ratio = self.compile_metrics().get("first_call_ratio")
+        graphs = self.cold_start.get("compiled_graphs")
+        reasons = []
         if ratio is not None and ratio < COMPILE_RATIO_WARNING:
-            warnings.warn(
-                f"compile_mode={self.settings.compile_mode!r}: the first call took only {ratio:.1f}x a steady call "
-                f"(expected >= {COMPILE_RATIO_WARNING:.0f}x): compilation may not have happened",
-                stacklevel=3,
+            reasons.append(
+                f"the first call took only {ratio:.1f}x a steady call (expected >= {COMPILE_RATIO_WARNING:.0f}x)"
             )
+        if graphs == 0:
+            reasons.append("torch.compile compiled no graph (the calls ran eagerly)")
+        if not reasons:
+            return None
+        return (
+            f"compile_mode={self.settings.compile_mode!r}: "
+            + " and ".join(reasons)
+            + ": compilation may not have happened"
+        )
+
+    def _check_compilation(self) -> None:
+        note = self.compile_note()
+        if note is not None:
+            warnings.warn(note, stacklevel=3)
+
+    def cold_start_report(self) -> dict[str, Any]:
+        """:attr:`cold_start` with ``compile_time_sec`` (within the first action), the warm-up
+        series (``warmup_sec``: the first ``num_steps``'s calls) and ``compile_note``."""
+        return {
+            **self.cold_start,
+            "compile_time_sec": self.compile_metrics().get("compile_time_sec"),
+            "warmup_sec": list(next(iter(self.warmup_sec.values()), [])),
+            "compile_note": self.compile_note(),
+        }
 
     def control(self, latencies: Sequence[float]):
         """The :class:`~scopebench.policy.control.ControlFigures` of ``latencies`` at the
