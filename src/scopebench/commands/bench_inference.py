@@ -17,6 +17,13 @@ How to run (a single process)::
     BENCH_NO_COMPILE=1 scopebench bench-inference --config configs/policy/small.yml
     BENCH_COMPILE_MODE=default scopebench bench-inference --config configs/policy/small.yml
     scopebench bench-inference --config configs/policy/tiny.yml --control-hz 30 --n-action-steps 4
+    scopebench bench-inference --config configs/policy/tiny.yml \\
+        --policy examples/stateful_policy.py:make_policy --episode-length 20
+
+A stateful policy (``UserPolicy.reset``) runs episodes of ``--episode-length`` calls, reset
+between them (the reset is timed apart, not in the calls), and its latency is reported by
+place in the episode, so a state that grows shows up; it is not compiled (refused in one
+line: its state changing from call to call would make ``torch.compile`` recompile mid-episode).
 
 Control-rate figures (:mod:`scopebench.policy.control`), with ``--control-hz`` (default the
 config's ``policy.control_hz``; none: no figures) and ``--n-action-steps`` (actions executed
@@ -41,6 +48,10 @@ data; null without ``/proc``), ``build_sec`` (policy made, moved, compile wrappe
 (their sum), ``compile_time_sec`` (within the first action), ``warmup_sec``,
 ``compile_note`` (why compilation may not have happened, else null) and, with a
 ``compile_mode``, ``compiled_graphs`` and ``graph_breaks`` during the warm-up),
+``episodes`` (null for a stateless policy; for one with ``UserPolicy.reset``:
+``episode_length`` (``--episode-length``, null: one episode), ``episodes`` (begun in the
+timed calls), ``reset_sec`` (each reset, untimed in the calls), ``by_position`` (from 1:
+``position``, ``calls``, ``median_sec``, ``mean_sec``) and ``last_over_first``),
 ``peak_memory`` (``max_rss_mb``, ``max_gpu_mb``), ``host_other_cpu_pct``,
 ``host_steal_pct`` and ``contention`` (per timed call, as ``profile-step``'s; the summary
 ends with its ``CONTENDED:`` / ``host load:`` line), ``environment`` (host, device, CUDA
@@ -72,6 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-warmup", type=int, default=None, help="BENCH_N_WARMUP")
     parser.add_argument("--n-timed", type=int, default=None, help="BENCH_N_TIMED (50)")
     parser.add_argument("--output-dir", default=None, help="BENCH_OUTPUT_DIR (benchmark_results)")
+    parser.add_argument(
+        "--episode-length",
+        type=int,
+        default=None,
+        help="a stateful policy's calls per episode, reset between them (default: one episode)",
+    )
 
 
 @refuses("bench-inference")
@@ -99,15 +116,17 @@ def run(args: argparse.Namespace) -> int:
     timed = args.n_timed if args.n_timed is not None else env_int("BENCH_N_TIMED", 50)
     if timed < 1:
         raise ValueError(f"--n-timed must be >= 1, got {timed}")
+    if args.episode_length is not None and args.episode_length < 1:
+        raise ValueError(f"--episode-length must be >= 1, got {args.episode_length}")
     config = load_config(args, env=env, flags=flags)
     check_config_control(config, args.control_hz, args.n_action_steps)
     out_dir = args.output_dir or os.environ.get("BENCH_OUTPUT_DIR") or "benchmark_results"
     check_writable_dir("--output-dir" if args.output_dir else "BENCH_OUTPUT_DIR", out_dir)
     check_json_path("--json", args.json)
-    return _bench(config, timed, out_dir, args.json)
+    return _bench(config, timed, out_dir, args.json, args.episode_length)
 
 
-def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
+def _bench(config, n_timed: int, out_dir: str, json_path: str | None, episode_length: int | None = None) -> int:
     import socket
     import time
     from pathlib import Path
@@ -137,6 +156,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         profiler=ProfilerConfig(mode="custom", active=n_timed),
         keep_rows=True,
         tool="bench-inference",
+        episode_length=episode_length,
     ) as run:
         with progress_bar(n_timed, "bench-inference") as bar:
             run.loop(StepCounter(n_timed, lambda: per_call.append(run.metrics()), bar))
@@ -147,6 +167,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         cold_start = run.cold_start_report()
         calls = [row["step_time_sec"] for row in rows]
         control = run.control(calls)
+        episodes = run.episode_report(calls)
     stats = summarize(calls)
     report = {
         "tool": "bench-inference",
@@ -176,6 +197,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         "compile_time_sec": compile_info.get("compile_time_sec"),
         "first_call_ratio": compile_info.get("first_call_ratio"),
         "cold_start": cold_start,
+        "episodes": episodes,
         "peak_memory": {
             "max_rss_mb": max(row.get("max_rss_mb", 0.0) for row in rows),
             "max_gpu_mb": max(row.get("max_gpu_mb", 0.0) for row in rows),
@@ -220,6 +242,7 @@ def format_report(report: dict) -> str:
             f"(first / steady call = {report['first_call_ratio']:.1f}x)"
         )
     lines += cold_start_lines(report["cold_start"])
+    lines += episode_lines(report.get("episodes"))
     mem = report["peak_memory"]
     lines.append(f"peak memory: rss {mem['max_rss_mb']:.0f} MB, gpu {mem['max_gpu_mb']:.0f} MB")
     if report["contention"] is not None:
@@ -251,3 +274,27 @@ def cold_start_lines(cold: dict) -> list[str]:
     if cold.get("compile_note"):
         lines.append(f"WARNING: {cold['compile_note']}")
     return lines
+
+
+#: Places in the episode the text shows at most (evenly spread, the first and the last included).
+SHOWN_POSITIONS = 10
+
+
+def episode_lines(episodes: dict | None) -> list[str]:
+    """A stateful policy's median latency by place in the episode (nothing for a stateless one)."""
+    if episodes is None:
+        return []
+    rows = episodes["by_position"]
+    if len(rows) > SHOWN_POSITIONS:
+        step = (len(rows) - 1) / (SHOWN_POSITIONS - 1)
+        rows = [rows[round(i * step)] for i in range(SHOWN_POSITIONS)]
+    length = episodes["episode_length"]
+    resets = episodes["reset_sec"]
+    head = (
+        f"stateful policy: {'one episode' if length is None else f'episodes of {length} calls'} "
+        f"({episodes['episodes']} begun in the timed calls, reset median {sorted(resets)[len(resets) // 2] * 1e3:.2f} ms)"
+    )
+    ratio = episodes["last_over_first"]
+    by = ", ".join(f"{r['position']}: {r['median_sec'] * 1e3:.2f}" for r in rows)
+    growth = "" if ratio is None else f" (last / first = {ratio:.2f}x)"
+    return [head, f"median latency by place in the episode (ms): {by}{growth}"]

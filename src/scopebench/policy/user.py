@@ -132,6 +132,13 @@ class UserPolicy:
     flops_per_sample: float | None = None
     """Forward + backward FLOPs of one training sample, for MFU; None: counted once on one sample
     with torch's ``FlopCounterMode`` before training."""
+    reset: Callable[[nn.Module], Any] | None = None
+    """``reset(model)``: the start of an episode; returns the policy's initial state (anything:
+    a recurrent hidden state, a history of past observations, fast weights). With it the policy
+    is **stateful**: ``sample(model, inputs, num_steps, state)`` takes the state as a fourth
+    argument and returns ``(output, new_state)``, which the suite hands to the next call of the
+    episode. The inference tools call it before an episode's first call (``bench-inference
+    --episode-length``: every that many calls), untimed and reported apart. None: stateless."""
     shard_modules: Sequence[nn.Module] | None = None
     """Submodules of ``model`` that FSDP2 shards as one unit each (then the root); None: each
     child of ``model`` that holds parameters (a child sharing a parameter with another stays in
@@ -145,7 +152,7 @@ class UserPolicy:
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
             raise PolicyError(f"UserPolicy.model must be a torch.nn.Module, got {type(self.model).__name__}")
-        for name in ("loss", "collate_fn", "preprocess", "sample", "observation", "prefill", "postprocess"):
+        for name in ("loss", "collate_fn", "preprocess", "sample", "observation", "prefill", "postprocess", "reset"):
             value = getattr(self, name)
             if (value is not None or name == "loss") and not callable(value):
                 raise PolicyError(f"UserPolicy.{name} must be callable, got {type(value).__name__}")
@@ -163,6 +170,11 @@ class UserPolicy:
             inside = {id(m) for m in self.model.modules()}
             if any(not isinstance(m, nn.Module) or id(m) not in inside for m in self.shard_modules):
                 raise PolicyError("UserPolicy.shard_modules must list submodules of UserPolicy.model")
+
+    @property
+    def stateful(self) -> bool:
+        """Whether ``sample`` carries a state from one call to the next (``reset`` is given)."""
+        return self.reset is not None
 
     def require(self, *names: str, tool: str) -> None:
         """Refuse a tool that needs attributes this policy does not have, naming the first one missing."""

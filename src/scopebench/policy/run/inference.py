@@ -186,6 +186,10 @@ class InferenceRun(RankRun):
         dataset_root: Folder of the robot dataset (pi05: its first frame is the observation).
         chunk_size: The dataset's chunk size, used when ``settings.chunk_size`` is None.
         tool: How errors name the caller (a policy without ``sample`` is refused naming it).
+        episode_length: A stateful policy's calls per episode (:attr:`UserPolicy.reset` is called
+            before each episode's first call, at the top of an iteration: callback time, not the
+            call's); None: one episode (reset once before the warm-up and once before the first
+            measured call). Refused for a stateless policy.
         schedule: The ``num_steps`` of the calls: iteration ``i`` uses
             ``schedule[i % len(schedule)]``, and every value is warmed up (``n_warmup``
             calls each) before the first measured call. Default: ``[settings.num_steps]``.
@@ -201,6 +205,7 @@ class InferenceRun(RankRun):
         chunk_size: int,
         schedule: Sequence[int] | None = None,
         tool: str = "Pi05Inference",
+        episode_length: int | None = None,
         **run: Any,
     ) -> None:
         from scopebench.validate import integer
@@ -224,6 +229,11 @@ class InferenceRun(RankRun):
 
             resolve_factory(settings.policy)
         self.tool = tool
+        self.episode_length = None if episode_length is None else integer("episode_length", episode_length, low=1)
+        #: Each measured call's place in its episode (0: the first call after a reset).
+        self.positions: list[int] = []
+        #: Seconds of each reset before a measured episode (stateful policies).
+        self.reset_sec: list[float] = []
         self.policy = None
         self.model = None
         #: The call of each iteration (after start).
@@ -256,10 +266,11 @@ class InferenceRun(RankRun):
             s, dataset_root=self.dataset_root, chunk_size=self.chunk_size, task="inference"
         )
         policy.require("sample", "observation", tool=self.tool)
+        self._check_state(policy)
         self.model = model = policy.model.to(self.device, _DTYPES[s.precision]).eval()
 
-        def sample(state: Any, num_steps: int) -> Any:  # closures, which torch.compile traces through
-            return policy.sample(model, state, num_steps)
+        def sample(state: Any, num_steps: int, *carried: Any) -> Any:  # closures, which torch.compile traces through
+            return policy.sample(model, state, num_steps, *carried)
 
         def prefill(observation: Any) -> Any:
             return policy.prefill(model, observation)
@@ -278,7 +289,9 @@ class InferenceRun(RankRun):
             postprocess=policy.postprocess or functools.partial(to_device, device=torch.device("cpu")),
             model=model,
             compiled=s.compile_mode != "none",
+            reset=(lambda: policy.reset(model)) if policy.stateful else None,
         )
+        self.work.reset()
         built = time.perf_counter() - begin
         for n in dict.fromkeys(self.schedule):
             self.warmup_sec[n] = [self.timed_call(n) for _ in range(s.n_warmup)]
@@ -295,11 +308,50 @@ class InferenceRun(RankRun):
             graphs, breaks = (after - was for after, was in zip(_compile_counters(), graphs_before))
             self.cold_start.update(compiled_graphs=graphs, graph_breaks=breaks)
         self._check_compilation()
+        self.positions, self.reset_sec = [], []
+        if policy.stateful:  # the measured calls begin an episode
+            self._reset()
+
+    def _check_state(self, policy: Any) -> None:
+        """Refuse what a stateful policy and these settings cannot do together, in one line."""
+        s, who = self.settings, f"policy {self.settings.policy}"
+        if self.episode_length is not None and not policy.stateful:
+            raise ValueError(
+                f"episode_length={self.episode_length} needs a stateful policy, and {who} has no "
+                "UserPolicy.reset: its calls carry nothing from one to the next"
+            )
+        if policy.stateful and s.compile_mode != "none":
+            raise ValueError(
+                f"compile_mode={s.compile_mode!r} is refused for {who}: it is stateful (UserPolicy.reset), "
+                "and a state that changes from call to call (its shapes, its Python objects) makes torch.compile "
+                "recompile or fall back to eager mid-episode, which would be timed as the policy's latency; "
+                "use compile_mode: none (--no-compile)"
+            )
+
+    def _reset(self) -> None:
+        begin = time.perf_counter()
+        self.work.reset()
+        self.reset_sec.append(time.perf_counter() - begin)
+
+    def loop(self, callback: Any = None, before_callback: Any = None) -> None:
+        """:meth:`RankRun.loop`; a stateful policy's episode is reset at the top of the iteration
+        after its ``episode_length``-th call (callback time, not the call's)."""
+        if self.episode_length is None:
+            return super().loop(callback, before_callback)
+
+        def before() -> None:
+            if self.work.position >= self.episode_length:
+                self._reset()
+            if before_callback is not None:
+                before_callback()
+
+        return super().loop(callback, before)
 
     def step(self, profiler: Any) -> None:
         """One call, with the schedule's next ``num_steps``."""
         n = self.schedule[self._calls % len(self.schedule)]
         self._calls += 1
+        self.positions.append(self.work.position)
         self.actions = self.work(profiler, n)
 
     def timed_call(self, num_steps: int | None = None) -> float:
@@ -325,6 +377,36 @@ class InferenceRun(RankRun):
         first = next(iter(self.warmup_sec.values()))
         steady = median(first[1:])
         return {"compile_time_sec": max(0.0, first[0] - steady), "first_call_ratio": first[0] / steady}
+
+    def episode_report(self, latencies: Sequence[float]) -> dict[str, Any] | None:
+        """A stateful policy's measured calls by their place in the episode (None: stateless).
+
+        ``episode_length`` (None: one episode), ``episodes`` (begun in the measured calls),
+        ``reset_sec`` (each reset before a measured episode), ``by_position`` (one entry per
+        place, from 1: ``position``, ``calls``, ``median_sec``, ``mean_sec``) and
+        ``last_over_first`` (the last place's median over the first's: a state that grows
+        makes the later calls slower).
+        """
+        from scopebench.stats import median
+
+        if self.policy is None or not self.policy.stateful:
+            return None
+        places: dict[int, list[float]] = {}
+        for place, latency in zip(self.positions, latencies):
+            places.setdefault(place, []).append(latency)
+        by_position = [
+            {"position": p + 1, "calls": len(v), "median_sec": median(v), "mean_sec": sum(v) / len(v)}
+            for p, v in sorted(places.items())
+        ]
+        first, last = by_position[0]["median_sec"], by_position[-1]["median_sec"]
+        episodes = self.positions.count(0)
+        return {
+            "episode_length": self.episode_length,
+            "episodes": episodes,
+            "reset_sec": list(self.reset_sec[:episodes]),  # not a reset after the last call
+            "by_position": by_position,
+            "last_over_first": last / first if first > 0 else None,
+        }
 
     def compile_note(self) -> str | None:
         """Why compilation may not have happened (None: it did, or no ``compile_mode``): the

@@ -384,6 +384,9 @@ class InferenceStep:
         model: The model (put in eval mode before each call).
         compiled: The callables are ``torch.compile``d: each call starts a new CUDA-graph
             step (``reduce-overhead``), so the previous call's graph outputs may be reused.
+        reset: A stateful policy's ``() -> initial state`` (:attr:`UserPolicy.reset`): ``sample``
+            then takes ``(inputs, num_steps, state)`` and returns ``(output, new state)``, and
+            the state goes from one call to the next until :meth:`reset` starts an episode.
     """
 
     def __init__(
@@ -397,8 +400,14 @@ class InferenceStep:
         model: torch.nn.Module,
         prefill: Callable[[Any], Any] | None = None,
         compiled: bool = False,
+        reset: Callable[[], Any] | None = None,
     ) -> None:
         self.observation = observation
+        self.start_episode = reset
+        #: The stateful policy's state, carried from call to call (:meth:`reset` starts it).
+        self.state: Any = None
+        #: Calls since the episode began.
+        self.position = 0
         self.prepare = prepare
         self.sample = sample
         self.num_steps = num_steps
@@ -420,9 +429,20 @@ class InferenceStep:
             with prof.track_step("prefill"):
                 state = self.prefill(state)
         with prof.track_step("denoise"):
-            output = self.sample(state, num_steps or self.num_steps)
+            if self.start_episode is None:
+                output = self.sample(state, num_steps or self.num_steps)
+            else:
+                output, self.state = self.sample(state, num_steps or self.num_steps, self.state)
+        self.position += 1
         with prof.track_step("postprocess"):
             return self.postprocess(output)
+
+    @torch.inference_mode()
+    def reset(self) -> None:
+        """Start an episode: a stateful policy's initial state, and position 0."""
+        self.position = 0
+        if self.start_episode is not None:
+            self.state = self.start_episode()
 
 
 def validation_loss(model: Pi05Policy, batch: Mapping, stats: Mapping | None, seed: int = 0) -> float:
