@@ -375,6 +375,59 @@ def find_max_batch_cuda():
     return {"ok": ok, "largest_batch": best, "margin_mb": report.get("margin_mb"), "log_tail": proc.stdout[-600:]}
 
 
+def _bench_inference_cuda(out, *extra: str) -> dict:
+    """``scopebench bench-inference`` on the GPU with ``extra`` flags: its JSON ({} on failure)."""
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    command = [
+        sys.executable,
+        "-m",
+        "scopebench.cli",
+        "bench-inference",
+        "--config",
+        str(repo / "configs/policy/tiny.yml"),
+    ]
+    command += ["--device=cuda", f"--dataset.cache_dir={out / 'data'}", "--n-warmup", "2", "--n-timed", "20"]
+    command += ["--output-dir", str(out), "--json", str(out / "bench.json"), *extra]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-600:]}
+    return json.loads((out / "bench.json").read_text())
+
+
+def inference_control_rate_cuda():
+    """The control-rate path on CUDA (issue 36): figures, figure PNG, cold start, and a stateful
+    policy's episodes, from ``bench-inference`` on the GPU."""
+    import tempfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = Path(tempfile.mkdtemp(prefix="gpu_check_control_"))
+    pi05 = _bench_inference_cuda(out, "--control-hz", "30", "--n-action-steps", "4")
+    control, cold = pi05.get("control") or {}, pi05.get("cold_start") or {}
+    stateful = _bench_inference_cuda(
+        out, "--policy", f"{repo / 'examples/stateful_policy.py'}:make_policy", "--episode-length", "5"
+    )
+    episodes = stateful.get("episodes") or {}
+    ok = (
+        control.get("calls") == 20
+        and Path(pi05.get("control_figure") or "/nonexistent").is_file()
+        and (cold.get("first_action_sec") or 0) > 0
+        and not str(pi05.get("environment", {}).get("device", "cpu")).startswith("cpu")
+        and episodes.get("episodes") == 4
+    )
+    return {
+        "ok": ok,
+        "verdict": control.get("verdict"),
+        "p50_ms": (pi05.get("summary") or {}).get("p50", 0) * 1e3,
+        "process_to_first_action_sec": cold.get("process_to_first_action_sec"),
+        "stateful_last_over_first": episodes.get("last_over_first"),
+        "errors": [r["error"] for r in (pi05, stateful) if "error" in r],
+    }
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"check": "cuda", "ok": False, "error": "CUDA is not available"}))
@@ -398,6 +451,7 @@ def main() -> int:
         host_sampler_nvml,
         policy_memory_by_category,
         find_max_batch_cuda,
+        inference_control_rate_cuda,
     ]
     results = [_report(fn.__name__, fn) for fn in checks]
     return 0 if all(results) else 1

@@ -3,7 +3,8 @@
 # CUDA, the policy's training run (accelerate, fused AdamW, bf16) and compiled inference
 # (reduce-overhead / CUDA graphs), one FSDP2 step in bf16 on one GPU, user policies (examples/ and
 # PaliGemma) training and sampling on CUDA, with two GPUs `scopebench train` under ZeRO-2 and under
-# FSDP2 (bf16, NCCL). Under five minutes. Prints one JSON line per
+# FSDP2 (bf16, NCCL), and bench-inference's control-rate figures, cold start and a stateful
+# policy's episodes on CUDA. Under five minutes. Prints one JSON line per
 # check (scripts/gpu_check.py), then runs the tests marked `gpu` (the ones pytest skips on
 # a machine without CUDA).
 # Usage: bash scripts/gpu_check.sh   (installs into .venv first if needed)
