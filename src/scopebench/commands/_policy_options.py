@@ -39,3 +39,20 @@ def add_control_arguments(parser: argparse.ArgumentParser) -> None:
         "--n-action-steps", type=int, default=None, metavar="N",
         help="actions executed per chunk, at most the chunk size (default: policy.n_action_steps, else the chunk)",
     )  # fmt: skip
+
+
+def positive_ints(least: int, example: str):
+    """An argparse type: comma-separated positive integers, sorted and without repeats, at least
+    ``least`` of them (``example`` is shown in the error)."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = sorted({int(v) for v in text.split(",") if v.strip()})
+        except ValueError:
+            values = []
+        if len(values) < least or values[0] < 1:
+            many = {1: "one", 2: "two"}.get(least, str(least))
+            raise argparse.ArgumentTypeError(f"expected {many} or more positive integers like {example}, got {text!r}")
+        return values
+
+    return parse

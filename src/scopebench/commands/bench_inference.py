@@ -20,6 +20,10 @@ How to run (a single process)::
     scopebench bench-inference --config configs/policy/tiny.yml \\
         --policy examples/stateful_policy.py:make_policy --episode-length 20
 
+``--chunks-per-call 1,2,4,8`` then times calls that sample B chunks each (B copies of the
+observation in one call: best-of-N), ``--n-timed`` interleaved rounds of one call per B, and
+says up to which B sampling more is free (median within 20 % of the smallest B's).
+
 A stateful policy (``UserPolicy.reset``) runs episodes of ``--episode-length`` calls, reset
 between them (the reset is timed apart, not in the calls), and its latency is reported by
 place in the episode, so a state that grows shows up; it is not compiled (refused in one
@@ -48,6 +52,10 @@ data; null without ``/proc``), ``build_sec`` (policy made, moved, compile wrappe
 (their sum), ``compile_time_sec`` (within the first action), ``warmup_sec``,
 ``compile_note`` (why compilation may not have happened, else null) and, with a
 ``compile_mode``, ``compiled_graphs`` and ``graph_breaks`` during the warm-up),
+``chunks_per_call`` (null without ``--chunks-per-call``; else ``sizes``, ``rounds``,
+``by_size`` (``size``, ``median_sec``, ``p95_sec``, ``chunks_per_sec``, ``over_smallest``),
+``free_up_to``, ``knee`` (the first size more than 20 % slower than the smallest, null when
+none is) and ``latency_sec`` (size -> every call)),
 ``episodes`` (null for a stateless policy; for one with ``UserPolicy.reset``:
 ``episode_length`` (``--episode-length``, null: one episode), ``episodes`` (begun in the
 timed calls), ``reset_sec`` (each reset, untimed in the calls), ``by_position`` (from 1:
@@ -74,7 +82,7 @@ HELP = "latency of one sample_actions call at batch 1 (mean / p50 / p95 / p99, c
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scopebench.commands._policy_options import add_config_arguments, add_control_arguments
+    from scopebench.commands._policy_options import add_config_arguments, add_control_arguments, positive_ints
 
     add_config_arguments(parser)
     add_control_arguments(parser)
@@ -83,6 +91,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-warmup", type=int, default=None, help="BENCH_N_WARMUP")
     parser.add_argument("--n-timed", type=int, default=None, help="BENCH_N_TIMED (50)")
     parser.add_argument("--output-dir", default=None, help="BENCH_OUTPUT_DIR (benchmark_results)")
+    parser.add_argument(
+        "--chunks-per-call",
+        type=positive_ints(1, "1,2,4,8"),
+        default=None,
+        metavar="B,...",
+        help="also time calls sampling B chunks each (best-of-N), --n-timed interleaved rounds: latency, "
+        "throughput and where it stops being free",
+    )
     parser.add_argument(
         "--episode-length",
         type=int,
@@ -123,10 +139,17 @@ def run(args: argparse.Namespace) -> int:
     out_dir = args.output_dir or os.environ.get("BENCH_OUTPUT_DIR") or "benchmark_results"
     check_writable_dir("--output-dir" if args.output_dir else "BENCH_OUTPUT_DIR", out_dir)
     check_json_path("--json", args.json)
-    return _bench(config, timed, out_dir, args.json, args.episode_length)
+    return _bench(config, timed, out_dir, args.json, args.episode_length, args.chunks_per_call)
 
 
-def _bench(config, n_timed: int, out_dir: str, json_path: str | None, episode_length: int | None = None) -> int:
+def _bench(
+    config,
+    n_timed: int,
+    out_dir: str,
+    json_path: str | None,
+    episode_length: int | None = None,
+    chunks_per_call: list[int] | None = None,
+) -> int:
     import socket
     import time
     from pathlib import Path
@@ -168,6 +191,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None, episode_le
         calls = [row["step_time_sec"] for row in rows]
         control = run.control(calls)
         episodes = run.episode_report(calls)
+        chunks = None if chunks_per_call is None else run.chunks_per_call(chunks_per_call, n_timed)
     stats = summarize(calls)
     report = {
         "tool": "bench-inference",
@@ -198,6 +222,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None, episode_le
         "first_call_ratio": compile_info.get("first_call_ratio"),
         "cold_start": cold_start,
         "episodes": episodes,
+        "chunks_per_call": chunks,
         "peak_memory": {
             "max_rss_mb": max(row.get("max_rss_mb", 0.0) for row in rows),
             "max_gpu_mb": max(row.get("max_gpu_mb", 0.0) for row in rows),
@@ -243,6 +268,7 @@ def format_report(report: dict) -> str:
         )
     lines += cold_start_lines(report["cold_start"])
     lines += episode_lines(report.get("episodes"))
+    lines += chunks_lines(report.get("chunks_per_call"))
     mem = report["peak_memory"]
     lines.append(f"peak memory: rss {mem['max_rss_mb']:.0f} MB, gpu {mem['max_gpu_mb']:.0f} MB")
     if report["contention"] is not None:
@@ -298,3 +324,22 @@ def episode_lines(episodes: dict | None) -> list[str]:
     by = ", ".join(f"{r['position']}: {r['median_sec'] * 1e3:.2f}" for r in rows)
     growth = "" if ratio is None else f" (last / first = {ratio:.2f}x)"
     return [head, f"median latency by place in the episode (ms): {by}{growth}"]
+
+
+def chunks_lines(chunks: dict | None) -> list[str]:
+    """Latency and throughput by chunks per call, and where sampling more stops being free."""
+    if chunks is None:
+        return []
+    from scopebench.policy.run.inference import FREE_PCT
+
+    rows = ", ".join(
+        f"{r['size']}: {r['median_sec'] * 1e3:.2f} ms ({r['chunks_per_sec']:.1f} chunks/s, {r['over_smallest']:.2f}x)"
+        for r in chunks["by_size"]
+    )
+    knee = chunks["knee"]
+    end = (
+        f"every size within {FREE_PCT:g}% of {chunks['sizes'][0]}"
+        if knee is None
+        else f"free up to {chunks['free_up_to']}, not at {knee} (over {FREE_PCT:g}% slower than {chunks['sizes'][0]})"
+    )
+    return [f"chunks per call (median of {chunks['rounds']} interleaved rounds): {rows}; {end}"]

@@ -52,22 +52,14 @@ from scopebench.commands._common import finish, refuses
 HELP = "fit sample_actions latency as F + N*s over num_steps (fixed cost vs per expert step)"
 
 
-def _num_steps(text: str) -> list[int]:
-    try:
-        values = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        values = []
-    if len(values) < 2 or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"expected two or more positive integers like 1,2,5,10, got {text!r}")
-    return values
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scopebench.commands._policy_options import add_config_arguments, add_control_arguments
+    from scopebench.commands._policy_options import add_config_arguments, add_control_arguments, positive_ints
 
     add_config_arguments(parser)
     add_control_arguments(parser)
-    parser.add_argument("--num-steps", type=_num_steps, default=[1, 2, 5, 10], help="comma-separated N (1,2,5,10)")
+    parser.add_argument(
+        "--num-steps", type=positive_ints(2, "1,2,5,10"), default=[1, 2, 5, 10], help="comma-separated N (1,2,5,10)"
+    )
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per N (20)")
 
 

@@ -40,8 +40,10 @@ from scopebench.harness.run import RankRun
 from scopebench.policy.run.steps import InferenceStep
 from scopebench.policy.settings import InferenceSettings
 
-__all__ = ["COMPILE_RATIO_WARNING", "FIT_MIN_Z", "InferenceRun", "fit_latency", "fit_verdict"]
+__all__ = ["COMPILE_RATIO_WARNING", "FIT_MIN_Z", "FREE_PCT", "InferenceRun", "fit_latency", "fit_verdict"]
 
+#: Chunks per call are free while their median latency stays within this share of one chunk's (%).
+FREE_PCT = 20.0
 #: Below this first-call / steady-call ratio, compilation probably did not happen.
 COMPILE_RATIO_WARNING = 5.0
 #: Page's trend z the calls must reach for ``L(N) = F + N * s`` to apply (:func:`fit_verdict`):
@@ -406,6 +408,67 @@ class InferenceRun(RankRun):
             "reset_sec": list(self.reset_sec[:episodes]),  # not a reset after the last call
             "by_position": by_position,
             "last_over_first": last / first if first > 0 else None,
+        }
+
+    def chunks_per_call(self, sizes: Sequence[int], rounds: int) -> dict[str, Any]:
+        """Latency and throughput against the chunks sampled per call (best-of-N: ``B``
+        observations in one call), after :meth:`build`.
+
+        Each size gets ``max(1, n_warmup)`` untimed calls first (a compiled policy compiles
+        for the new shape there), then ``rounds`` interleaved rounds of one unprofiled call
+        per size (:meth:`timed_call`), so a change of the machine's load touches every size
+        alike. ``B`` is free while its median stays within :data:`FREE_PCT` % of the smallest
+        size's.
+
+        Returns:
+            ``sizes``, ``rounds``, ``by_size`` (``size``, ``median_sec``, ``p95_sec``,
+            ``chunks_per_sec`` = size / median, ``over_smallest`` = median / the smallest
+            size's) and ``free_up_to`` (the largest size before the first that is not free)
+            and ``knee`` (that first size, None when every size is free).
+        """
+        from scopebench.stats import median, percentile
+
+        if self.policy.stateful:
+            raise ValueError(
+                f"chunks per call are refused for policy {self.settings.policy}: it is stateful "
+                "(UserPolicy.reset), and its state is one episode's, not a batch's"
+            )
+        work, original = self.work, self.work.observation
+        observations = {b: self.policy.observation(b) for b in sizes}
+        latency: dict[int, list[float]] = {b: [] for b in sizes}
+        try:
+            for b in sizes:
+                work.observation = observations[b]
+                for _ in range(max(1, self.settings.n_warmup)):
+                    self.timed_call()
+            for _ in range(rounds):
+                for b in sizes:
+                    work.observation = observations[b]
+                    latency[b].append(self.timed_call())
+        finally:
+            work.observation = original
+        base = median(latency[sizes[0]])
+        by_size = []
+        for b in sizes:
+            med = median(latency[b])
+            by_size.append(
+                {
+                    "size": b,
+                    "median_sec": med,
+                    "p95_sec": percentile(latency[b], 95),
+                    "chunks_per_sec": b / med if med > 0 else None,
+                    "over_smallest": med / base if base > 0 else None,
+                }
+            )
+        knee = next((r["size"] for r in by_size if (r["over_smallest"] or 0) > 1 + FREE_PCT / 100), None)
+        free = [r["size"] for r in by_size if knee is None or r["size"] < knee]
+        return {
+            "sizes": list(sizes),
+            "rounds": rounds,
+            "by_size": by_size,
+            "free_up_to": free[-1],
+            "knee": knee,
+            "latency_sec": {str(b): v for b, v in latency.items()},
         }
 
     def compile_note(self) -> str | None:
