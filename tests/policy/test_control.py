@@ -260,7 +260,8 @@ def test_pi05_inference_writes_control_columns(tmp_path):
             }
         )
     )
-    df = pd.read_parquet(run_benchopt(REPO, config, output=tmp_path / "r.parquet").parquet)
+    parquet = run_benchopt(REPO, config, output=tmp_path / "r.parquet").parquet
+    df = pd.read_parquet(parquet)
     recorded = df[df["objective_step_time_sec"].notna()].sort_values("stop_val")
     assert len(recorded) >= 2
     assert (recorded["objective_control_hz"] == 1.0).all() and (recorded["objective_control_n_action_steps"] == 4).all()
@@ -276,3 +277,13 @@ def test_pi05_inference_writes_control_columns(tmp_path):
     hist = json.loads(last["objective_control_delay_steps_json"])
     assert sum(hist.values()) == last["objective_control_calls"]
     assert last["objective_control_verdict"] == control_figures(recorded["objective_step_time_sec"], 1.0, 4).line()
+    # the report's latency figure draws the deadline on its histogram and CDF (PNG and HTML)
+    from scopebench.report import figures, html, plots
+    from scopebench.report.build import read
+
+    (series,) = figures.latency_series(read([parquet]).configs)
+    assert series["deadline_ms"] == pytest.approx(4000.0)
+    shapes = html._latency([series], "t")["layout"]["shapes"]
+    assert [(d["xref"], d["x0"]) for d in shapes] == [("x", 4000.0), ("x2", 4000.0)]
+    axes = plots._latency_figure([series], "t").axes
+    assert all(any(list(line.get_xdata()) == [4000.0, 4000.0] for line in ax.get_lines()) for ax in axes)

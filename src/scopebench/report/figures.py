@@ -197,12 +197,22 @@ def scaling_groups(configs: list[Configuration]) -> list[dict[str, Any]]:
 
 
 def latency_series(configs: list[Configuration]) -> list[dict[str, Any]]:
-    """``[{"label", "ms"}]``: step time of each recorded call, for inference (latency) configurations."""
-    return [
-        {"label": c.label, "ms": [v * 1e3 for v in c.step_values()]}
-        for c in configs
-        if not c.recorded.empty and config_kind(c) == "latency"
-    ]
+    """``[{"label", "ms", "deadline_ms"}]``: step time of each recorded call, for inference
+    (latency) configurations, and the control loop's deadline (``control_deadline_sec``,
+    ``Pi05Inference`` with a ``control_hz``; None without one), drawn on both panels."""
+    out = []
+    for c in configs:
+        if c.recorded.empty or config_kind(c) != "latency":
+            continue
+        deadline = c.values("control_deadline_sec")
+        out.append(
+            {
+                "label": c.label,
+                "ms": [v * 1e3 for v in c.step_values()],
+                "deadline_ms": deadline[-1] * 1e3 if deadline else None,
+            }
+        )
+    return out
 
 
 def latency_fits(configs: list[Configuration]) -> list[dict[str, Any]]:

@@ -197,6 +197,15 @@ def _latency(series: list[dict[str, Any]], title: str) -> dict[str, Any]:
     layout = _two_panels(
         ("histogram", "empirical CDF"), title={"text": f"{title}: latency per call (ms)"}, barmode="overlay"
     )
+    shapes = []
+    for s in series:  # the control loop's deadline (Pi05Inference with control_hz), on both panels
+        if s.get("deadline_ms") is not None:
+            for axis in ("x", "x2"):
+                shapes.append({"type": "line", "xref": axis, "yref": f"{axis.replace('x', 'y')} domain",
+                               "x0": s["deadline_ms"], "x1": s["deadline_ms"], "y0": 0, "y1": 1,
+                               "line": {"dash": "dash", "width": 1}, "name": f"deadline {s['label']}"})  # fmt: skip
+    if shapes:
+        layout["shapes"] = shapes
     return {"data": traces, "layout": layout}
 
 

@@ -133,7 +133,19 @@ def _latency_figure(series: list[dict[str, Any]], title: str):
     for s in series:
         ax.hist(s["ms"], bins=min(30, max(5, len(s["ms"]) // 2)), alpha=0.5, label=short_label(s["label"]))
         ordered = sorted(s["ms"])
-        ax_cdf.step(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], where="post")
+        line = ax_cdf.step(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], where="post")[0]
+        if s.get("deadline_ms") is not None:  # the control loop's deadline (Pi05Inference with control_hz)
+            for axis in (ax, ax_cdf):
+                axis.axvline(s["deadline_ms"], color=line.get_color(), linestyle="--", linewidth=1)
+            ax.annotate(
+                f"deadline {s['deadline_ms']:.1f} ms",
+                (s["deadline_ms"], 1),
+                xycoords=("data", "axes fraction"),
+                fontsize=7,
+                rotation=90,
+                va="top",
+                ha="right",
+            )
     ax.set_xlabel("latency per call (ms)")
     ax.set_ylabel("calls")
     ax_cdf.set_xlabel("latency per call (ms)")
