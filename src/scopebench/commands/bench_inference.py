@@ -117,6 +117,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
     )
     from scopebench.profiler import ProfilerConfig
     from scopebench.report.contention import measured_steps
+    from scopebench.report.cost import measured_cost
     from scopebench.stats import summarize
 
     s = config.inference
@@ -171,6 +172,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
             "max_gpu_mb": max(row.get("max_gpu_mb", 0.0) for row in rows),
         },
         **measured_steps(rows),
+        **measured_cost(rows),
         "control": None if control is None else control.as_dict(),
         "environment": environment_info(run.device),
     }
@@ -213,6 +215,8 @@ def format_report(report: dict) -> str:
     lines.append(f"peak memory: rss {mem['max_rss_mb']:.0f} MB, gpu {mem['max_gpu_mb']:.0f} MB")
     if report["contention"] is not None:
         lines.append(report["contention"]["line"])
+    if report["profiler_cost"] is not None:
+        lines.append(report["profiler_cost"]["line"])
     lines += control_lines(report.get("control"))
     if report.get("control_figure"):
         lines.append(f"control figure: {report['control_figure']}")

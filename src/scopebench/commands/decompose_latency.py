@@ -97,6 +97,7 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
     )
     from scopebench.profiler import ProfilerConfig
     from scopebench.report.contention import measured_steps
+    from scopebench.report.cost import measured_cost
     from scopebench.stats import median, percentile
 
     total = repeats * len(steps)
@@ -145,6 +146,7 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
         "expert_share": expert / (fit["fixed_sec"] + expert) if verdict["fit_applies"] else None,
         "denoise_share": median(denoise[top]) / med[top],
         **measured_steps(rows),
+        **measured_cost(rows),
         "control": None if control[steps[-1]] is None else {str(n): c.as_dict() for n, c in control.items()},
         "environment": environment_info(device),
     }
@@ -183,6 +185,8 @@ def format_report(report: dict) -> str:
     if host is not None:  # said after the fit: its points are what the machine's load disturbed
         busy = ": the fit's points were measured on a busy machine" if host["contended"] else ""
         lines.append(host["line"] + busy)
+    if report["profiler_cost"] is not None:
+        lines.append(report["profiler_cost"]["line"])
     for n, control in (report.get("control") or {}).items():
         lines.append(f"control at N={n}: {control['verdict']}")
     return "\n".join(lines)

@@ -86,6 +86,7 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
     from scopebench.policy.dataset import RobotDataset
     from scopebench.policy.max_batch import StepTrial, run_steps, search
     from scopebench.report.contention import measured_steps
+    from scopebench.report.cost import measured_cost
     from scopebench.validate import batch_limit
 
     s, d = config.train, config.dataset
@@ -121,6 +122,9 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
     host = measured_steps(measured)  # step i: trial i's measured step
     if host["contention"] is not None:
         print(host["contention"]["line"])
+    cost = measured_cost(measured)  # each trial's one measured step carries its profiler's start-up
+    if cost["profiler_cost"] is not None:
+        print(cost["profiler_cost"]["line"])
     payload = {
         "tool": "find-max-batch",
         "config": config.source,
@@ -135,6 +139,7 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
         "margin_mb": margin,
         "trials": [t.__dict__ for t in trials],
         **host,
+        **cost,
     }
     finish(None, payload, json_path)
     if png_path:

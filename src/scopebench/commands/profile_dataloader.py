@@ -79,6 +79,7 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
     )
     from scopebench.profiler import ProfilerConfig
     from scopebench.report.contention import measured_steps
+    from scopebench.report.cost import measured_cost
 
     root = data_root(config)
     run = PolicyTrainRun(
@@ -130,6 +131,7 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
         "decoder": run.work.decoder,
         "decode_per_frame_sec": run.work.decode_sec / run.work.decoded_frames if run.work.decoded_frames else None,
         **measured_steps([m for m in per_step if "total_time_sec" in m]),
+        **measured_cost([m for m in per_step if "total_time_sec" in m]),
         "environment": environment_info(run.device),
     }
     return finish(format_report(report), report, json_path)
@@ -162,6 +164,8 @@ def format_report(report: dict) -> str:
         )
     if report["contention"] is not None:
         lines.append(report["contention"]["line"])
+    if report["profiler_cost"] is not None:
+        lines.append(report["profiler_cost"]["line"])
     lines += [
         "=" * len(title),
     ]

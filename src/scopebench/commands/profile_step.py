@@ -186,6 +186,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
     from scopebench.policy.phases import TRAIN_PHASES, describe_phases
     from scopebench.policy.tools import environment_info, settings_dict, summary_sec
     from scopebench.report.contention import measured_steps
+    from scopebench.report.cost import measured_cost
 
     step_times = [m["step_time_sec"] for m in per_step]
     total = summary_sec(step_times)
@@ -244,6 +245,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
         "per_rank": per_rank,
         "samples": {**samples, "total": step_times},
         **measured_steps(per_step),
+        **measured_cost(per_step),
         "environment": environment_info(run.device),
     }
 
@@ -287,5 +289,7 @@ def format_report(report: dict) -> str:
         )
     if report["contention"] is not None:
         lines.append(report["contention"]["line"])
+    if report["profiler_cost"] is not None:
+        lines.append(report["profiler_cost"]["line"])
     lines.append(BAR)
     return "\n".join(lines)

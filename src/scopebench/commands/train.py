@@ -144,11 +144,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"scopebench train: {err}", file=sys.stderr)
         return 2
     from scopebench.report.contention import measured_steps
+    from scopebench.report.cost import measured_cost
 
-    host = measured_steps(result.pop("host_samples"), first=result["start_step"] + 1)
+    samples = result.pop("host_samples")
+    host = measured_steps(samples, first=result["start_step"] + 1)
+    cost = measured_cost(samples)
     result.update(host)
+    result.update(cost)
     if host["contention"] is not None and launcher.rank == 0:  # how busy the machine was over the steps trained
         print(host["contention"]["line"], flush=True)
+    if cost["profiler_cost"] is not None and launcher.rank == 0:  # what the profiler cost those steps
+        print(cost["profiler_cost"]["line"], flush=True)
     if args.json and writes_reports():
         write_json(args.json, {"tool": "train", "config": config.source, **result})
         print(f"wrote {args.json}")

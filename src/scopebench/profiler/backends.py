@@ -56,7 +56,8 @@ class CustomProfiler(Profiler):
     ``total_time_sec``: counted from the end of the previous recorded iteration, or from
     the clock's start for the first one; large temporaries mapped afresh on every pass
     show up here, not in wall time alone),
-    ``profiler_overhead_sec`` (this profiler's own time outside the clock), and per
+    ``profiler_overhead_sec`` (this profiler's own time outside the clock),
+    ``profiler_inside_sec`` (its region bookkeeping inside it), and per
     region ``<region>_time_sec`` (summed over the region's occurrences) and
     ``<region>_max_gpu_mb``. GPU memory fields are 0 on CPU. A region may not be named
     after a whole-iteration column (:data:`RESERVED_REGIONS`: ``ValueError``).
@@ -64,6 +65,7 @@ class CustomProfiler(Profiler):
 
     region_time_key = "{}_time_sec"
     reports_overhead = True
+    region_sync = True
     #: Iteration whose end last read the process's resource usage, and its fault count.
     _usage_at: tuple[int, int] = (-2, 0)
 

@@ -267,6 +267,17 @@ class HostSampler:
         finally:
             self.thread_cpu_sec = time.thread_time()  # this thread's own CPU time, read inside it
 
+    def cpu_sec(self) -> float | None:
+        """The sampler thread's CPU time so far, read from another thread (Linux's per-thread
+        clock); :attr:`thread_cpu_sec` once stopped, ``None`` when neither can be read."""
+        thread = self._thread
+        if thread is None or thread.ident is None:
+            return self.thread_cpu_sec
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, AttributeError):  # the thread just ended; no such clock off Linux
+            return self.thread_cpu_sec
+
     def sample(self) -> None:
         """Take one reading now (the thread calls it every period)."""
         cpu = read_cpu_times(self.cpus, self.root)
