@@ -84,8 +84,7 @@ class CustomProfiler(Profiler):
                 "column of the custom profiler); rename the region"
             )
         ops = self.ops
-        if ops.is_cuda:
-            ops.synchronize()
+        if ops.is_cuda:  # the base synchronised (region_sync)
             # Fold the peak so far into the iteration's before the reset erases it.
             self._iter_peak_mb = max(self._iter_peak_mb, ops.max_memory_mb())
             ops.reset_peak_memory()
@@ -93,8 +92,7 @@ class CustomProfiler(Profiler):
 
     def _exit_region(self, name: str, token: Any) -> None:
         ops = self.ops
-        if ops.is_cuda:
-            ops.synchronize()
+        if ops.is_cuda:  # the base synchronised (region_sync)
             peak = ops.max_memory_mb()
             self._iter_peak_mb = max(self._iter_peak_mb, peak)
             self._region_mem[name] = max(self._region_mem.get(name, 0.0), peak)

@@ -27,10 +27,13 @@ processing), the cross-rank gather and the reduction — is reported as
 ``profiler_overhead_sec`` (``custom`` and ``torch``), so the interval between two
 callbacks is ``total_time_sec + profiler_overhead_sec`` up to a few microseconds.
 Its work inside the clock — each region's enter and exit hooks (torch's
-``record_function``, the custom backend's memory reads and, on CUDA, its synchronisation
-once the region's own work is done), memory tracking and the wall-time bookkeeping — is
+``record_function``, the custom backend's memory reads), memory tracking and the
+wall-time bookkeeping — is
 timed by perf_counter pairs around it and reported as ``profiler_inside_sec``; the host
-sampler thread's CPU time over the iteration as ``profiler_sampler_cpu_sec``.
+sampler thread's CPU time over the iteration as ``profiler_sampler_cpu_sec``. The
+custom backend's CUDA synchronisations around regions are not in it: what they wait for
+is the step's own queued work, and what they cost beyond that (lost CPU/GPU overlap) no
+timer on the host can separate; perf/profiler_overhead.py measures it from outside.
 When the callback says stop, no iteration begins: no empty range, no profiler cycle.
 
 Rows are kept in memory only when they will be written (``save_file``), so a long run
@@ -106,6 +109,8 @@ class _Region:
     def __enter__(self) -> None:
         prof = self.prof
         if prof._recording:
+            if prof.region_sync and prof.ops.is_cuda:
+                prof.ops.synchronize()  # the work queued before the region: not the region's, nor the profiler's
             begin = time.perf_counter()
             self.token = prof._enter_region(self.name)
             if prof._memory is not None:
@@ -119,7 +124,7 @@ class _Region:
             if prof.region_sync and prof.ops.is_cuda:
                 prof.ops.synchronize()  # the region's own queued work: region time, not the profiler's
             begin = time.perf_counter()
-            prof._exit_region(self.name, self.token)  # on CUDA its synchronisation now waits for nothing
+            prof._exit_region(self.name, self.token)
             wall = prof._region_wall
             wall[self.name] = wall.get(self.name, 0.0) + time.perf_counter() - self.start
             if prof._memory is not None:  # an OOM (exc): the snapshot, then a named error
@@ -143,9 +148,9 @@ class Profiler:
     #: ``profiler_inside_sec`` (its region bookkeeping inside the clock) and, with the host
     #: sampler on, ``profiler_sampler_cpu_sec``.
     reports_overhead = False
-    #: Whether ``_exit_region`` synchronises on CUDA: the base then synchronises first, so the
-    #: wait for the region's own work counts as region time and only the hook's cost as the
-    #: profiler's (``profiler_inside_sec``).
+    #: Whether regions synchronise on CUDA: the base then synchronises before ``_enter_region``
+    #: and ``_exit_region`` (which find the device idle), outside ``profiler_inside_sec``, so
+    #: the wait for work queued before and inside a region is never taken for the profiler's.
     region_sync = False
 
     def __init__(self, config: ProfilerConfig, device: Any = "cpu", name: str = "run", output_dir: Any = "outputs"):
