@@ -35,7 +35,8 @@ p95, p99, min, max`` in seconds), ``phases`` (phase -> ``mean_sec, median_sec,
 p95_sec``), ``compile_time_sec`` and ``first_call_ratio`` (null without compilation),
 ``peak_memory`` (``max_rss_mb``, ``max_gpu_mb``), ``host_other_cpu_pct``,
 ``host_steal_pct`` and ``contention`` (per timed call, as ``profile-step``'s; the summary
-ends with its ``CONTENDED:`` / ``host load:`` line), ``environment`` (host, device, CUDA
+ends with its ``CONTENDED:`` / ``host load:`` line), ``profiler_cost`` (as ``profile-step``'s,
+over the timed calls; its ``profiler cost:`` line follows), ``environment`` (host, device, CUDA
 driver and runtime, cuDNN, Python, torch, accelerate, scopebench, threads, load),
 ``control`` (null without a control rate; else ``control_hz, n_action_steps, calls,
 deadline_sec, missed, missed_share, p999_sec`` (null under 1000 calls, ``p999_note`` says

@@ -38,9 +38,11 @@ Output: a table (N, median and p95 ms, fitted ms) and the fit. JSON (``--json``)
 ``fit_reason`` (why not; null when it applies), ``trend_z`` and ``trend_p`` (Page's test),
 ``expert_share`` (at the largest N; null when the fit does not apply), ``denoise_share``
 (measured), ``host_other_cpu_pct``, ``host_steal_pct`` and ``contention`` (per timed call in
-the order run, as ``profile-step``'s), ``control`` (null without a control rate; else N -> the
+the order run, as ``profile-step``'s), ``profiler_cost`` (as ``profile-step``'s, over the
+timed calls), ``control`` (null without a control rate; else N -> the
 control object of ``bench-inference`` over that N's calls), ``environment``. After the fit, the
-``host load:`` line, or ``CONTENDED: ...: the fit's points were measured on a busy machine``.
+``host load:`` line, or ``CONTENDED: ...: the fit's points were measured on a busy machine``,
+then the ``profiler cost:`` line.
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ batch and its margin. JSON (``--json``): ``tool`` ("find-max-batch"), ``config``
 else the CUDA device's memory, MiB), ``largest_batch``, ``margin_mb``, ``trials`` (``batch``,
 ``fits``, ``peak_mb``, ``categories_mb``, ``reserved_mb``, ``note``), ``host_other_cpu_pct``,
 ``host_steal_pct`` and ``contention`` (per trial's measured step, as ``profile-step``'s; the
-``CONTENDED:`` / ``host load:`` line is printed after the largest batch). PNG (``--png``): the
+``CONTENDED:`` / ``host load:`` line is printed after the largest batch), ``profiler_cost`` (as
+``profile-step``'s over the trials' measured steps, each with its own profiler's start-up;
+its ``profiler cost:`` line follows). PNG (``--png``): the
 trials' peaks against the batch, their least-squares line, the limit and the largest batch
 read off the line beside the one the trials found (the report's memory-against-batch
 picture, :func:`scopebench.report.memory_figures.batch_figure`).

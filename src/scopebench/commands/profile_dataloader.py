@@ -29,7 +29,8 @@ Output: one line per rank, then the summary block. JSON (``--json``), keys: ``to
 ``pil`` for PNG), ``decode_per_frame_sec`` (rank 0's mean, all batches),
 ``host_other_cpu_pct``, ``host_steal_pct`` and ``contention`` (per measured batch, the busiest
 rank's, as ``profile-step``'s; the summary block ends with its ``CONTENDED:`` / ``host load:``
-line), ``environment``.
+line), ``profiler_cost`` (as ``profile-step``'s, over the measured batches; its ``profiler
+cost:`` line follows), ``environment``.
 """
 
 from __future__ import annotations

@@ -39,9 +39,13 @@ per-step values of the table), ``host_other_cpu_pct`` and ``host_steal_pct`` (th
 sampler's other-process share and steal per measured step, null where it gave none),
 ``contention`` (``other_pct``, ``other_max_pct``, ``steal_pct``, ``steal_max_pct``,
 ``affected`` (measured steps, from 0), ``sampled``, ``contended``, ``line``; null with the
-sampler off), ``environment``. The text ends with ``line``: ``CONTENDED: ...`` when other
+sampler off), ``profiler_cost`` (``per_step_sec``, ``share_pct``, ``inside_sec``,
+``outside_sec``, ``startup_sec``, ``sampler_cpu_sec``, ``steps``, ``line``: what the profiler
+cost the measured steps, :func:`scopebench.report.cost.measured_cost`; null without
+``profiler_overhead_sec``), ``environment``. The text ends with ``line``: ``CONTENDED: ...`` when other
 processes or steal took more than ``scopebench summary`` allows, else ``host load: ...``
-(:func:`scopebench.report.contention.measured_steps`).
+(:func:`scopebench.report.contention.measured_steps`), then ``profiler_cost``'s ``line``:
+``profiler cost: x µs / step (y% of the step): ...`` (docs/tools.md, "Profiler cost").
 
 A loss or loss term that is NaN or infinite (checked when the losses are gathered, every
 ``gather_every`` steps and after the last step) does not stop the measurement: the steps

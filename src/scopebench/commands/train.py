@@ -50,13 +50,14 @@ loss was not finite and the later step where it was found.
 
 Output: the log on rank 0's stdout, ending with how busy the machine was over the steps
 trained: ``CONTENDED: ...`` or ``host load: ...``, as ``scopebench summary`` prints it (none with
-the sampler off). JSON (``--json``), keys: ``tool`` ("train"),
+the sampler off), and what the profiler cost them: ``profiler cost: ...``. JSON (``--json``), keys: ``tool`` ("train"),
 ``config``, ``start_step``, ``steps``, ``checkpoints`` (folders written), ``world_size``,
 ``accelerate_num_processes``, ``backend``, ``log`` (list of ``step``, ``train_loss``, ``samples_per_sec``,
 ``phases_mean_sec``), ``nonfinite_loss`` (null, or ``step``, ``term``, ``value``, ``train_loss``,
 ``rank``, ``world_size``, ``checked_at``, ``gather_every``, ``message``), ``host_other_cpu_pct``
 and ``host_steal_pct`` (rank 0's record per trained step: the busiest rank's values), ``contention``
-(as ``profile-step``'s, its steps numbered as the log's; null with the sampler off).
+(as ``profile-step``'s, its steps numbered as the log's; null with the sampler off),
+``profiler_cost`` (as ``profile-step``'s, over the steps trained).
 
 Exit status: 0; 2 with one line for a refused input (before any work); 1 when the run
 failed (a rank died, stopped or hung: named) or stopped at a non-finite loss.
