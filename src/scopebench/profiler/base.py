@@ -28,12 +28,12 @@ processing), the cross-rank gather and the reduction — is reported as
 callbacks is ``total_time_sec + profiler_overhead_sec`` up to a few microseconds.
 Its work inside the clock — each region's enter and exit hooks (torch's
 ``record_function``, the custom backend's memory reads), memory tracking and the
-wall-time bookkeeping — is
-timed by perf_counter pairs around it and reported as ``profiler_inside_sec``; the host
-sampler thread's CPU time over the iteration as ``profiler_sampler_cpu_sec``. The
-custom backend's CUDA synchronisations around regions are not in it: what they wait for
-is the step's own queued work, and what they cost beyond that (lost CPU/GPU overlap) no
-timer on the host can separate; perf/profiler_overhead.py measures it from outside.
+wall-time bookkeeping — is timed by perf_counter pairs around it and reported as
+``profiler_inside_sec``; the host sampler thread's CPU time over the iteration as
+``profiler_sampler_cpu_sec``. The custom backend's CUDA synchronisations around regions
+are not in it: what they wait for is the step's own queued work, and what they cost
+beyond that (lost CPU/GPU overlap) no timer on the host can separate from it, only an
+A/B against a run without them.
 When the callback says stop, no iteration begins: no empty range, no profiler cycle.
 
 Rows are kept in memory only when they will be written (``save_file``), so a long run
