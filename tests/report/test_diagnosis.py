@@ -266,7 +266,9 @@ def test_summary_prints_the_profiler_cost_inside_and_outside_with_the_sampler_ap
     }
     path = write(tmp_path / "cost.parquet", train(n=5, extra=extra))
     assert main(["summary", str(path)]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("profiler cost:")]
+    out = capsys.readouterr().out
+    assert "\nprofiler_sampler " not in out  # profiler_sampler_cpu_sec is no region
+    lines = [line for line in out.splitlines() if line.startswith("profiler cost:")]
     step_ms = 31.6  # train()'s step: its regions' sum
     share = 0.1 / step_ms * 100
     assert lines == [
