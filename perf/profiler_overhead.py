@@ -21,7 +21,14 @@ What it measures, in one process, one intra-op thread:
    ``profile_memory``), reading the raw events, the backend's analysis (region metrics
    only; with operator rows as with ``save_file``), and ``prof.events()`` (the
    ``FunctionEvent`` path the backend used before).
-5. With ``--baseline SRC`` (a ``src/`` folder of another version, e.g. extracted with
+5. **In-run cost against this measurement** (``custom`` and ``torch``). What a run reports of
+   its own profiler (:func:`scopebench.report.cost.cost_of`: the median of
+   ``profiler_inside_sec + profiler_overhead_sec``, as ``scopebench summary`` and every tool
+   print it) next to item 2's measurement of the same backend (an iteration with two empty
+   regions, minus an empty loop's), both in the same round, rounds interleaved; per round
+   the ratio reported / measured, then its median and spread (min-max) over the rounds. The
+   goal: within 2x either way.
+6. With ``--baseline SRC`` (a ``src/`` folder of another version, e.g. extracted with
    ``git archive <commit> src | tar -x -C /tmp/base``): items 2-4 for both versions in
    subprocesses, alternating A, B, A, B over ``--rounds``; medians per version, the
    spread over rounds (min-max), and the ratio of medians new / baseline.
@@ -43,6 +50,9 @@ Output: human-readable lines, then one JSON object on the last line::
      "custom_after_clock": {"median_us": float, "reported_overhead_median_us": float},
      "custom_without_sampler": {"bookkeeping_us": float, "sampler_thread_pct_of_a_core": float},
      "conditions": {...},   # perf/round_conditions.py: other processes' CPU share per round
+     "in_run": {"custom"|"torch": {"reported_us": float, "measured_us": float,
+                                    "ratio_median": float, "ratio_min": float, "ratio_max": float,
+                                    "rounds": [{"reported_us", "measured_us", "ratio"}]}},
      "torch_tiny": {"bare_ms": float, "torch_ms": float, "overhead_ms": float,
                     "reported_overhead_ms": float, "phases_ms": {phase: float}},
      "baseline": null | {"src": str, "rounds": int,
@@ -153,6 +163,55 @@ def bookkeeping_sec(mode: str, iterations: int) -> float:
                 pass
         prof.finalize()
     return (time.perf_counter() - start) / iterations
+
+
+def reported_cost_sec(mode: str, iterations: int) -> float:
+    """The per-step cost a run of :func:`bookkeeping_sec`'s loop reports of its own profiler
+    (the steady state of :func:`scopebench.report.cost.cost_of`, what tools print)."""
+    from scopebench.report.cost import cost_of
+
+    left = iter(range(iterations + 1))
+    prof = create_profiler(mode, "cpu", f"reported_{mode}")
+    seen: list[dict] = []
+
+    def callback():
+        seen.append(prof.get_current_metrics())
+        return next(left) < iterations
+
+    for _ in prof.iterate(callback):
+        with prof.track_step("first"):
+            pass
+        with prof.track_step("second"):
+            pass
+    prof.finalize()
+    return cost_of([m for m in seen if m]).per_step_sec
+
+
+def in_run_against_measured(rounds: int) -> dict[str, dict]:
+    """Item 5: per backend and round, the reported per-step cost, the measured one (s -> µs)
+    and their ratio; then the ratio's median and spread."""
+    out: dict[str, dict] = {}
+    iterations = {"custom": 5000, "torch": 200}
+    per_round: dict[str, list[dict[str, float]]] = {mode: [] for mode in iterations}
+    for r in range(rounds):
+        for mode in iterations if r % 2 == 0 else list(iterations)[::-1]:
+            n = iterations[mode]
+            measured = bookkeeping_sec(mode, n) - bookkeeping_sec("bare", n)
+            reported = reported_cost_sec(mode, n)
+            per_round[mode].append(
+                {"reported_us": reported * 1e6, "measured_us": measured * 1e6, "ratio": reported / measured}
+            )
+    for mode, rows in per_round.items():
+        ratios = [row["ratio"] for row in rows]
+        out[mode] = {
+            "reported_us": median([row["reported_us"] for row in rows]),
+            "measured_us": median([row["measured_us"] for row in rows]),
+            "ratio_median": median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "rounds": rows,
+        }
+    return out
 
 
 def sampler_cost() -> dict[str, float]:
@@ -366,6 +425,13 @@ def main() -> None:
         f"custom after the clock: end_iteration + get_current_metrics {median(spent) * 1e6:.1f} us median; "
         f"reported profiler_overhead_sec {median(reported) * 1e6:.1f} us median"
     )
+    result["in_run"] = in_run = in_run_against_measured(args.rounds)
+    for mode, row in in_run.items():
+        print(
+            f"{mode} in-run reported cost {row['reported_us']:.1f} us/step vs measured {row['measured_us']:.1f} us/step "
+            f"(medians over {args.rounds} rounds); ratio reported/measured {row['ratio_median']:.2f} "
+            f"[{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]"
+        )
     tiny = torch_tiny(args.rounds, max(5, args.steps // 3))
     tiny["phases_ms"] = torch_phases(15)
     result["torch_tiny"] = tiny

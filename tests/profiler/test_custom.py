@@ -231,6 +231,50 @@ def test_custom_reports_its_own_time_outside_the_clock():
         assert 0.0 < m["profiler_overhead_sec"] < m["total_time_sec"], m
 
 
+def _busy(sec):
+    """Spin for ``sec`` (a sleep could return late and hand the CPU away; a spin is work)."""
+    end = time.perf_counter() + sec
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.parametrize("hook", ["_enter_region", "_exit_region"])
+def test_custom_measures_its_own_cost_inside_the_clock(hook, monkeypatch):
+    """A region hook slowed by 5 ms makes ``profiler_inside_sec`` grow by 5 ms per region (two
+    regions: 10 ms); without it the bookkeeping is microseconds. The host sampler is off: a spin
+    holds the GIL, and the sampler thread's turns with it would land in whatever the spin times."""
+    monkeypatch.setenv("SCOPEBENCH_SAMPLER_PERIOD_SEC", "0")
+    base = _run(create_profiler("custom", "cpu", "inside"), 3, _two_regions)
+    slowed = getattr(CustomProfiler, hook)
+
+    def slow(self, *args):
+        _busy(0.005)
+        return slowed(self, *args)
+
+    monkeypatch.setattr(CustomProfiler, hook, slow)
+    seen = _run(create_profiler("custom", "cpu", "inside"), 3, _two_regions)
+    for before, m in zip(base, seen):
+        assert 0.0 < before["profiler_inside_sec"] < 0.002, before
+        # the two spins at least; had it counted the regions' 30 ms of sleep as well, 40 ms at least
+        assert 0.010 <= m["profiler_inside_sec"] < 0.035, m
+        assert m["profiler_inside_sec"] < m["step_time_sec"]  # inside the clock: part of the step
+        assert m["profiler_overhead_sec"] < 0.005, m  # not counted outside as well
+
+
+def test_custom_reports_the_sampler_thread_cpu(monkeypatch):
+    monkeypatch.setenv("SCOPEBENCH_SAMPLER_PERIOD_SEC", "0.01")
+    prof = create_profiler("custom", "cpu", "sampler")
+    seen = _run(prof, 4, _two_regions)
+    prof.finalize()
+    cpu = [m["profiler_sampler_cpu_sec"] for m in seen]
+    assert all(0.0 <= c < m["total_time_sec"] for c, m in zip(cpu, seen)), cpu
+    assert sum(cpu) > 0.0, cpu  # about three samples per 35 ms iteration, each /proc reads
+    monkeypatch.setenv("SCOPEBENCH_SAMPLER_PERIOD_SEC", "0")
+    assert all(
+        "profiler_sampler_cpu_sec" not in m for m in _run(create_profiler("custom", "cpu", "off"), 2, _two_regions)
+    )
+
+
 @pytest.mark.parametrize("save_file", [False, True])
 def test_rows_are_kept_only_when_they_will_be_written(save_file, tmp_path):
     prof = create_profiler("custom", "cpu", "rows", save_file=save_file, output_dir=tmp_path)

@@ -43,6 +43,7 @@ def test_per_step_reports_region_cpu_time(tmp_path):
         assert m["forward_comm_sec"] == 0.0 and m["comm_sync_sec"] == 0.0
         assert m["total_time_sec"] >= m["forward_cpu_sec"] + m["update_cpu_sec"]
         assert m["profiler_overhead_sec"] > 0
+        assert 0 < m["profiler_inside_sec"] < m["total_time_sec"]  # record_function enter / exit
     ops_file = next(p for p in files if p.name.endswith("_torch_ops.csv"))
     with open(ops_file) as fh:
         rows = list(csv.DictReader(fh))

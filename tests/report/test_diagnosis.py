@@ -97,7 +97,14 @@ CASES = {
         [train(extra={"profiler_overhead_sec": 0.02})],
         # the first recorded iteration carries a one-off 20 ms: its mean says 16%, its median 0.1%
         [train(n=5, extra={"profiler_overhead_sec": lambda i: 0.02 if i == 1 else 25e-6})],
-        "ms per iteration (median) = 63% of the step",
+        "ms per iteration (median of profiler_inside_sec + profiler_overhead_sec) = 63% of the step",
+    ),
+    "profiler-too-costly: its cost inside the step counts": (
+        "profiler-too-costly",
+        # 0.5 ms outside the clock alone is 1.6%; with 20 ms of region bookkeeping inside, 65%
+        [train(extra={"profiler_overhead_sec": 0.0005, "profiler_inside_sec": 0.02})],
+        [train(extra={"profiler_overhead_sec": 0.0005, "profiler_inside_sec": 1e-5})],
+        "= 65% of the step",
     ),
     "compile-not-effective": (
         "compile-not-effective",
@@ -241,8 +248,30 @@ def test_the_phase_tables_state_the_profiler_s_steady_cost_and_its_start_up(tmp_
 
     rows = train(n=5, extra={"profiler_overhead_sec": lambda i: 0.02 if i == 1 else 25e-6})
     (config,) = configurations(load_results([write(tmp_path / "cost.parquet", rows)]))
-    assert "\nprofiler cost: 25 µs / step (0.1% of the step) outside the clock; first recorded iteration 20.0 ms " in (
-        format_config(config)
-    )
+    assert (
+        "\nprofiler cost: 25 µs / step (0.1% of the step): 0 µs inside the step + 25 µs outside the clock; "
+        "start-up 20.0 ms once\n"
+    ) in format_config(config)
     (plain,) = configurations(load_results([write(tmp_path / "plain.parquet", train())]))
     assert "profiler cost" not in format_config(plain)
+
+
+def test_summary_prints_the_profiler_cost_inside_and_outside_with_the_sampler_apart(tmp_path, capsys):
+    from scopebench.cli import main
+
+    extra = {
+        "profiler_overhead_sec": lambda i: 0.004 if i == 1 else 30e-6,
+        "profiler_inside_sec": 70e-6,
+        "profiler_sampler_cpu_sec": 50e-6,
+    }
+    path = write(tmp_path / "cost.parquet", train(n=5, extra=extra))
+    assert main(["summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\nprofiler_sampler " not in out  # profiler_sampler_cpu_sec is no region
+    lines = [line for line in out.splitlines() if line.startswith("profiler cost:")]
+    step_ms = 31.6  # train()'s step: its regions' sum
+    share = 0.1 / step_ms * 100
+    assert lines == [
+        f"profiler cost: 100 µs / step ({share:.1f}% of the step): 70 µs inside the step + 30 µs outside the "
+        "clock; start-up 4.0 ms once; sampler thread 50 µs CPU / step"
+    ]

@@ -62,7 +62,8 @@ timed calls), ``reset_sec`` (each reset, untimed in the calls), ``by_position`` 
 ``position``, ``calls``, ``median_sec``, ``mean_sec``) and ``last_over_first``),
 ``peak_memory`` (``max_rss_mb``, ``max_gpu_mb``), ``host_other_cpu_pct``,
 ``host_steal_pct`` and ``contention`` (per timed call, as ``profile-step``'s; the summary
-ends with its ``CONTENDED:`` / ``host load:`` line), ``environment`` (host, device, CUDA
+ends with its ``CONTENDED:`` / ``host load:`` line), ``profiler_cost`` (as ``profile-step``'s,
+over the timed calls; its ``profiler cost:`` line follows), ``environment`` (host, device, CUDA
 driver and runtime, cuDNN, Python, torch, accelerate, scopebench, threads, load),
 ``control`` (null without a control rate; else ``control_hz, n_action_steps, calls,
 deadline_sec, missed, missed_share, p999_sec`` (null under 1000 calls, ``p999_note`` says
@@ -167,6 +168,7 @@ def _bench(
     )
     from scopebench.profiler import ProfilerConfig
     from scopebench.report.contention import measured_steps
+    from scopebench.report.cost import measured_cost
     from scopebench.stats import summarize
 
     s = config.inference
@@ -228,6 +230,7 @@ def _bench(
             "max_gpu_mb": max(row.get("max_gpu_mb", 0.0) for row in rows),
         },
         **measured_steps(rows),
+        **measured_cost(rows),
         "control": None if control is None else control.as_dict(),
         "environment": environment_info(run.device),
     }
@@ -273,6 +276,8 @@ def format_report(report: dict) -> str:
     lines.append(f"peak memory: rss {mem['max_rss_mb']:.0f} MB, gpu {mem['max_gpu_mb']:.0f} MB")
     if report["contention"] is not None:
         lines.append(report["contention"]["line"])
+    if report["profiler_cost"] is not None:
+        lines.append(report["profiler_cost"]["line"])
     lines += control_lines(report.get("control"))
     if report.get("control_figure"):
         lines.append(f"control figure: {report['control_figure']}")

@@ -38,9 +38,11 @@ Output: a table (N, median and p95 ms, fitted ms) and the fit. JSON (``--json``)
 ``fit_reason`` (why not; null when it applies), ``trend_z`` and ``trend_p`` (Page's test),
 ``expert_share`` (at the largest N; null when the fit does not apply), ``denoise_share``
 (measured), ``host_other_cpu_pct``, ``host_steal_pct`` and ``contention`` (per timed call in
-the order run, as ``profile-step``'s), ``control`` (null without a control rate; else N -> the
+the order run, as ``profile-step``'s), ``profiler_cost`` (as ``profile-step``'s, over the
+timed calls), ``control`` (null without a control rate; else N -> the
 control object of ``bench-inference`` over that N's calls), ``environment``. After the fit, the
-``host load:`` line, or ``CONTENDED: ...: the fit's points were measured on a busy machine``.
+``host load:`` line, or ``CONTENDED: ...: the fit's points were measured on a busy machine``,
+then the ``profiler cost:`` line.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
     )
     from scopebench.profiler import ProfilerConfig
     from scopebench.report.contention import measured_steps
+    from scopebench.report.cost import measured_cost
     from scopebench.stats import median, percentile
 
     total = repeats * len(steps)
@@ -137,6 +140,7 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
         "expert_share": expert / (fit["fixed_sec"] + expert) if verdict["fit_applies"] else None,
         "denoise_share": median(denoise[top]) / med[top],
         **measured_steps(rows),
+        **measured_cost(rows),
         "control": None if control[steps[-1]] is None else {str(n): c.as_dict() for n, c in control.items()},
         "environment": environment_info(device),
     }
@@ -175,6 +179,8 @@ def format_report(report: dict) -> str:
     if host is not None:  # said after the fit: its points are what the machine's load disturbed
         busy = ": the fit's points were measured on a busy machine" if host["contended"] else ""
         lines.append(host["line"] + busy)
+    if report["profiler_cost"] is not None:
+        lines.append(report["profiler_cost"]["line"])
     for n, control in (report.get("control") or {}).items():
         lines.append(f"control at N={n}: {control['verdict']}")
     return "\n".join(lines)

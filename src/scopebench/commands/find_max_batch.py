@@ -19,7 +19,9 @@ batch and its margin. JSON (``--json``): ``tool`` ("find-max-batch"), ``config``
 else the CUDA device's memory, MiB), ``largest_batch``, ``margin_mb``, ``trials`` (``batch``,
 ``fits``, ``peak_mb``, ``categories_mb``, ``reserved_mb``, ``note``), ``host_other_cpu_pct``,
 ``host_steal_pct`` and ``contention`` (per trial's measured step, as ``profile-step``'s; the
-``CONTENDED:`` / ``host load:`` line is printed after the largest batch). PNG (``--png``): the
+``CONTENDED:`` / ``host load:`` line is printed after the largest batch), ``profiler_cost`` (as
+``profile-step``'s over the trials' measured steps, each with its own profiler's start-up;
+its ``profiler cost:`` line follows). PNG (``--png``): the
 trials' peaks against the batch, their least-squares line, the limit and the largest batch
 read off the line beside the one the trials found (the report's memory-against-batch
 picture, :func:`scopebench.report.memory_figures.batch_figure`).
@@ -86,6 +88,7 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
     from scopebench.policy.dataset import RobotDataset
     from scopebench.policy.max_batch import StepTrial, run_steps, search
     from scopebench.report.contention import measured_steps
+    from scopebench.report.cost import measured_cost
     from scopebench.validate import batch_limit
 
     s, d = config.train, config.dataset
@@ -121,6 +124,9 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
     host = measured_steps(measured)  # step i: trial i's measured step
     if host["contention"] is not None:
         print(host["contention"]["line"])
+    cost = measured_cost(measured)  # each trial's one measured step carries its profiler's start-up
+    if cost["profiler_cost"] is not None:
+        print(cost["profiler_cost"]["line"])
     payload = {
         "tool": "find-max-batch",
         "config": config.source,
@@ -135,6 +141,7 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
         "margin_mb": margin,
         "trials": [t.__dict__ for t in trials],
         **host,
+        **cost,
     }
     finish(None, payload, json_path)
     if png_path:

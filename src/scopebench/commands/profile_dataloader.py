@@ -29,7 +29,8 @@ Output: one line per rank, then the summary block. JSON (``--json``), keys: ``to
 ``pil`` for PNG), ``decode_per_frame_sec`` (rank 0's mean, all batches),
 ``host_other_cpu_pct``, ``host_steal_pct`` and ``contention`` (per measured batch, the busiest
 rank's, as ``profile-step``'s; the summary block ends with its ``CONTENDED:`` / ``host load:``
-line), ``environment``.
+line), ``profiler_cost`` (as ``profile-step``'s, over the measured batches; its ``profiler
+cost:`` line follows), ``environment``.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
     )
     from scopebench.profiler import ProfilerConfig
     from scopebench.report.contention import measured_steps
+    from scopebench.report.cost import measured_cost
 
     root = data_root(config)
     run = PolicyTrainRun(
@@ -130,6 +132,7 @@ def _profile(config, warmup: int, batches: int, json_path: str | None) -> int:
         "decoder": run.work.decoder,
         "decode_per_frame_sec": run.work.decode_sec / run.work.decoded_frames if run.work.decoded_frames else None,
         **measured_steps([m for m in per_step if "total_time_sec" in m]),
+        **measured_cost([m for m in per_step if "total_time_sec" in m]),
         "environment": environment_info(run.device),
     }
     return finish(format_report(report), report, json_path)
@@ -162,6 +165,8 @@ def format_report(report: dict) -> str:
         )
     if report["contention"] is not None:
         lines.append(report["contention"]["line"])
+    if report["profiler_cost"] is not None:
+        lines.append(report["profiler_cost"]["line"])
     lines += [
         "=" * len(title),
     ]

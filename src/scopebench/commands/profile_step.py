@@ -39,9 +39,13 @@ per-step values of the table), ``host_other_cpu_pct`` and ``host_steal_pct`` (th
 sampler's other-process share and steal per measured step, null where it gave none),
 ``contention`` (``other_pct``, ``other_max_pct``, ``steal_pct``, ``steal_max_pct``,
 ``affected`` (measured steps, from 0), ``sampled``, ``contended``, ``line``; null with the
-sampler off), ``environment``. The text ends with ``line``: ``CONTENDED: ...`` when other
+sampler off), ``profiler_cost`` (``per_step_sec``, ``share_pct``, ``inside_sec``,
+``outside_sec``, ``startup_sec``, ``sampler_cpu_sec``, ``steps``, ``line``: what the profiler
+cost the measured steps, :func:`scopebench.report.cost.measured_cost`; null without
+``profiler_overhead_sec``), ``environment``. The text ends with ``line``: ``CONTENDED: ...`` when other
 processes or steal took more than ``scopebench summary`` allows, else ``host load: ...``
-(:func:`scopebench.report.contention.measured_steps`).
+(:func:`scopebench.report.contention.measured_steps`), then ``profiler_cost``'s ``line``:
+``profiler cost: x µs / step (y% of the step): ...`` (docs/tools.md, "Profiler cost").
 
 A loss or loss term that is NaN or infinite (checked when the losses are gathered, every
 ``gather_every`` steps and after the last step) does not stop the measurement: the steps
@@ -186,6 +190,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
     from scopebench.policy.phases import TRAIN_PHASES, describe_phases
     from scopebench.policy.tools import environment_info, settings_dict, summary_sec
     from scopebench.report.contention import measured_steps
+    from scopebench.report.cost import measured_cost
 
     step_times = [m["step_time_sec"] for m in per_step]
     total = summary_sec(step_times)
@@ -244,6 +249,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
         "per_rank": per_rank,
         "samples": {**samples, "total": step_times},
         **measured_steps(per_step),
+        **measured_cost(per_step),
         "environment": environment_info(run.device),
     }
 
@@ -287,5 +293,7 @@ def format_report(report: dict) -> str:
         )
     if report["contention"] is not None:
         lines.append(report["contention"]["line"])
+    if report["profiler_cost"] is not None:
+        lines.append(report["profiler_cost"]["line"])
     lines.append(BAR)
     return "\n".join(lines)

@@ -50,13 +50,14 @@ loss was not finite and the later step where it was found.
 
 Output: the log on rank 0's stdout, ending with how busy the machine was over the steps
 trained: ``CONTENDED: ...`` or ``host load: ...``, as ``scopebench summary`` prints it (none with
-the sampler off). JSON (``--json``), keys: ``tool`` ("train"),
+the sampler off), and what the profiler cost them: ``profiler cost: ...``. JSON (``--json``), keys: ``tool`` ("train"),
 ``config``, ``start_step``, ``steps``, ``checkpoints`` (folders written), ``world_size``,
 ``accelerate_num_processes``, ``backend``, ``log`` (list of ``step``, ``train_loss``, ``samples_per_sec``,
 ``phases_mean_sec``), ``nonfinite_loss`` (null, or ``step``, ``term``, ``value``, ``train_loss``,
 ``rank``, ``world_size``, ``checked_at``, ``gather_every``, ``message``), ``host_other_cpu_pct``
 and ``host_steal_pct`` (rank 0's record per trained step: the busiest rank's values), ``contention``
-(as ``profile-step``'s, its steps numbered as the log's; null with the sampler off).
+(as ``profile-step``'s, its steps numbered as the log's; null with the sampler off),
+``profiler_cost`` (as ``profile-step``'s, over the steps trained).
 
 Exit status: 0; 2 with one line for a refused input (before any work); 1 when the run
 failed (a rank died, stopped or hung: named) or stopped at a non-finite loss.
@@ -144,11 +145,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"scopebench train: {err}", file=sys.stderr)
         return 2
     from scopebench.report.contention import measured_steps
+    from scopebench.report.cost import measured_cost
 
-    host = measured_steps(result.pop("host_samples"), first=result["start_step"] + 1)
+    samples = result.pop("host_samples")
+    host = measured_steps(samples, first=result["start_step"] + 1)
+    cost = measured_cost(samples)
     result.update(host)
+    result.update(cost)
     if host["contention"] is not None and launcher.rank == 0:  # how busy the machine was over the steps trained
         print(host["contention"]["line"], flush=True)
+    if cost["profiler_cost"] is not None and launcher.rank == 0:  # what the profiler cost those steps
+        print(cost["profiler_cost"]["line"], flush=True)
     if args.json and writes_reports():
         write_json(args.json, {"tool": "train", "config": config.source, **result})
         print(f"wrote {args.json}")

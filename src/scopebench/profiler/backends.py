@@ -56,7 +56,8 @@ class CustomProfiler(Profiler):
     ``total_time_sec``: counted from the end of the previous recorded iteration, or from
     the clock's start for the first one; large temporaries mapped afresh on every pass
     show up here, not in wall time alone),
-    ``profiler_overhead_sec`` (this profiler's own time outside the clock), and per
+    ``profiler_overhead_sec`` (this profiler's own time outside the clock),
+    ``profiler_inside_sec`` (its region bookkeeping inside it), and per
     region ``<region>_time_sec`` (summed over the region's occurrences) and
     ``<region>_max_gpu_mb``. GPU memory fields are 0 on CPU. A region may not be named
     after a whole-iteration column (:data:`RESERVED_REGIONS`: ``ValueError``).
@@ -64,6 +65,7 @@ class CustomProfiler(Profiler):
 
     region_time_key = "{}_time_sec"
     reports_overhead = True
+    region_sync = True
     #: Iteration whose end last read the process's resource usage, and its fault count.
     _usage_at: tuple[int, int] = (-2, 0)
 
@@ -82,8 +84,7 @@ class CustomProfiler(Profiler):
                 "column of the custom profiler); rename the region"
             )
         ops = self.ops
-        if ops.is_cuda:
-            ops.synchronize()
+        if ops.is_cuda:  # the base synchronised (region_sync)
             # Fold the peak so far into the iteration's before the reset erases it.
             self._iter_peak_mb = max(self._iter_peak_mb, ops.max_memory_mb())
             ops.reset_peak_memory()
@@ -91,8 +92,7 @@ class CustomProfiler(Profiler):
 
     def _exit_region(self, name: str, token: Any) -> None:
         ops = self.ops
-        if ops.is_cuda:
-            ops.synchronize()
+        if ops.is_cuda:  # the base synchronised (region_sync)
             peak = ops.max_memory_mb()
             self._iter_peak_mb = max(self._iter_peak_mb, peak)
             self._region_mem[name] = max(self._region_mem.get(name, 0.0), peak)

@@ -26,6 +26,14 @@ backend start before it, and after it the backend's metrics (torch: stop and tra
 processing), the cross-rank gather and the reduction — is reported as
 ``profiler_overhead_sec`` (``custom`` and ``torch``), so the interval between two
 callbacks is ``total_time_sec + profiler_overhead_sec`` up to a few microseconds.
+Its work inside the clock — each region's enter and exit hooks (torch's
+``record_function``, the custom backend's memory reads), memory tracking and the
+wall-time bookkeeping — is timed by perf_counter pairs around it and reported as
+``profiler_inside_sec``; the host sampler thread's CPU time over the iteration as
+``profiler_sampler_cpu_sec``. The custom backend's CUDA synchronisations around regions
+are not in it: what they wait for is the step's own queued work, and what they cost
+beyond that (lost CPU/GPU overlap) no timer on the host can separate from it, only an
+A/B against a run without them.
 When the callback says stop, no iteration begins: no empty range, no profiler cycle.
 
 Rows are kept in memory only when they will be written (``save_file``), so a long run
@@ -101,19 +109,27 @@ class _Region:
     def __enter__(self) -> None:
         prof = self.prof
         if prof._recording:
+            if prof.region_sync and prof.ops.is_cuda:
+                prof.ops.synchronize()  # the work queued before the region: not the region's, nor the profiler's
+            begin = time.perf_counter()
             self.token = prof._enter_region(self.name)
             if prof._memory is not None:
                 prof._memory.enter_region(self.name)
             self.start = time.perf_counter()
+            prof._inside_sec += self.start - begin
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self.start is not None:
             prof = self.prof
-            prof._exit_region(self.name, self.token)  # on CUDA: the synchronisation the region waits for
+            if prof.region_sync and prof.ops.is_cuda:
+                prof.ops.synchronize()  # the region's own queued work: region time, not the profiler's
+            begin = time.perf_counter()
+            prof._exit_region(self.name, self.token)
             wall = prof._region_wall
             wall[self.name] = wall.get(self.name, 0.0) + time.perf_counter() - self.start
             if prof._memory is not None:  # an OOM (exc): the snapshot, then a named error
                 prof._memory.exit_region(self.name, exc)
+            prof._inside_sec += time.perf_counter() - begin
 
 
 class Profiler:
@@ -128,8 +144,14 @@ class Profiler:
 
     #: Per-region metric whose cross-rank skew is reported (``None``: only the total).
     region_time_key: str | None = None
-    #: Whether rows carry ``profiler_overhead_sec`` (the profiler's time outside the clock).
+    #: Whether rows carry ``profiler_overhead_sec`` (the profiler's time outside the clock),
+    #: ``profiler_inside_sec`` (its region bookkeeping inside the clock) and, with the host
+    #: sampler on, ``profiler_sampler_cpu_sec``.
     reports_overhead = False
+    #: Whether regions synchronise on CUDA: the base then synchronises before ``_enter_region``
+    #: and ``_exit_region`` (which find the device idle), outside ``profiler_inside_sec``, so
+    #: the wait for work queued before and inside a region is never taken for the profiler's.
+    region_sync = False
 
     def __init__(self, config: ProfilerConfig, device: Any = "cpu", name: str = "run", output_dir: Any = "outputs"):
         self.config = config
@@ -159,6 +181,8 @@ class Profiler:
         self._callback_sec = 0.0
         self._region_wall: dict[str, float] = {}
         self._overhead_sec = 0.0
+        self._inside_sec = 0.0
+        self._sampler_cpu_at = 0.0
         #: The host sampler of the window (:mod:`scopebench.profiler.sampler`), ``None`` until
         #: the window begins or when off; the process groups of the ranks on this host.
         self.sampler: Any = None
@@ -223,6 +247,9 @@ class Profiler:
         if self._memory is not None:
             metrics.update(self._memory.iteration_metrics())
         if self.reports_overhead:
+            metrics["profiler_inside_sec"] = self._inside_sec
+            if self.sampler is not None:
+                self._sampler_cpu(metrics)
             metrics["profiler_overhead_sec"] = self._overhead_sec + (time.perf_counter() - stop)
         self.recorded += 1
         self._record(i, metrics)
@@ -327,6 +354,7 @@ class Profiler:
                     self._run_id = ids[0][0]
                     self._rank_pgids = {pgid for _, host, pgid in ids if host == socket.gethostname()}
             self._region_wall = {}
+            self._inside_sec = 0.0
             start = time.perf_counter()
             if self.sampler is None:
                 self._start_sampler()
@@ -355,6 +383,14 @@ class Profiler:
             # A profiler dropped without finalize() (a loop left early, an error in a caller
             # that does not close it) must not leave its thread sampling for the process's life.
             weakref.finalize(self, self.sampler.stop)
+
+    def _sampler_cpu(self, metrics: dict[str, Any]) -> None:
+        """``profiler_sampler_cpu_sec``: the sampler thread's CPU time since the last recorded
+        iteration (since its start for the first), CPU the run's other threads did not get."""
+        now = self.sampler.cpu_sec()
+        if now is not None:
+            metrics["profiler_sampler_cpu_sec"] = max(now - self._sampler_cpu_at, 0.0)
+            self._sampler_cpu_at = now
 
     def _abandon_iteration(self) -> None:
         """The loop stopped before the body ran: discard the begun iteration."""

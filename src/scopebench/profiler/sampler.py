@@ -259,6 +259,17 @@ class HostSampler:
     def running(self) -> bool:
         return self._thread is not None
 
+    def cpu_sec(self) -> float | None:
+        """The sampler thread's CPU time so far, read from another thread (Linux's per-thread
+        clock); :attr:`thread_cpu_sec` once stopped, ``None`` when neither can be read."""
+        thread = self._thread
+        if thread is None or thread.ident is None:
+            return self.thread_cpu_sec
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, AttributeError):  # the thread just ended; no such clock off Linux
+            return self.thread_cpu_sec
+
     def start(self) -> None:
         """Scan the run's processes, open NVML, take the first sample, start the thread."""
         self._own = OwnTime(self.pgids, self.root)

@@ -35,8 +35,11 @@ __all__ = [
 
 #: Columns every benchopt result file has; a parquet without them is someone else's.
 REQUIRED_COLUMNS = ("objective_name", "dataset_name", "solver_name", "stop_val")
-#: ``objective_<name>_time_sec`` columns that are not regions of the step.
-NOT_REGIONS = frozenset({"total", "step", "callback", "untracked", "compile", "setup", "first_call"})
+#: ``objective_<name>_time_sec`` (or ``_cpu_sec``) columns that are not regions of the step
+#: (``profiler_sampler_cpu_sec``: the host sampler thread's CPU, :mod:`scopebench.report.cost`).
+NOT_REGIONS = frozenset(
+    {"total", "step", "callback", "untracked", "compile", "setup", "first_call", "profiler_sampler"}
+)
 #: Phases that are sums of other regions (``backward_step`` = bwd + unscale_clip + optim_step + zero_grad_sched).
 COMPOSITE_PHASES = frozenset({"backward_step"})
 _REGION_SUFFIXES = ("_time_sec", "_cpu_sec")

@@ -11,18 +11,18 @@ Text layout follows ``profile_step``: one block per configuration, ``phase mean=
 p95= share``, a header with the window (warm-up, measured iterations, ranks) and how busy
 the machine was (``host load:``, or ``CONTENDED:`` when other processes or steal took more
 than :mod:`scopebench.report.contention` allows: those times are not the configuration's
-alone) and, by kind
+alone), what the profiler cost (``profiler cost:``, :mod:`scopebench.report.cost`) and, by kind
 of configuration, a throughput line (training step: steps/s and global samples/s), a
 latency line (inference: mean / p50 / p95 / p99 per call) or the dataloader ceiling.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from scopebench import stats
 from scopebench.report.contention import contention, contention_line
+from scopebench.report.cost import ProfilerCost, profiler_cost
 from scopebench.report.results import Configuration, step_times
 
 __all__ = [
@@ -155,49 +155,6 @@ def _plain(value: Any) -> Any:
 
 def _fmt_ms(value: float) -> str:
     return f"{value:9.3f}ms"
-
-
-@dataclass(frozen=True)
-class ProfilerCost:
-    """What the profiler cost a run outside its clock (``profiler_overhead_sec``), steady state
-    apart from the one-off start-up."""
-
-    per_step_sec: float
-    """The median over the recorded iterations: the steady state (the first iteration's
-    start-up, 2 to 6 ms on this machine, does not move it)."""
-    share_pct: float
-    """``per_step_sec`` against the median step (``step_time_sec``), in percent."""
-    first_sec: float
-    """The first recorded iteration's, which carries the profiler's start-up when it is the
-    run's first."""
-
-    def text(self) -> str:
-        """``profiler cost: 24 µs / step (0.2% of the step) outside the clock; first iteration 2.2 ms``.
-
-        :Examples:
-
-        >>> ProfilerCost(24e-6, 0.24, 2.2e-3).text()
-        'profiler cost: 24 µs / step (0.2% of the step) outside the clock; first recorded iteration 2.2 ms (start-up)'
-        """
-        first = (
-            f"; first recorded iteration {_duration(self.first_sec)} (start-up)"
-            if self.first_sec > 2 * self.per_step_sec
-            else ""
-        )
-        return f"profiler cost: {_duration(self.per_step_sec)} / step ({self.share_pct:.1f}% of the step) outside the clock{first}"
-
-
-def _duration(sec: float) -> str:
-    return f"{sec * 1e6:.0f} µs" if sec < 1e-3 else f"{sec * 1e3:.1f} ms"
-
-
-def profiler_cost(config: Configuration) -> ProfilerCost | None:
-    """The run's :class:`ProfilerCost`, None when its rows carry no ``profiler_overhead_sec``."""
-    overhead, step = config.values("profiler_overhead_sec"), config.step_values()
-    if not overhead or not step or stats.median(step) <= 0:
-        return None
-    per_step = stats.median(overhead)
-    return ProfilerCost(per_step, per_step / stats.median(step) * 100.0, overhead[0])
 
 
 def _header(config: Configuration, kind: str) -> list[str]:

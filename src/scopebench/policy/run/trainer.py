@@ -142,7 +142,17 @@ def _allowed_changes(config: RunConfig, resume_from: str | Path) -> list[str]:
     return lines
 
 
-_HOST_KEYS = ("total_time_sec", "host_other_cpu_pct", "host_steal_pct")
+#: What ``scopebench train`` keeps of each trained step: its time, the host sampler's values and
+#: the profiler's own cost (:mod:`scopebench.report.cost`'s columns).
+_HOST_KEYS = (
+    "total_time_sec",
+    "step_time_sec",
+    "host_other_cpu_pct",
+    "host_steal_pct",
+    "profiler_overhead_sec",
+    "profiler_inside_sec",
+    "profiler_sampler_cpu_sec",
+)
 
 
 class TrainLog:
@@ -158,8 +168,9 @@ class TrainLog:
         self.out, self.bar = out, bar
         self.window: list[dict[str, Any]] = []
         self.records: list[dict[str, Any]] = []
-        #: Each trained step's time and host sampler values (``scopebench train`` says how busy
-        #: the machine was over them, :func:`scopebench.report.contention.measured_steps`).
+        #: Each trained step's time, host sampler values and profiler cost (``scopebench train``
+        #: says how busy the machine was over them and what the profiler cost,
+        #: :func:`scopebench.report.contention.measured_steps`, :func:`scopebench.report.cost.measured_cost`).
         self.host: list[dict[str, Any]] = []
 
     def __call__(self) -> bool:
@@ -211,7 +222,8 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
         On every rank: ``start_step``, ``steps``, ``checkpoints`` (folders written),
         ``world_size``, ``accelerate_num_processes`` (what accelerate sees), ``backend``,
         ``log`` (rank 0's log records), ``host_samples`` (rank 0's: each trained step's
-        ``total_time_sec``, ``host_other_cpu_pct``, ``host_steal_pct``), ``nonfinite_loss`` (None, or the
+        ``total_time_sec``, ``step_time_sec``, ``host_other_cpu_pct``, ``host_steal_pct`` and the
+        profiler's ``profiler_overhead_sec``, ``profiler_inside_sec``, ``profiler_sampler_cpu_sec``), ``nonfinite_loss`` (None, or the
         :meth:`~scopebench.policy.run.nonfinite.NonFiniteLoss.record` of the first non-finite
         loss, its ``message`` the line that says so and which checkpoint is kept).
     """
