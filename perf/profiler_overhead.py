@@ -155,14 +155,18 @@ def bookkeeping_sec(mode: str, iterations: int) -> float:
         while callback():
             pass
     else:
-        prof = create_profiler(None if mode == "null" else mode, "cpu", f"bookkeeping_{mode}")
-        for _ in prof.iterate(callback):
-            with prof.track_step("first"):
-                pass
-            with prof.track_step("second"):
-                pass
-        prof.finalize()
+        _two_empty_regions(create_profiler(None if mode == "null" else mode, "cpu", f"bookkeeping_{mode}"), callback)
     return (time.perf_counter() - start) / iterations
+
+
+def _two_empty_regions(prof, callback) -> None:
+    """Iterations of two empty regions until ``callback`` says stop, then ``finalize``."""
+    for _ in prof.iterate(callback):
+        with prof.track_step("first"):
+            pass
+        with prof.track_step("second"):
+            pass
+    prof.finalize()
 
 
 def reported_cost_sec(mode: str, iterations: int) -> float:
@@ -178,12 +182,7 @@ def reported_cost_sec(mode: str, iterations: int) -> float:
         seen.append(prof.get_current_metrics())
         return next(left) < iterations
 
-    for _ in prof.iterate(callback):
-        with prof.track_step("first"):
-            pass
-        with prof.track_step("second"):
-            pass
-    prof.finalize()
+    _two_empty_regions(prof, callback)
     return cost_of([m for m in seen if m]).per_step_sec
 
 

@@ -64,3 +64,26 @@ def train_tool(args: list[str], capsys) -> tuple[int, str, str]:
     code = main(["train", *args])
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+#: The head of a test module of inference policies (written to a file the tests name with
+#: ``--policy path:function``): ``_policy(sample, **extra)`` is a 4-feature linear model
+#: with a dataset, ``sample`` and ``observation``; ``extra`` goes to ``UserPolicy`` (``reset``).
+SAMPLE_POLICY_SOURCE = """
+import time
+
+import torch
+from scopebench.policy import UserPolicy
+
+
+def _policy(sample, **extra):
+    data = torch.utils.data.TensorDataset(torch.randn(8, 4))
+    return UserPolicy(
+        model=torch.nn.Linear(4, 4),
+        loss=lambda model, batch: model(batch[0]).sum(),
+        dataset=data,
+        sample=sample,
+        observation=lambda batch_size: torch.randn(batch_size, 4),
+        **extra,
+    )
+"""

@@ -19,10 +19,9 @@ from scopebench.policy.settings import InferenceSettings
 from scopebench.stats import median, percentile
 
 from .conftest import TINY
+from .helpers import SAMPLE_POLICY_SOURCE
 
-POLICIES = """
-import torch
-from scopebench.policy import UserPolicy
+POLICIES = SAMPLE_POLICY_SOURCE + """
 
 #: seconds a call of B chunks takes on the test's clock: free up to 2, then it grows
 COST = {1: 0.010, 2: 0.011, 4: 0.030, 8: 0.060}
@@ -34,21 +33,11 @@ def batched():
         CLOCK[0] += COST[len(obs)]
         return model(obs)
 
-    data = torch.utils.data.TensorDataset(torch.randn(8, 4))
-    return UserPolicy(
-        model=torch.nn.Linear(4, 4),
-        loss=lambda model, batch: model(batch[0]).sum(),
-        dataset=data,
-        sample=sample,
-        observation=lambda batch_size: torch.randn(batch_size, 4),
-    )
+    return _policy(sample)
 
 
 def stateful():
-    policy = batched()
-    policy.reset = lambda model: 0
-    policy.sample = lambda model, obs, num_steps, state: (model(obs), state)
-    return policy
+    return _policy(lambda model, obs, num_steps, state: (model(obs), state), reset=lambda model: 0)
 """
 
 

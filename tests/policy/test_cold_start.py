@@ -14,24 +14,9 @@ import pytest
 from scopebench.cli import main
 
 from .conftest import TINY
+from .helpers import SAMPLE_POLICY_SOURCE
 
-POLICIES = """
-import time
-
-import torch
-from scopebench.policy import UserPolicy
-
-
-def _policy(sample):
-    data = torch.utils.data.TensorDataset(torch.randn(8, 4))
-    return UserPolicy(
-        model=torch.nn.Linear(4, 4),
-        loss=lambda model, batch: model(batch[0]).sum(),
-        dataset=data,
-        sample=sample,
-        observation=lambda batch_size: torch.randn(batch_size, 4),
-    )
-
+POLICIES = SAMPLE_POLICY_SOURCE + """
 
 def slow_build():  # the factory takes at least 0.3 s
     time.sleep(0.3)

@@ -19,6 +19,7 @@ from scopebench.cli import main
 from scopebench.policy.control import P999_MIN_CALLS, check_control, control_figures
 
 from .conftest import TINY
+from .helpers import SAMPLE_POLICY_SOURCE
 
 
 def _pattern(n: int = 200, seed: int = 0) -> list[float]:
@@ -87,23 +88,7 @@ def test_no_latency_is_refused():
         control_figures([], 30, 1)
 
 
-CONTROL_POLICIES = """
-import time
-
-import torch
-from scopebench.policy import UserPolicy
-
-
-def _policy(sample):
-    data = torch.utils.data.TensorDataset(torch.randn(8, 4))
-    return UserPolicy(
-        model=torch.nn.Linear(4, 4),
-        loss=lambda model, batch: model(batch[0]).sum(),
-        dataset=data,
-        sample=sample,
-        observation=lambda batch_size: torch.randn(batch_size, 4),
-    )
-
+CONTROL_POLICIES = SAMPLE_POLICY_SOURCE + """
 
 def quick():  # microseconds a call
     return _policy(lambda model, obs, num_steps: model(obs))

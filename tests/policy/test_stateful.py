@@ -20,23 +20,13 @@ from scopebench.policy.settings import InferenceSettings
 from scopebench.policy.user import PolicyError, UserPolicy
 
 from .conftest import TINY
+from .helpers import SAMPLE_POLICY_SOURCE
 
 ROOT = Path(__file__).resolve().parents[2]
-POLICIES = """
-import torch
-from scopebench.policy import UserPolicy
-
+POLICIES = SAMPLE_POLICY_SOURCE + """
 
 def counting():  # the output is the number of calls since the episode began
-    data = torch.utils.data.TensorDataset(torch.randn(8, 4))
-    return UserPolicy(
-        model=torch.nn.Linear(4, 4),
-        loss=lambda model, batch: model(batch[0]).sum(),
-        dataset=data,
-        sample=lambda model, obs, num_steps, seen: (torch.tensor([seen]), seen + 1),
-        observation=lambda batch_size: torch.randn(batch_size, 4),
-        reset=lambda model: 0,
-    )
+    return _policy(lambda model, obs, num_steps, seen: (torch.tensor([seen]), seen + 1), reset=lambda model: 0)
 """
 
 
