@@ -56,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=None, help="per rank")
     parser.add_argument("--precision", default=None, help="fp32 or bf16 (autocast)")
     add_memory_gb(parser, "memory of one device (GB, 1e9 bytes)", deprecated=("--device-memory-gb",))
+    parser.add_argument(
+        "--gpu", default=None, metavar="NAME",
+        help="the CUDA device the run will use (A100): counts its cuBLAS workspaces and the allocator's "
+        "512-byte blocks (default: none, the tensors alone)",
+    )  # fmt: skip
 
 
 @refuses("estimate-memory")
@@ -73,10 +78,23 @@ def run(args: argparse.Namespace) -> int:
     world = nproc_per_node(args) or config.train.nproc_per_node
     limit = memory_gb(args)
     check_json_path("--json", args.json)
-    return _estimate(config, world, limit, args.json)
+    gpu = args.gpu
+    if gpu is not None:
+        from scopebench.train.memory import CUDA_WORKSPACES
+        from scopebench.validate import choice
+
+        choice("--gpu", gpu, tuple(CUDA_WORKSPACES))
+    return _estimate(config, world, limit, args.json, gpu)
 
 
-def _estimate(config, world: int, limit_gb: float | None, json_path: str | None) -> int:
+def _line(key: str, value: float | None, note: str = "") -> None:
+    from scopebench.train.memory import GB
+
+    shown = "   unknown" if value is None else f"{value / GB:10.3f}"
+    print(f"  {key:<24} {shown} GB per rank{note}")
+
+
+def _estimate(config, world: int, limit_gb: float | None, json_path: str | None, gpu: str | None = None) -> int:
     from scopebench.policy.config import make_config
     from scopebench.policy.memory import largest_batch, run_memory
     from scopebench.policy.run.train import model_overrides
@@ -86,16 +104,29 @@ def _estimate(config, world: int, limit_gb: float | None, json_path: str | None)
     # The dataset's cameras and chunk; state and action as the preset pads them (the
     # synthetic data's 7 dims are below every preset's).
     model_config = make_config(s.preset, num_cameras=d.num_cameras, chunk_size=d.chunk_size, **model_overrides(s))
-    memory = run_memory(s, model_config, world)
+    memory = run_memory(s, model_config, world, gpu=gpu)
     print(
         f"scopebench estimate-memory: preset={s.preset} ({memory['num_params'] / 1e9:.2f} B parameters) "
         f"backend={s.backend} ranks={world} batch_size={s.batch_size} per rank precision={s.precision}"
+        f"{f' gpu={gpu}' if gpu else ''}"
     )
-    for key in ("parameters", "gradients", "optimizer_state", "gather_buffers", "activations"):
-        print(f"  {key:<16} {memory[key] / GB:10.3f} GB per rank")
+    for key in ("parameters", "gradients", "optimizer_state"):
+        _line(key, memory[key])
+    for key, value in memory["buffers"].items():
+        _line(key, value, " (gather_buffers)")
+    for key, value in memory["step"].items():
+        _line(key, value, " (optimizer step only)")
+    _line("activations", memory["activations"])
+    if gpu is not None:
+        _line("allocator_rounding", memory["allocator_rounding"], " (512-byte blocks)")
+        for key, value in memory["runtime"].items():
+            _line(key, value, " (not in torch's allocator statistics)" if value is None else "")
+    _line("fragmentation_reserve", memory["fragmentation_reserve"], " (not counted: no documented figure)")
+    held = "gradients + " if memory["gradients_before_forward"] else ""
+    other = "step" if held else "gradients + step"
     print(
-        f"  {'peak':<16} {memory['peak'] / GB:10.3f} GB per rank "
-        "(parameters + optimizer_state + gather_buffers + max(activations, gradients))"
+        f"  {'peak':<24} {memory['peak'] / GB:10.3f} GB per rank "
+        f"(parameters + optimizer_state + buffers + runtime + {held}max(activations, {other}))"
     )
     print(f"  activations per sample: {memory['activations_per_sample'] / GB:.4f} GB")
     fits = best = None
@@ -104,8 +135,16 @@ def _estimate(config, world: int, limit_gb: float | None, json_path: str | None)
         best = largest_batch(memory, limit_gb * GB)
         verdict = "fits" if fits else "does NOT fit"
         print(f"  on a {limit_gb:g} GB device: {verdict}; largest per-rank batch that fits: {best}")
-    print("  not counted: temporaries, fragmentation, workers, libraries")
-    keys = ("parameters", "gradients", "optimizer_state", "gather_buffers", "activations", "peak")
+    print("  not counted: temporaries, fragmentation, NCCL buffers, workers, libraries")
+    keys = ("parameters", "gradients", "optimizer_state", "gather_buffers", "activations")
+    counted = {k: memory[k] for k in keys}
+    counted.update(memory["buffers"])
+    counted.update(memory["step"])
+    if gpu is not None:
+        counted["allocator_rounding"] = memory["allocator_rounding"]
+        counted.update(memory["runtime"])
+    counted["fragmentation_reserve"] = memory["fragmentation_reserve"]
+    counted["peak"] = memory["peak"]
     payload = {
         "tool": "estimate-memory",
         "config": config.source,
@@ -114,8 +153,12 @@ def _estimate(config, world: int, limit_gb: float | None, json_path: str | None)
         "world_size": world,
         "batch_size": s.batch_size,
         "precision": s.precision,
+        "gpu": gpu,
         "num_params": memory["num_params"],
-        "bytes": {k: memory[k] for k in keys},
+        "bytes": counted,
+        "buffers": sorted(memory["buffers"]),
+        "step_only": sorted(memory["step"]),
+        "gradients_before_forward": memory["gradients_before_forward"],
         "activations_per_sample_bytes": memory["activations_per_sample"],
         "device_memory_bytes": None if limit_gb is None else limit_gb * GB,
         "fits": fits,
