@@ -4,26 +4,35 @@ What it estimates: for the config's preset (``pi05`` at its real size included),
 number of ranks and per-rank batch, the bytes per rank at the step's peak by category —
 ``parameters``, ``gradients``, ``optimizer_state`` (each backend's sharding: DDP holds all,
 ZeRO-2 shards gradients and optimizer state, ZeRO-3 and FSDP2 shard all three; DeepSpeed's
-optimizer state holds an fp32 master copy), ``gather_buffers`` (DDP's gradient buckets,
-ZeRO's gradient bucket, ZeRO-3's and FSDP2's gathered parameters) and ``activations``
-(measured by one fake forward of the model's own code: ``FakeTensorMode`` on a meta-device
-model, every tensor autograd saves counted once) — then whether it fits in
-``--memory-gb`` and the largest per-rank batch that does (activations are linear in
-the batch: measured at batch 1 and 2). What it leaves out (docs/distributed.md,
-"Memory before launch"): one operation's temporaries, allocator fragmentation, DataLoader
-workers and the process's libraries.
+optimizer state holds an fp32 master copy), the backend's buffers by name (DDP's, FSDP2's
+and HSDP's ``gather_buffers``; DeepSpeed's ``reduce_bucket`` and ZeRO-3's
+``persistent_parameters`` and ``live_parameters``, read from the DeepSpeed config the
+backend builds over DeepSpeed's defaults), what only the optimizer step holds (ZeRO's
+``fp32_gradient_partition``) and ``activations`` (measured by one fake forward of the
+model's own code: ``FakeTensorMode`` on a meta-device model, every tensor autograd saves
+counted once). With ``--gpu A100``: torch's cuBLAS/cuBLASLt workspaces
+(``cublas_workspace``) and the caching allocator's 512-byte blocks
+(``allocator_rounding``); ``cuda_context`` and ``fragmentation_reserve`` are shown unknown
+(``null``): no document sizes them. Then whether it fits in ``--memory-gb`` and the
+largest per-rank batch that does (activations are linear in the batch: measured at batch
+1 and 2). What it leaves out (docs/distributed.md, "Memory before launch"): one
+operation's temporaries, allocator fragmentation, NCCL's buffers, DataLoader workers and
+the process's libraries.
 
 How to run::
 
     scopebench estimate-memory --config configs/policy/pi05.yml --backend zero2 --nproc-per-node 8 \\
-        --batch-size 16 --precision bf16 --memory-gb 80
+        --batch-size 16 --precision bf16 --memory-gb 80 --gpu A100
     scopebench estimate-memory --config configs/policy/tiny.yml --json outputs/memory.json
 
 Output: one line per category (GB per rank), the peak, and with ``--memory-gb``
 whether it fits and the largest batch. JSON (``--json``): ``tool`` ("estimate-memory"),
 ``config``, ``preset``, ``backend``, ``world_size``, ``batch_size``, ``precision``,
-``num_params``, ``bytes`` (category -> bytes per rank, and ``peak``),
-``activations_per_sample_bytes``, ``device_memory_bytes``, ``fits``, ``largest_batch``.
+``gpu`` (``--gpu`` or null), ``num_params``, ``bytes`` (every line by name -> bytes per
+rank, null where unknown; ``gather_buffers``, the buffers' sum; and ``peak``), ``buffers``
+and ``step_only`` (the names in ``bytes`` that are buffers / step-only terms),
+``gradients_before_forward``, ``activations_per_sample_bytes``, ``device_memory_bytes``,
+``fits``, ``largest_batch``.
 
 ``--nproc`` and ``--device-memory-gb``, the old spellings, still work and print one
 deprecation line on stderr.

@@ -14,13 +14,14 @@ is compared with the memory available now, without allocating the model:
   so on gloo ranks, fp32 included); ZeRO-3 shards all three (12 bytes of optimizer state
   again); FSDP2 shards all three with AdamW's 8, HSDP the same over one replica group's
   ranks. Under DeepSpeed with ``bf16`` the weights and gradients are bf16 (2 bytes).
-* **Gather buffers** (``gather_buffer_bytes`` of :mod:`scopebench.train.backends`): DDP's
-  gradient buckets (a flat copy of every gradient, with more than one rank); ZeRO's gradient
-  bucket of ``reduce_bucket_size`` elements (DeepSpeed's default 5e8: 2 GB in fp32,
-  allocated whatever the model's size); ZeRO-3's gathered parameters (every parameter of at
-  most ``stage3_param_persistence_threshold`` elements stays gathered, plus the largest
-  module's own and a prefetch bucket); FSDP2's and HSDP's root parameters (kept gathered) and
-  two units in flight.
+* **Buffers** (``buffer_bytes`` of :mod:`scopebench.train.backends`, by name; their sum is
+  ``gather_buffers``): DDP's gradient buckets (a flat copy of every gradient, with more than
+  one rank); DeepSpeed's ``reduce_bucket`` of ``reduce_bucket_size`` elements and ZeRO-3's
+  persistent and live parameters, read from the backend's DeepSpeed config over DeepSpeed's
+  defaults; FSDP2's and HSDP's root parameters (kept gathered) and two units in flight.
+  ``step_bytes`` names what only the optimizer step holds (ZeRO's fp32 gradient partition).
+* **On CUDA** (:func:`cuda_runtime_bytes`, :func:`allocator_block_bytes`): torch's cuBLAS
+  workspaces by GPU, the caching allocator's 512-byte blocks; the CUDA context is unknown.
 * **Activations** are measured, not modelled: one forward of the model under
   ``FakeTensorMode`` (tensors with shapes and dtypes, no storage; the model is built on the
   meta device) records every tensor autograd saves for the backward
@@ -28,11 +29,11 @@ is compared with the memory available now, without allocating the model:
   code, so gradient checkpointing, attention implementation and dtype are what the run
   will use; it takes seconds even for ``pi05`` at its real size.
 * **Left out**: the temporaries of one operation (a few percent of the peak), allocator
-  fragmentation, and the process's own libraries.
+  fragmentation, NCCL's buffers and the process's own libraries.
 
-The peak of a step is then ``parameters + optimizer state + gather buffers +
-max(activations, gradients)``: activations are all alive when the backward starts,
-gradients all exist when it ends.
+The peak of a step is then ``parameters + optimizer state + buffers + workspaces +
+max(activations, gradients + step)`` (:func:`step_peak_bytes`): activations are all alive
+when the backward starts, gradients all exist when it ends.
 """
 
 from __future__ import annotations
