@@ -194,8 +194,11 @@ def test_the_zero_defaults_are_deepspeeds():
     config = DeepSpeedZeroConfig()
     assert ZERO_DEFAULTS == {
         "reduce_bucket_size": config.reduce_bucket_size,
+        "allgather_bucket_size": config.allgather_bucket_size,
         "stage3_prefetch_bucket_size": config.prefetch_bucket_size,
         "stage3_param_persistence_threshold": config.param_persistence_threshold,
+        "stage3_max_live_parameters": config.max_live_parameters,
+        "stage3_max_reuse_distance": config.max_reuse_distance,
     }
 
 

@@ -33,9 +33,10 @@ def full_batch(config: Pi05Config, batch_size: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _activations(config: Pi05Config, batch_size: int, precision: str = "fp32") -> int:
+def _activations(config: Pi05Config, batch_size: int, precision: str = "fp32") -> tuple[int, int]:
+    """``(bytes, bytes in CUDA allocator blocks)`` autograd saves in one forward of ``batch_size``."""
     from scopebench.policy.model import Pi05Policy
-    from scopebench.train.memory import activation_bytes
+    from scopebench.train.memory import allocator_block_bytes, saved_storage_bytes
 
     def forward(model, batch):
         # Noise and times given: the model's own Beta sampling reads values, which fake tensors lack.
@@ -44,25 +45,36 @@ def _activations(config: Pi05Config, batch_size: int, precision: str = "fp32") -
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             return model(batch, noise=noise, time=torch.full((batch_size,), 0.5))[0]
 
-    return activation_bytes(
+    sizes = saved_storage_bytes(
         lambda: Pi05Policy(config).to(getattr(torch, config.dtype)),
         lambda model: full_batch(config, batch_size),
         forward,
     )
+    return sum(sizes), sum(allocator_block_bytes(n) for n in sizes)
 
 
-#: Config (its repr) -> (bytes per sample, fixed bytes): one pair of fake forwards per config.
-_LINES: dict[str, tuple[float, float]] = {}
+#: Config (its repr) -> (bytes per sample, fixed bytes) of the activations, then of the same
+#: tensors in CUDA allocator blocks: one pair of fake forwards per config.
+_LINES: dict[str, tuple[float, float, float, float]] = {}
+
+
+def _lines(config: Pi05Config, precision: str) -> tuple[float, float, float, float]:
+    key = repr((dataclasses.asdict(config), precision))
+    if key not in _LINES:
+        (one, one_blocks), (two, two_blocks) = _activations(config, 1, precision), _activations(config, 2, precision)
+        _LINES[key] = (
+            float(two - one),
+            float(2 * one - two),
+            float(two_blocks - one_blocks),
+            float(2 * one_blocks - two_blocks),
+        )
+    return _LINES[key]
 
 
 def activations_per_sample(config: Pi05Config, precision: str = "fp32") -> tuple[float, float]:
     """``(bytes per sample, fixed bytes)`` of the activations a training forward of ``config``
     saves, at ``precision`` (``fp32``, or ``bf16`` autocast)."""
-    key = repr((dataclasses.asdict(config), precision))
-    if key not in _LINES:
-        one, two = _activations(config, 1, precision), _activations(config, 2, precision)
-        _LINES[key] = (float(two - one), float(2 * one - two))
-    return _LINES[key]
+    return _lines(config, precision)[:2]
 
 
 def training_memory(
@@ -76,20 +88,26 @@ def training_memory(
     units: tuple[str, ...] | None = None,
     zero: dict[str, Any] | None = None,
     file: Any = None,
+    gpu: str | None = None,
 ) -> dict[str, Any]:
     """Per-rank bytes at a training step's peak: ``parameters``, ``gradients``,
-    ``optimizer_state``, ``gather_buffers``, ``activations`` and ``peak``
-    (:func:`scopebench.train.memory.step_peak_bytes`).
+    ``optimizer_state``, ``gather_buffers`` (the sum of ``buffers``, by name), ``activations``
+    and ``peak`` (:func:`scopebench.train.memory.step_peak_bytes`), with ``step`` (what only the
+    optimizer step holds, by name). With ``gpu`` (a CUDA run), also ``runtime`` (cuBLAS
+    workspaces; the CUDA context ``None``) and ``allocator_rounding`` (the activations' blocks
+    rounded to 512 bytes); ``fragmentation_reserve`` is ``None`` (not counted).
 
     Args:
         units: FSDP2's unit classes (default: :data:`scopebench.train.fsdp.DEFAULT_UNITS`).
         zero: DeepSpeed settings over :data:`scopebench.train.backends.ZERO_DEFAULTS`.
         file: The run's accelerate file (HSDP's mesh sizes), if any.
+        gpu: The CUDA device's name (:data:`scopebench.train.memory.CUDA_WORKSPACES`), or None
+            for a run whose CUDA terms are not counted (a CPU run).
     """
     from scopebench.policy.model import Pi05Policy
     from scopebench.train.backends import get_backend
     from scopebench.train.fsdp import DEFAULT_UNITS
-    from scopebench.train.memory import step_peak_bytes
+    from scopebench.train.memory import cuda_runtime_bytes, step_peak_bytes
 
     backend = get_backend(backend)
     with torch.device("meta"):
@@ -98,7 +116,7 @@ def training_memory(
     states = backend.model_state_bytes(
         params, world_size=world_size, optimizer=optimizer, precision=precision, file=file
     )
-    states["gather_buffers"] = backend.gather_buffer_bytes(
+    buffers = backend.buffer_bytes(
         model,
         world_size=world_size,
         precision=precision,
@@ -106,21 +124,50 @@ def training_memory(
         zero=zero,
         file=file,
     )
-    slope, intercept = activations_per_sample(config, precision)
+    states["gather_buffers"] = float(sum(buffers.values()))
+    step = backend.step_bytes(params, world_size=world_size, precision=precision) if optimizer else {}
+    slope, intercept, block_slope, block_intercept = _lines(config, precision)
     activations = intercept + slope * batch_size
+    runtime = cuda_runtime_bytes(gpu) if gpu is not None else {}
+    rounding = {}
+    if gpu is not None:
+        rounding = {
+            "allocator_rounding_per_sample": block_slope - slope,
+            "allocator_rounding_fixed": block_intercept - intercept,
+        }
     return {
         "num_params": params,
         **states,
+        "buffers": buffers,
+        "step": step,
+        "gradients_before_forward": backend.gradients_before_forward,
         "activations": activations,
         "activations_per_sample": slope,
         "activations_fixed": intercept,
-        "peak": step_peak_bytes(states, activations),
+        "runtime": runtime,
+        **rounding,
+        "allocator_rounding": _rounding_at(rounding, batch_size) if rounding else None,
+        "fragmentation_reserve": None,
+        "peak": step_peak_bytes(
+            states,
+            activations + (_rounding_at(rounding, batch_size) if rounding else 0.0),
+            fixed=runtime,
+            step=step,
+            gradients_before_forward=backend.gradients_before_forward,
+        ),
     }
 
 
-def run_memory(settings: Any, config: Pi05Config, world_size: int, batch_size: int | None = None) -> dict[str, Any]:
+def _rounding_at(rounding: dict[str, float], batch_size: int) -> float:
+    return rounding["allocator_rounding_fixed"] + rounding["allocator_rounding_per_sample"] * batch_size
+
+
+def run_memory(
+    settings: Any, config: Pi05Config, world_size: int, batch_size: int | None = None, gpu: str | None = None
+) -> dict[str, Any]:
     """:func:`training_memory` of a run's :class:`~scopebench.policy.settings.TrainSettings`
-    (backend, precision, optimizer, FSDP units and HSDP mesh of its accelerate file) on ``world_size`` ranks."""
+    (backend, precision, optimizer, FSDP units and HSDP mesh of its accelerate file) on
+    ``world_size`` ranks (``gpu``: the CUDA device's name, see :func:`training_memory`)."""
     from scopebench.train.accelerate_file import resolve_accelerate_file
 
     file = resolve_accelerate_file(settings.backend, settings.accelerate_config)
@@ -133,6 +180,7 @@ def run_memory(settings: Any, config: Pi05Config, world_size: int, batch_size: i
         precision=settings.precision,
         units=file.fsdp.units if file.fsdp is not None else None,
         file=file,
+        gpu=gpu,
     )
 
 
@@ -150,7 +198,14 @@ def largest_batch(memory: dict[str, Any], limit_bytes: float) -> int:
     0
     """
     fixed = memory["parameters"] + memory["optimizer_state"] + memory.get("gather_buffers", 0.0)
-    slope = memory["activations_per_sample"]
-    if fixed + memory["gradients"] > limit_bytes or slope <= 0:
+    fixed += sum(v for v in memory.get("runtime", {}).values() if v is not None)
+    after = sum(memory.get("step", {}).values())
+    if memory.get("gradients_before_forward"):
+        fixed += memory["gradients"]
+    else:
+        after += memory["gradients"]
+    slope = memory["activations_per_sample"] + memory.get("allocator_rounding_per_sample", 0.0)
+    intercept = memory["activations_fixed"] + memory.get("allocator_rounding_fixed", 0.0)
+    if fixed + after > limit_bytes or slope <= 0:
         return 0
-    return max(0, int((limit_bytes - fixed - memory["activations_fixed"]) // slope))
+    return max(0, int((limit_bytes - fixed - intercept) // slope))

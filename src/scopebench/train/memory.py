@@ -14,13 +14,14 @@ is compared with the memory available now, without allocating the model:
   so on gloo ranks, fp32 included); ZeRO-3 shards all three (12 bytes of optimizer state
   again); FSDP2 shards all three with AdamW's 8, HSDP the same over one replica group's
   ranks. Under DeepSpeed with ``bf16`` the weights and gradients are bf16 (2 bytes).
-* **Gather buffers** (``gather_buffer_bytes`` of :mod:`scopebench.train.backends`): DDP's
-  gradient buckets (a flat copy of every gradient, with more than one rank); ZeRO's gradient
-  bucket of ``reduce_bucket_size`` elements (DeepSpeed's default 5e8: 2 GB in fp32,
-  allocated whatever the model's size); ZeRO-3's gathered parameters (every parameter of at
-  most ``stage3_param_persistence_threshold`` elements stays gathered, plus the largest
-  module's own and a prefetch bucket); FSDP2's and HSDP's root parameters (kept gathered) and
-  two units in flight.
+* **Buffers** (``buffer_bytes`` of :mod:`scopebench.train.backends`, by name; their sum is
+  ``gather_buffers``): DDP's gradient buckets (a flat copy of every gradient, with more than
+  one rank); DeepSpeed's ``reduce_bucket`` of ``reduce_bucket_size`` elements and ZeRO-3's
+  persistent and live parameters, read from the backend's DeepSpeed config over DeepSpeed's
+  defaults; FSDP2's and HSDP's root parameters (kept gathered) and two units in flight.
+  ``step_bytes`` names what only the optimizer step holds (ZeRO's fp32 gradient partition).
+* **On CUDA** (:func:`cuda_runtime_bytes`, :func:`allocator_block_bytes`): torch's cuBLAS
+  workspaces by GPU, the caching allocator's 512-byte blocks; the CUDA context is unknown.
 * **Activations** are measured, not modelled: one forward of the model under
   ``FakeTensorMode`` (tensors with shapes and dtypes, no storage; the model is built on the
   meta device) records every tensor autograd saves for the backward
@@ -28,11 +29,11 @@ is compared with the memory available now, without allocating the model:
   code, so gradient checkpointing, attention implementation and dtype are what the run
   will use; it takes seconds even for ``pi05`` at its real size.
 * **Left out**: the temporaries of one operation (a few percent of the peak), allocator
-  fragmentation, and the process's own libraries.
+  fragmentation, NCCL's buffers and the process's own libraries.
 
-The peak of a step is then ``parameters + optimizer state + gather buffers +
-max(activations, gradients)``: activations are all alive when the backward starts,
-gradients all exist when it ends.
+The peak of a step is then ``parameters + optimizer state + buffers + workspaces +
+max(activations, gradients + step)`` (:func:`step_peak_bytes`): activations are all alive
+when the backward starts, gradients all exist when it ends.
 """
 
 from __future__ import annotations
@@ -41,14 +42,33 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "ALLOCATOR_BLOCK",
+    "CUDA_WORKSPACES",
     "GB",
     "activation_bytes",
+    "allocator_block_bytes",
     "available_memory_bytes",
     "check_memory_fits",
+    "cuda_runtime_bytes",
+    "saved_storage_bytes",
     "step_peak_bytes",
 ]
 
 GB = 1e9
+#: torch's CUDA caching allocator rounds every block up to a multiple of 512 bytes
+#: (``kMinBlockSize`` in c10/cuda/CUDACachingAllocator.cpp; blocks of at most 1 MiB come from
+#: 2 MiB segments, larger ones from 20 MiB segments up to 10 MiB, else rounded to 2 MiB).
+ALLOCATOR_BLOCK = 512
+#: Workspaces torch allocates once per device and stream through its caching allocator, by
+#: GPU: ``cublas``, the cuBLAS handle's default ``CUBLAS_WORKSPACE_CONFIG`` ``:4096:2:16:8``
+#: before Hopper (2 x 4096 KiB + 8 x 16 KiB = 8,519,680 bytes; torch's CublasHandlePool.cpp,
+#: the block a memory snapshot shows after the first matmul), and ``cublaslt``, the cuBLASLt
+#: workspace of 4096 KiB on an Ampere GPU of at least 24 GB (torch's CUDABlas.cpp after
+#: pytorch/pytorch#120925, which follows the cuBLAS API reference's ``cublasSetWorkspace``:
+#: 4 MiB, 32 MiB on Hopper). Other GPUs are unknown here (STYLE.md rule 12).
+CUDA_WORKSPACES = {
+    "A100": {"cublas": 2 * 4096 * 1024 + 8 * 16 * 1024, "cublaslt": 4096 * 1024},
+}
 
 
 def activation_bytes(build_model: Callable[[], Any], build_inputs: Callable[[Any], Any], forward: Callable) -> int:
@@ -60,6 +80,43 @@ def activation_bytes(build_model: Callable[[], Any], build_inputs: Callable[[Any
         build_inputs: ``model -> inputs`` (called under ``FakeTensorMode``).
         forward: ``(model, inputs) -> loss``.
     """
+    return sum(saved_storage_bytes(build_model, build_inputs, forward))
+
+
+def allocator_block_bytes(nbytes: int) -> int:
+    """Bytes torch's CUDA caching allocator hands out for a request of ``nbytes``: a multiple of
+    :data:`ALLOCATOR_BLOCK` (512), at least one.
+
+    :Examples:
+
+    >>> allocator_block_bytes(1), allocator_block_bytes(512), allocator_block_bytes(513)
+    (512, 512, 1024)
+    """
+    return max(1, -(-int(nbytes) // ALLOCATOR_BLOCK)) * ALLOCATOR_BLOCK
+
+
+def cuda_runtime_bytes(gpu: str | None, streams: int = 1) -> dict[str, float | None]:
+    """The workspaces of :data:`CUDA_WORKSPACES` for ``gpu`` (``cublas_workspace``, one per
+    stream that runs a matmul) and the ``cuda_context``, which no document sizes and torch's
+    allocator statistics leave out: ``None`` (unknown), as is everything for an unknown ``gpu``.
+
+    :Examples:
+
+    >>> cuda_runtime_bytes("A100")["cublas_workspace"]
+    12713984.0
+    >>> cuda_runtime_bytes(None)
+    {'cublas_workspace': None, 'cuda_context': None}
+    """
+    sizes = CUDA_WORKSPACES.get(gpu or "")
+    workspace = None if sizes is None else float(streams * (sizes["cublas"] + sizes["cublaslt"]))
+    return {"cublas_workspace": workspace, "cuda_context": None}
+
+
+def saved_storage_bytes(
+    build_model: Callable[[], Any], build_inputs: Callable[[Any], Any], forward: Callable
+) -> list[int]:
+    """The size of every storage autograd saves in one training forward (each once; parameters
+    and buffers left out), measured as :func:`activation_bytes` describes."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -82,12 +139,22 @@ def activation_bytes(build_model: Callable[[], Any], build_inputs: Callable[[Any
         inputs = build_inputs(model)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             forward(model, inputs)
-    return sum(saved.values())
+    return list(saved.values())
 
 
-def step_peak_bytes(states: dict[str, float], activations: float) -> float:
+def step_peak_bytes(
+    states: dict[str, float],
+    activations: float,
+    *,
+    fixed: dict[str, float | None] | None = None,
+    step: dict[str, float] | None = None,
+    gradients_before_forward: bool = False,
+) -> float:
     """The step's peak from its model states (gather buffers included when given) and
-    activations (see the module's docstring).
+    activations (see the module's docstring): ``parameters + optimizer_state + gather_buffers
+    + fixed + max(activations, gradients + step)``, or with ``gradients_before_forward``
+    (ZeRO-3's preallocated partition) ``... + gradients + max(activations, step)``. ``fixed``
+    and ``step`` are named terms (``None``: unknown, left out).
 
     :Examples:
 
@@ -95,9 +162,17 @@ def step_peak_bytes(states: dict[str, float], activations: float) -> float:
     22.0
     >>> step_peak_bytes({"parameters": 4.0, "gradients": 4.0, "optimizer_state": 8.0, "gather_buffers": 3.0}, 1.0)
     19.0
+    >>> step_peak_bytes({"parameters": 4.0, "gradients": 4.0, "optimizer_state": 8.0}, 10.0,
+    ...                 fixed={"workspace": 1.0, "context": None}, step={"fp32": 8.0},
+    ...                 gradients_before_forward=True)
+    27.0
     """
-    fixed = states["parameters"] + states["optimizer_state"] + states.get("gather_buffers", 0.0)
-    return fixed + max(activations, states["gradients"])
+    total = states["parameters"] + states["optimizer_state"] + states.get("gather_buffers", 0.0)
+    total += sum(v for v in (fixed or {}).values() if v is not None)
+    after = sum((step or {}).values())
+    if gradients_before_forward:
+        return total + states["gradients"] + max(activations, after)
+    return total + max(activations, states["gradients"] + after)
 
 
 def available_memory_bytes(device) -> int:

@@ -29,8 +29,11 @@ MASTER = 4
 #: fields; tests/policy/test_memory_tracking.py checks them against deepspeed's own).
 ZERO_DEFAULTS = {
     "reduce_bucket_size": 500_000_000,
+    "allgather_bucket_size": 500_000_000,
     "stage3_prefetch_bucket_size": 50_000_000,
     "stage3_param_persistence_threshold": 100_000,
+    "stage3_max_live_parameters": 1_000_000_000,
+    "stage3_max_reuse_distance": 1_000_000_000,
 }
 #: DeepSpeed keys of an accelerate file that the suite uses, with accelerate's defaults.
 ZERO_KEYS = {
@@ -96,10 +99,49 @@ class ZeroBackend(TrainingBackend):
         zero: dict[str, Any] | None = None,
         file: Any = None,
     ) -> float:
-        """ZeRO's gradient bucket of ``reduce_bucket_size`` elements (DeepSpeed's default 5e8: 2 GB
-        in fp32, allocated whatever the model's size)."""
-        knobs = {**ZERO_DEFAULTS, **(zero or {})}
-        return float(knobs["reduce_bucket_size"] * bytes_per_element(precision, True))
+        """The sum of :meth:`buffer_bytes`."""
+        kwargs = dict(world_size=world_size, precision=precision, units=units, zero=zero, file=file)
+        return float(sum(self.buffer_bytes(model, **kwargs).values()))
+
+    def zero_knobs(self, zero: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ZeRO sizes in force: :data:`ZERO_DEFAULTS` under what this backend's DeepSpeed
+        config sets in ``zero_optimization`` (:meth:`deepspeed_config` sets none of them, so
+        DeepSpeed's defaults apply), under ``zero``."""
+        from types import SimpleNamespace
+
+        built = self.deepspeed_config(
+            SimpleNamespace(zero={}, micro_batch_size=1, gradient_accumulation_steps=1, grad_clip=1.0)
+        )
+        configured = {k: v for k, v in built["zero_optimization"].items() if k in ZERO_DEFAULTS}
+        return {**ZERO_DEFAULTS, **configured, **(zero or {})}
+
+    def buffer_bytes(
+        self,
+        model: Any,
+        *,
+        world_size: int = 1,
+        precision: str = "fp32",
+        units: tuple[str, ...] = (),
+        zero: dict[str, Any] | None = None,
+        file: Any = None,
+    ) -> dict[str, float]:
+        """``reduce_bucket``: the gradient bucket of ``reduce_bucket_size`` elements in the
+        weights' dtype (``stage_1_and_2.py`` ``setup_buckets``: one buffer, two with
+        ``overlap_comm``, which DeepSpeed leaves off below stage 3; 1 GB in bf16 at the default
+        5e8, whatever the model's size). ``allgather_bucket_size`` allocates nothing: with
+        ``all_gather_into_tensor`` (NCCL, gloo) the updated partitions are gathered in place
+        (``runtime/utils.py`` ``all_gather_dp_groups``)."""
+        knobs = self.zero_knobs(zero)
+        overlap = knobs.get("overlap_comm", self.zero_stage == 3)
+        buffers = 2 if overlap and self.zero_stage != 3 else 1
+        return {"reduce_bucket": float(buffers * knobs["reduce_bucket_size"] * bytes_per_element(precision, True))}
+
+    def step_bytes(self, num_params: int, *, world_size: int = 1, precision: str = "fp32") -> dict[str, float]:
+        """``fp32_gradient_partition``: the step casts this rank's gradient partition to the master
+        weights' fp32 before AdamW (``stage_1_and_2.py`` ``step``; ``stage3.py``
+        ``_prepare_fp32_grad_for_sub_group``, one ``sub_group_size`` = 1e9 elements at most), 4
+        bytes per parameter over the ranks, beside the gradients."""
+        return {"fp32_gradient_partition": num_params * MASTER / world_size}
 
     def accelerator_kwargs(self, settings: Any, *, cpu: bool) -> dict[str, Any]:
         import logging

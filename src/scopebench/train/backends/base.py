@@ -78,6 +78,9 @@ class TrainingBackend:
     """Fewest processes it runs on."""
     zero_stage: int | None = None
     """DeepSpeed ZeRO stage, for the DeepSpeed backends."""
+    gradients_before_forward: bool = False
+    """The gradient buffer is allocated once, before the first forward, and kept (ZeRO-3's flat
+    gradient partition), so it is alive beside the activations instead of after them."""
     fully_shards: bool = False
     """torch's ``fully_shard`` applied by the suite (FSDP2, HSDP): gradient sync, clipping and
     checkpoints are its own."""
@@ -151,6 +154,25 @@ class TrainingBackend:
         enough): DDP's gradient buckets, a flat copy of every gradient with more than one rank."""
         total = sum(p.numel() for p in model.parameters() if p.requires_grad)
         return float(total * GRADIENT) if world_size > 1 else 0.0
+
+    def buffer_bytes(
+        self,
+        model: Any,
+        *,
+        world_size: int = 1,
+        precision: str = "fp32",
+        units: tuple[str, ...] = (),
+        zero: dict[str, Any] | None = None,
+        file: Any = None,
+    ) -> dict[str, float]:
+        """:meth:`gather_buffer_bytes` by name, for the estimate's lines (one name here; DeepSpeed
+        names each configured buffer). Their sum is :meth:`gather_buffer_bytes`."""
+        kwargs = dict(world_size=world_size, precision=precision, units=units, zero=zero, file=file)
+        return {"gather_buffers": self.gather_buffer_bytes(model, **kwargs)}
+
+    def step_bytes(self, num_params: int, *, world_size: int = 1, precision: str = "fp32") -> dict[str, float]:
+        """Bytes per rank that exist only in the optimizer step, by name (none here)."""
+        return {}
 
     # -- the run -----------------------------------------------------------------------
     def accelerator_kwargs(self, settings: Any, *, cpu: bool) -> dict[str, Any]:
