@@ -64,6 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-warmup", type=int, default=None, help="BENCH_N_WARMUP")
     parser.add_argument("--n-timed", type=int, default=None, help="BENCH_N_TIMED (50)")
     parser.add_argument("--output-dir", default=None, help="BENCH_OUTPUT_DIR (benchmark_results)")
+    parser.add_argument(
+        "--closed-loop", choices=("sync", "async"), default=None,
+        help="after the timed calls, replay the control loop with this hand-over (needs a control rate)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--closed-loop-ticks", type=int, default=300, metavar="N", help="control ticks of the replay (300)"
+    )
 
 
 @refuses("bench-inference")
@@ -93,13 +100,38 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--n-timed must be >= 1, got {timed}")
     config = load_config(args, env=env, flags=flags)
     check_config_control(config, args.control_hz, args.n_action_steps)
+    if args.closed_loop is not None:
+        if config.inference.control_hz is None:
+            raise ValueError("--closed-loop needs a control rate: --control-hz or policy.control_hz, got none")
+        if args.closed_loop_ticks < 1:
+            raise ValueError(f"--closed-loop-ticks must be >= 1, got {args.closed_loop_ticks}")
     out_dir = args.output_dir or os.environ.get("BENCH_OUTPUT_DIR") or "benchmark_results"
     check_writable_dir("--output-dir" if args.output_dir else "BENCH_OUTPUT_DIR", out_dir)
     check_json_path("--json", args.json)
-    return _bench(config, timed, out_dir, args.json)
+    loop = (args.closed_loop, args.closed_loop_ticks) if args.closed_loop is not None else None
+    return _bench(config, timed, out_dir, args.json, loop)
 
 
-def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
+def _closed_loop(run, calls: list[float], mode: str, ticks: int) -> dict:
+    """The replay of ``run``'s calls at the control rate, measured and as estimated from the
+    timed calls' latencies (:mod:`scopebench.policy.replay`)."""
+    from scopebench.policy.replay import predict, replay
+
+    s = run.settings
+    n = s.n_action_steps or run.chunk_size
+    measured = replay(lambda: run.timed_call(), mode, s.control_hz, n, ticks)
+    estimate = predict(calls, mode, s.control_hz, n, ticks)
+    return {
+        "mode": mode,
+        "ticks": ticks,
+        "measured": measured.as_dict(),
+        "estimate": estimate.as_dict(),
+        "latencies_sec": list(measured.latencies_sec),
+        "lines": [f"closed loop (measured): {measured.line()}", f"closed loop (from the latencies): {estimate.line()}"],
+    }
+
+
+def _bench(config, n_timed: int, out_dir: str, json_path: str | None, loop: tuple[str, int] | None = None) -> int:
     import socket
     import time
     from pathlib import Path
@@ -138,6 +170,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         compile_info = run.compile_metrics()
         calls = [row["step_time_sec"] for row in rows]
         control = run.control(calls)
+        closed_loop = _closed_loop(run, calls, *loop) if loop is not None else None
     stats = summarize(calls)
     report = {
         "tool": "bench-inference",
@@ -172,6 +205,7 @@ def _bench(config, n_timed: int, out_dir: str, json_path: str | None) -> int:
         },
         **measured_steps(rows),
         "control": None if control is None else control.as_dict(),
+        "closed_loop": closed_loop,
         "environment": environment_info(run.device),
     }
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
@@ -216,4 +250,6 @@ def format_report(report: dict) -> str:
     lines += control_lines(report.get("control"))
     if report.get("control_figure"):
         lines.append(f"control figure: {report['control_figure']}")
+    if report.get("closed_loop"):
+        lines += report["closed_loop"]["lines"]
     return "\n".join(lines)
