@@ -147,11 +147,12 @@ def test_bench_inference_closed_loop(control_policies, tmp_path, capsys):  # noq
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "closed loop (measured): sync at 30 Hz, 4 actions a chunk" in text
-    assert "closed loop (from the latencies):" in text
+    assert "closed loop (from the timed calls' latencies):" in text
+    assert "closed loop (from the replay's own latencies):" in text
     loop = json.loads(out.read_text())["closed_loop"]
     assert loop["measured"]["ticks"] == 12 and loop["measured"]["mode"] == "sync"
     assert loop["estimate"]["ticks"] == 12 and loop["estimate"]["max_lateness_sec"] is None
-    assert len(loop["latencies_sec"]) == loop["measured"]["calls"]
+    assert len(loop["latencies_sec"]) == loop["measured"]["calls"] and loop["estimate_replay_calls"]["ticks"] == 12
 
 
 def test_closed_loop_needs_a_control_rate(control_policies, tmp_path, capsys):  # noqa: F811
