@@ -126,6 +126,25 @@ def test_an_inference_error_ends_the_replay():
     assert threading.active_count() == 1 or all(t.name != "scopebench-replay-infer" for t in threading.enumerate())
 
 
+def test_a_first_call_that_raises_ends_the_replay_before_t0():
+    def infer():
+        raise OSError("no weights")
+
+    with pytest.raises(RuntimeError, match="inference call raised"):
+        replay(infer, "async", HZ, 4, 10, clock=VirtualClock())
+
+
+def test_every_call_runs_in_the_worker_thread():
+    clock, threads = VirtualClock(), set()
+
+    def infer():
+        threads.add(threading.current_thread().name)
+        clock.sleep_until(clock.now() + 0.02)
+
+    replay(infer, "sync", HZ, 1, 20, clock=clock)
+    assert threads == {"scopebench-replay-infer"}
+
+
 def test_real_clock_has_no_drift_and_about_the_expected_stalls():
     """The one wall-clock test, with bounds that hold on a busy 2-core machine: each tick is
     scheduled at t0 + k * dt, so lateness does not accumulate; stalls need the slow calls to

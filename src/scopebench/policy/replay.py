@@ -6,7 +6,7 @@
 never accumulates into drift) while a worker thread calls ``infer()``, one chunk a call.
 A chunk holds ``n_action_steps`` executable actions, indices ``0 .. n - 1``; action ``j`` of
 a chunk whose observation was taken at tick ``s`` is due at tick ``s + j``. The first chunk
-is inferred before ``t0`` and handed over at tick 0.
+is inferred before ``t0`` (in the worker's thread, as every other) and handed over at tick 0.
 
 Hand-over modes:
 
@@ -365,24 +365,30 @@ def replay(
                 chunk, end = call()
                 with lock:
                     state["arrived"] = (obs, chunk, end)
+                first.set()
         except BaseException as exc:  # noqa: BLE001 - handed to the executor, which re-raises
             errors.append(exc)
         finally:
+            first.set()
             clock.detach()
 
-    try:
-        current, _ = call()  # the first chunk, before t0
-        clock.attach()  # the worker, attached before it starts so simulated time waits for it
-        thread = threading.Thread(target=worker, name="scopebench-replay-infer", daemon=True)
-        thread.start()
-    except BaseException:
-        clock.detach()
-        raise
+    first = clock.event()
+    clock.attach()  # the worker, attached before it starts so simulated time waits for it
+    thread = threading.Thread(target=worker, name="scopebench-replay-infer", daemon=True)
     tally, queued = _Tally(mode, n), None
     lateness: list[float] = []
     stall_sec, stall_from = 0.0, None
-    t0 = clock.now()
     try:
+        thread.start()
+        # the first chunk, before t0, in the worker's thread: what a call keeps per thread
+        # (torch.compile's CUDA graphs, thread pools) is set up outside the timed loop
+        request.set()
+        clock.wait(first)
+        if errors:
+            raise RuntimeError("the replay's inference call raised") from errors[0]
+        with lock:
+            (_, current, _), state["arrived"] = state["arrived"], None
+        t0 = clock.now()
         state["obs"] = 0
         request.set()
         for k in range(ticks):
@@ -420,7 +426,8 @@ def replay(
         state["stop"] = True
         request.set()
         clock.detach()
-        thread.join()
+        if thread.ident is not None:  # started
+            thread.join()
     tenth = max(1, ticks // 10)
     return ReplayFigures(
         mode, hz, n, ticks, tally.chunks, tally.stalls, stall_sec, tally.discarded, tally.skipped, tally.stale,
