@@ -17,6 +17,8 @@ How to run (a single process)::
     BENCH_NO_COMPILE=1 scopebench bench-inference --config configs/policy/small.yml
     BENCH_COMPILE_MODE=default scopebench bench-inference --config configs/policy/small.yml
     scopebench bench-inference --config configs/policy/tiny.yml --control-hz 30 --n-action-steps 4
+    scopebench bench-inference --config configs/policy/tiny.yml --control-hz 30 --n-action-steps 4 \\
+        --closed-loop sync --closed-loop-ticks 300
     scopebench bench-inference --config configs/policy/tiny.yml \\
         --policy examples/stateful_policy.py:make_policy --episode-length 20
 
@@ -34,6 +36,18 @@ config's ``policy.control_hz``; none: no figures) and ``--n-action-steps`` (acti
 per chunk, default ``policy.n_action_steps``, else the whole chunk): the deadline
 ``n_action_steps / control_hz``, the share of calls over it, p99.9 (from 1000 calls), the
 jitter and the real-time-chunking delay ``d = ceil(latency * control_hz)``, with a verdict line.
+
+Closed-loop replay (:mod:`scopebench.policy.replay`), with ``--closed-loop sync|async``
+(needs a control rate) and ``--closed-loop-ticks`` (300): after the timed calls, an executor
+ticks at the control rate on absolute deadlines ``t0 + k / control_hz`` for that many ticks
+while another thread makes the next call; ``sync`` hands the next chunk over when the
+current one runs out, ``async`` replaces the rest of the current one when it arrives (real-
+time chunking: its first ``d`` actions are for elapsed ticks). It **measures** the ticks
+without an action (stalls), the stall time, the actions discarded, and the clock's lateness
+and drift, and prints beside them the **estimate** from the timed calls' latencies (the same
+hand-over rules, no clock; for ``sync`` the count ``sum max(0, d - n_action_steps)``) and the
+same estimate from the replay's own calls (which separates what the clock and the threads
+add from a latency distribution that moved since the timed calls).
 
 Environment (flags win): ``BENCH_NO_COMPILE`` (0), ``BENCH_COMPILE_MODE`` (unset: the
 config's ``policy.compile_mode``; upstream defaults to ``max-autotune``, which takes many
@@ -70,7 +84,12 @@ deadline_sec, missed, missed_share, p999_sec`` (null under 1000 calls, ``p999_no
 why), ``std_sec, p99_minus_p50_sec, delay_steps`` (d -> calls), ``worst_delay_steps,
 keeps_up, verdict``), ``control_figure`` (the PNG of the latencies' histogram and CDF with
 the deadline, ``<host>_<preset>_<timestamp>_control.png`` beside the JSON; null without a
-control rate).
+control rate), ``closed_loop`` (null without ``--closed-loop``; else ``mode``, ``ticks``,
+``measured``, ``estimate`` (from the timed calls' latencies) and ``estimate_replay_calls``
+(from the replay's own calls, in order) (each ``mode, control_hz, n_action_steps, ticks, chunks,
+stalls, stall_share, stall_sec, discarded, skipped, stale, calls, max_lateness_sec,
+mean_lateness_sec, drift_sec``; the three clock figures null in the estimates),
+``latencies_sec`` (the replay's calls) and ``lines`` (the three text lines)).
 """
 
 from __future__ import annotations
@@ -106,6 +125,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a stateful policy's calls per episode, reset between them (default: one episode)",
     )
+    parser.add_argument(
+        "--closed-loop", choices=("sync", "async"), default=None,
+        help="after the timed calls, replay the control loop with this hand-over (needs a control rate)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--closed-loop-ticks", type=int, default=300, metavar="N", help="control ticks of the replay (300)"
+    )
 
 
 @refuses("bench-inference")
@@ -137,10 +163,43 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--episode-length must be >= 1, got {args.episode_length}")
     config = load_config(args, env=env, flags=flags)
     check_config_control(config, args.control_hz, args.n_action_steps)
+    if args.closed_loop is not None:
+        if config.inference.control_hz is None:
+            raise ValueError("--closed-loop needs a control rate: --control-hz or policy.control_hz, got none")
+        if args.closed_loop_ticks < 1:
+            raise ValueError(f"--closed-loop-ticks must be >= 1, got {args.closed_loop_ticks}")
     out_dir = args.output_dir or os.environ.get("BENCH_OUTPUT_DIR") or "benchmark_results"
     check_writable_dir("--output-dir" if args.output_dir else "BENCH_OUTPUT_DIR", out_dir)
     check_json_path("--json", args.json)
-    return _bench(config, timed, out_dir, args.json, args.episode_length, args.chunks_per_call)
+    loop = (args.closed_loop, args.closed_loop_ticks) if args.closed_loop is not None else None
+    return _bench(config, timed, out_dir, args.json, args.episode_length, args.chunks_per_call, loop)
+
+
+def _closed_loop(run, calls: list[float], mode: str, ticks: int) -> dict:
+    """The replay of ``run``'s calls at the control rate, measured and as estimated from the
+    timed calls' latencies (:mod:`scopebench.policy.replay`)."""
+    from scopebench.policy.replay import predict, replay
+
+    s = run.settings
+    n = s.n_action_steps or run.chunk_size
+    measured = replay(lambda: run.timed_call(), mode, s.control_hz, n, ticks)
+    estimate = predict(calls, mode, s.control_hz, n, ticks)
+    # the same rules over the replay's own calls: what the clock and the threads add, apart
+    # from a latency distribution that moved since the timed calls (warm-up, load)
+    own = predict(measured.latencies_sec, mode, s.control_hz, n, ticks)
+    return {
+        "mode": mode,
+        "ticks": ticks,
+        "measured": measured.as_dict(),
+        "estimate": estimate.as_dict(),
+        "estimate_replay_calls": own.as_dict(),
+        "latencies_sec": list(measured.latencies_sec),
+        "lines": [
+            f"closed loop (measured): {measured.line()}",
+            f"closed loop (from the timed calls' latencies): {estimate.line()}",
+            f"closed loop (from the replay's own latencies): {own.line()}",
+        ],
+    }
 
 
 def _bench(
@@ -150,6 +209,7 @@ def _bench(
     json_path: str | None,
     episode_length: int | None = None,
     chunks_per_call: list[int] | None = None,
+    loop: tuple[str, int] | None = None,
 ) -> int:
     import socket
     import time
@@ -194,6 +254,7 @@ def _bench(
         control = run.control(calls)
         episodes = run.episode_report(calls)
         chunks = None if chunks_per_call is None else run.chunks_per_call(chunks_per_call, n_timed)
+        closed_loop = _closed_loop(run, calls, *loop) if loop is not None else None
     stats = summarize(calls)
     report = {
         "tool": "bench-inference",
@@ -232,6 +293,7 @@ def _bench(
         **measured_steps(rows),
         **measured_cost(rows),
         "control": None if control is None else control.as_dict(),
+        "closed_loop": closed_loop,
         "environment": environment_info(run.device),
     }
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
@@ -281,6 +343,8 @@ def format_report(report: dict) -> str:
     lines += control_lines(report.get("control"))
     if report.get("control_figure"):
         lines.append(f"control figure: {report['control_figure']}")
+    if report.get("closed_loop"):
+        lines += report["closed_loop"]["lines"]
     return "\n".join(lines)
 
 

@@ -1,0 +1,186 @@
+"""Closed-loop replay: exact counts on a simulated clock, one generous run on the real clock,
+and ``bench-inference --closed-loop`` end to end.
+
+The test policy's call takes 20 ms, and 60 ms on every tenth call (``test_control``'s
+pattern, without jitter on the simulated clock), at 30 Hz (dt = 33.3 ms): d = 1, and d = 2
+on every tenth call. Its latency is slept on the replay's own clock, so on the
+:class:`VirtualClock` every count is exact whatever the machine's load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import pytest
+
+from scopebench.cli import main
+from scopebench.policy.control import control_figures
+from scopebench.policy.replay import RealClock, VirtualClock, predict, replay
+
+from .conftest import TINY
+from .test_control import control_policies  # noqa: F401 - the fixture, reused
+
+HZ, TICKS = 30.0, 330
+
+
+def _latency(i: int) -> float:
+    """Call ``i`` (0: the first chunk, before t0): 60 ms on every tenth call, else 20 ms."""
+    return 0.06 if i % 10 == 9 else 0.02
+
+
+def _policy(clock):
+    calls = []
+
+    def infer():
+        calls.append(clock.now())
+        clock.sleep_until(clock.now() + _latency(len(calls) - 1))
+        return len(calls) - 1
+
+    return infer
+
+
+def _run(mode: str, n: int, ticks: int = TICKS):
+    clock = VirtualClock()
+    return replay(_policy(clock), mode, HZ, n, ticks, clock=clock)
+
+
+def test_sync_one_action_a_chunk_stalls_once_a_slow_call():
+    f = _run("sync", 1)
+    # a chunk of d = 1 lasts 1 tick, one of d = 2 lasts 2 ticks with 1 stall: 11 ticks per 10 calls
+    assert f.stalls == TICKS // 11 == 30
+    assert f.chunks == TICKS - f.stalls
+    assert f.stall_sec == pytest.approx(f.stalls * (0.06 - 1 / HZ))  # each slow call's overrun
+    assert (f.discarded, f.skipped, f.stale) == (0, 0, 0)
+    assert (f.max_lateness_sec, f.drift_sec) == (0.0, 0.0)
+
+
+def test_sync_stalls_agree_with_the_distribution_estimate():
+    measured = _run("sync", 1)
+    figures = control_figures(measured.latencies_sec, HZ, 1)  # ControlFigures' d of the same calls
+    per_chunk = sum(max(0, d - 1) * c for d, c in figures.delay_steps.items()) / figures.calls
+    ticks_per_chunk = sum(max(1, d) * c for d, c in figures.delay_steps.items()) / figures.calls
+    assert abs(measured.stalls - TICKS * per_chunk / ticks_per_chunk) <= TICKS / 100
+    estimate = predict([_latency(i) for i in range(10)], "sync", HZ, 1, TICKS)
+    assert estimate.stalls == measured.stalls and estimate.chunks == measured.chunks
+    assert estimate.stall_sec == pytest.approx(measured.stall_sec)
+
+
+def test_four_actions_a_chunk_never_stall():
+    for mode in ("sync", "async"):
+        f = _run(mode, 4)
+        assert f.stalls == 0 and f.stall_sec == 0.0, mode
+
+
+def _async_discarded(n: int, ticks: int) -> tuple[int, int]:
+    """Analytic async counts: chunk i (call i, d_i = ceil(latency * hz), d_0 = 0) is adopted at
+    T_i = T_{i-1} + d_i at index d_i and supersedes n - d_{i-1} - d_i actions of chunk i - 1."""
+    d = lambda i: 0 if i == 0 else math.ceil(_latency(i) * HZ)  # noqa: E731
+    discarded, adopted, t, i = 0, 0, 0, 1
+    while t + d(i) < ticks:
+        t += d(i)
+        discarded += n - d(i - 1) - d(i)
+        adopted, i = adopted + 1, i + 1
+    return discarded, adopted
+
+
+def test_async_discards_what_each_new_chunk_supersedes():
+    f = _run("async", 4)
+    discarded, adopted = _async_discarded(4, TICKS)
+    assert f.discarded == discarded and f.chunks == adopted + 1
+    assert f.skipped == sum(math.ceil(_latency(i) * HZ) for i in range(1, adopted + 1))
+    assert predict([_latency(i) for i in range(10)], "async", HZ, 4, TICKS).discarded == discarded
+
+
+def test_async_with_one_action_a_chunk_has_only_stale_chunks():
+    f = _run("async", 1)  # d >= 1 = n: every arrived chunk's only action is for an elapsed tick
+    assert f.stale == f.chunks - 1 and f.stalls == TICKS - 1
+
+
+def test_the_actions_executed_are_the_due_ones():
+    clock, done = VirtualClock(), []
+    replay(_policy(clock), "async", HZ, 4, 40, clock=clock, execute=lambda chunk, j: done.append((chunk, j)))
+    assert len(done) == 40 and done[0] == (0, 0) and done[1] == (1, 1)  # chunk 1 arrives at tick 1, d = 1
+
+
+def test_bad_arguments_are_refused_naming_them():
+    with pytest.raises(ValueError, match=r"^mode must be one of sync, async, got 'x'$"):
+        predict([0.02], "x", HZ, 1, 10)
+    with pytest.raises(ValueError, match=r"^ticks must be an integer >= 1, got 0$"):
+        replay(lambda: None, "sync", HZ, 1, 0)
+
+
+def test_an_inference_error_ends_the_replay():
+    clock, calls = VirtualClock(), []
+
+    def infer():
+        calls.append(1)
+        if len(calls) > 2:
+            raise OSError("camera unplugged")
+        clock.sleep_until(clock.now() + 0.01)
+
+    with pytest.raises(RuntimeError, match="inference call raised") as info:
+        replay(infer, "sync", HZ, 1, 50, clock=clock)
+    assert isinstance(info.value.__cause__, OSError)
+    assert threading.active_count() == 1 or all(t.name != "scopebench-replay-infer" for t in threading.enumerate())
+
+
+def test_a_first_call_that_raises_ends_the_replay_before_t0():
+    def infer():
+        raise OSError("no weights")
+
+    with pytest.raises(RuntimeError, match="inference call raised"):
+        replay(infer, "async", HZ, 4, 10, clock=VirtualClock())
+
+
+def test_every_call_runs_in_the_worker_thread():
+    clock, threads = VirtualClock(), set()
+
+    def infer():
+        threads.add(threading.current_thread().name)
+        clock.sleep_until(clock.now() + 0.02)
+
+    replay(infer, "sync", HZ, 1, 20, clock=clock)
+    assert threads == {"scopebench-replay-infer"}
+
+
+def test_real_clock_has_no_drift_and_about_the_expected_stalls():
+    """The one wall-clock test, with no bound a busy machine can break: each tick is scheduled
+    at t0 + k * dt, so lateness is measured, never negative, and does not accumulate (the
+    exact zero drift is the simulated clock's test above); stalls need the slow calls to
+    overrun (60 ms vs 33 ms) and are compared with the estimate only when the clock kept time."""
+    clock = RealClock()
+    f = replay(_policy(clock), "sync", HZ, 1, 60, clock=clock)
+    assert f.max_lateness_sec >= 0.0 and math.isfinite(f.drift_sec)
+    assert f.mean_lateness_sec >= 0.0 and 0 <= f.stalls <= 60
+    assert min(f.latencies_sec) >= 0.02  # a call lasts at least its sleep
+    # the estimate over the loop's own calls misses only what the executor's lateness and the
+    # worker's wake-up move across a tick: compared, within a tenth of the ticks, when the
+    # clock kept time
+    own = predict(f.latencies_sec, "sync", HZ, 1, 60)
+    if f.max_lateness_sec < 0.005:
+        assert abs(f.stalls - own.stalls) <= 6
+
+
+def test_bench_inference_closed_loop(control_policies, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "r.json"
+    args = ["bench-inference", "--config", TINY, "--policy", f"{control_policies}:quick", "--policy.n_warmup=0"]
+    args += ["--n-timed", "5", "--output-dir", str(tmp_path), "--json", str(out), "--control-hz", "30"]
+    args += ["--n-action-steps", "4", "--closed-loop", "sync", "--closed-loop-ticks", "12"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "closed loop (measured): sync at 30 Hz, 4 actions a chunk" in text
+    assert "closed loop (from the timed calls' latencies):" in text
+    assert "closed loop (from the replay's own latencies):" in text
+    loop = json.loads(out.read_text())["closed_loop"]
+    assert loop["measured"]["ticks"] == 12 and loop["measured"]["mode"] == "sync"
+    assert loop["estimate"]["ticks"] == 12 and loop["estimate"]["max_lateness_sec"] is None
+    assert len(loop["latencies_sec"]) == loop["measured"]["calls"] and loop["estimate_replay_calls"]["ticks"] == 12
+
+
+def test_closed_loop_needs_a_control_rate(control_policies, tmp_path, capsys):  # noqa: F811
+    args = ["bench-inference", "--config", TINY, "--policy", f"{control_policies}:quick"]
+    args += ["--output-dir", str(tmp_path), "--closed-loop", "sync"]
+    assert main(args) != 0
+    assert "--closed-loop needs a control rate" in capsys.readouterr().err
