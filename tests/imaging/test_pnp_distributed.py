@@ -76,13 +76,19 @@ def test_a_slowed_rank_shows_as_skew_and_an_even_run_does_not(worker_path, monke
     def median(rows, key):
         return statistics.median(row[key] for row in rows)
 
+    def lag(rows, skew, time):
+        """The median of the slowest rank's lead over the quickest (seconds): skew x the max."""
+        return statistics.median(row[skew] / 100 * row[time] for row in rows)
+
     # Rank 1 sleeps inside ``denoise``: rank 0's row reports its time (the max over ranks)
-    # and a skew close to 100 % in that region and in the total.
+    # and a skew of about the delay, in that region and in the total. Compared in seconds
+    # against the delay, not as a share: two ranks of tens of milliseconds sharing a busy
+    # machine differ by any share in single iterations (62 % in one CI run), never by 0.5 s,
+    # which is the test's premise (a TV pass far below the delay) also asserted below.
     assert median(slowed, "denoise_time_sec") > delay
-    assert median(slowed, "denoise_rank_skew_pct") > 80, slowed
-    assert median(slowed, "rank_skew_pct") > 60, slowed
-    # The same run without the delay: no rank lags by much (two ranks sharing a busy
-    # machine differ by tens of percent in single iterations; the median stays low).
+    assert lag(slowed, "denoise_rank_skew_pct", "denoise_time_sec") > delay / 2, slowed
+    assert lag(slowed, "rank_skew_pct", "total_time_sec") > delay / 2, slowed
+    # The same run without the delay: no rank lags by anything near it.
     assert median(even, "denoise_time_sec") < delay
-    assert median(even, "denoise_rank_skew_pct") < 60, even
-    assert median(even, "rank_skew_pct") < 60, even
+    assert lag(even, "denoise_rank_skew_pct", "denoise_time_sec") < delay / 2, even
+    assert lag(even, "rank_skew_pct", "total_time_sec") < delay / 2, even

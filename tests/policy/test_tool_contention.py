@@ -5,6 +5,7 @@ with the sampler off it prints nothing and writes ``contention: null``."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from conftest import machine_other_pct
@@ -17,29 +18,30 @@ def tool_args(tool: str, data_args: list[str], tmp_path) -> tuple[list[str], int
     """A tiny run of ``tool`` writing its JSON to ``tmp_path / out.json``, and its measured steps."""
     out = ["--json", str(tmp_path / "out.json")]
     runs = {
-        "profile-step": (["--warmup", "1", "--steps", "6"], 6),
+        "profile-step": (["--warmup", "1", "--steps", "20"], 20),
         "profile-dataloader": (["--warmup", "1", "--batches", "60"], 60),
         "bench-inference": (["--n-timed", "30", "--n-warmup", "1", "--output-dir", str(tmp_path)], 30),
         "decompose-latency": (["--num-steps", "1,2", "--repeats", "40", "--policy.n_warmup=1"], 80),
         # one measured step per trial (None: as many as the JSON's trials)
         "find-max-batch": (["--memory-gb", "1", "--max-batch", "4", "--find_unused_params=false"], None),
-        "train": (["--steps", "6", "--output-dir", str(tmp_path / "run")], 6),
+        "train": (["--steps", "30", "--output-dir", str(tmp_path / "run")], 30),
     }
     extra, steps = runs[tool]
     return [tool, *data_args, *extra, *out], steps
 
 
-#: Tools whose windows on the tiny config last a few hundred milliseconds on a quiet machine (a
-#: trial's one measured step, 60 batches of the tiny dataset, 30 calls of the tiny policy, 80 calls
-#: of one or two denoising steps): they sample every 10 ms, so more than their first 100 ms (the
-#: ticks a CPU share needs, the sampler's rule) get a value.
-SHORT_WINDOWS = ("find-max-batch", "profile-dataloader", "bench-inference", "decompose-latency")
 TOOLS = ["profile-step", "profile-dataloader", "bench-inference", "decompose-latency", "find-max-batch", "train"]
+#: The sampler's period in these tests: each tool's window on the tiny config lasts a few hundred
+#: milliseconds on a quiet machine (a trial's one measured step, 60 batches, 30 calls, 80 calls of
+#: one or two denoising steps, 20 or 30 training steps), and a CPU share needs 20 clock ticks (100 ms
+#: on two CPUs, the sampler's rule), so with the default 100 ms period the first steps get none and a
+#: quick run none at all.
+PERIOD_SEC = "0.01"
 
 
 def run(tool, data_args, tmp_path, capsys, monkeypatch):
-    if tool in SHORT_WINDOWS:
-        monkeypatch.setenv("SCOPEBENCH_SAMPLER_PERIOD_SEC", "0.01")
+    if "SCOPEBENCH_SAMPLER_PERIOD_SEC" not in os.environ:  # a test that turns the sampler off set it
+        monkeypatch.setenv("SCOPEBENCH_SAMPLER_PERIOD_SEC", PERIOD_SEC)
     args, steps = tool_args(tool, data_args, tmp_path)
     code = main(args)
     out = capsys.readouterr()

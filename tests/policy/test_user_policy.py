@@ -224,6 +224,38 @@ def test_a_loss_that_bypasses_the_wrapper_is_named_on_two_ranks_too(bad, factory
     ), err
 
 
+def test_a_collective_s_error_in_the_forward_passes_as_it_is_for_the_rank_failure_report():
+    """gloo raises a peer's timeout as a plain RuntimeError from ``work.wait()`` in
+    ``distributed_c10d.py`` (FSDP2 all-gathers in the forward's pre-hook): not the policy's
+    error, so it is not turned into a ``forward raised`` line; the run's failure path names
+    the rank. The same error raised by the policy's own code is still its line."""
+    from scopebench.policy.user import UserPolicy, policy_loss
+
+    space: dict = {}
+    raising = "def wait():\n    raise RuntimeError('Timed out waiting 30000ms for send operation to complete')\n"
+    exec(compile(raising, "/venv/lib/torch/distributed/distributed_c10d.py", "exec"), space)  # noqa: S102
+    exec(compile(raising, "/home/user/mypolicy.py", "exec"), ours := {})  # noqa: S102
+
+    class Net(torch.nn.Module):
+        def __init__(self, wait):
+            super().__init__()
+            self.wait = wait
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            self.wait()
+            return self.lin(x).sum()
+
+    for wait, passes in ((space["wait"], True), (ours["wait"], False)):
+        model = Net(wait)
+        policy = UserPolicy(model=model, loss=lambda m, batch: m(batch), dataset=[1])
+        with pytest.raises((RuntimeError, ValueError)) as raised:
+            policy_loss(policy, model, torch.randn(1, 2))
+        assert isinstance(raised.value, ValueError) is not passes, raised.value
+        if not passes:
+            assert "forward raised RuntimeError: Timed out waiting" in str(raised.value)
+
+
 def test_the_policy_s_own_exception_is_chained_under_the_line_and_comes_back_from_a_worker(bad):
     """The one line for the commands, the original exception for a debugger (``__cause__``);
     from a DataLoader worker, the line is taken back from the worker's traceback."""

@@ -321,11 +321,24 @@ def _one_line(who: str, phase: str, err: BaseException, kind: type[PolicyError] 
 
 def _passes(err: BaseException) -> bool:
     """Whether an exception of the policy's code passes as it is: already one line (ours), out
-    of memory (``find-max-batch`` catches it), or a peer rank's failure (the launcher names it)."""
+    of memory (``find-max-batch`` catches it), or a peer rank's failure (the launcher names it):
+    a ``DistError``, or an error raised inside ``torch.distributed`` itself (gloo raises its
+    timeouts as a plain ``RuntimeError`` from the collective's ``wait``, for example inside
+    FSDP2's all-gather before the forward)."""
     import torch.distributed as dist
 
     not_the_policy = (PolicyError, torch.OutOfMemoryError, MemoryError, getattr(dist, "DistError", PolicyError))
-    return isinstance(err, not_the_policy)
+    return isinstance(err, not_the_policy) or _raised_in_collective(err)
+
+
+def _raised_in_collective(err: BaseException) -> bool:
+    """Whether ``err`` was raised by a frame of ``torch/distributed/distributed_c10d.py``."""
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return Path(tb.tb_frame.f_code.co_filename).parts[-3:] == ("torch", "distributed", "distributed_c10d.py")
 
 
 def _loss_phase(err: BaseException, model: nn.Module) -> str:
