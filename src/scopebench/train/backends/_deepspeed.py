@@ -89,20 +89,6 @@ class ZeroBackend(TrainingBackend):
             "optimizer_state": num_params * (ADAMW + MASTER) / world_size if optimizer else 0.0,
         }
 
-    def gather_buffer_bytes(
-        self,
-        model: Any,
-        *,
-        world_size: int = 1,
-        precision: str = "fp32",
-        units: tuple[str, ...] = (),
-        zero: dict[str, Any] | None = None,
-        file: Any = None,
-    ) -> float:
-        """The sum of :meth:`buffer_bytes`."""
-        kwargs = dict(world_size=world_size, precision=precision, units=units, zero=zero, file=file)
-        return float(sum(self.buffer_bytes(model, **kwargs).values()))
-
     def zero_knobs(self, zero: dict[str, Any] | None = None) -> dict[str, Any]:
         """The ZeRO sizes in force: :data:`ZERO_DEFAULTS` under what this backend's DeepSpeed
         config sets in ``zero_optimization`` (:meth:`deepspeed_config` sets none of them, so

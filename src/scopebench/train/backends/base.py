@@ -151,9 +151,9 @@ class TrainingBackend:
         file: Any = None,
     ) -> float:
         """Bytes per rank of the backend's communication buffers for ``model`` (meta device is
-        enough): DDP's gradient buckets, a flat copy of every gradient with more than one rank."""
-        total = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        return float(total * GRADIENT) if world_size > 1 else 0.0
+        enough): the sum of :meth:`buffer_bytes`, which each backend defines."""
+        kwargs = dict(world_size=world_size, precision=precision, units=units, zero=zero, file=file)
+        return float(sum(self.buffer_bytes(model, **kwargs).values()))
 
     def buffer_bytes(
         self,
@@ -165,10 +165,11 @@ class TrainingBackend:
         zero: dict[str, Any] | None = None,
         file: Any = None,
     ) -> dict[str, float]:
-        """:meth:`gather_buffer_bytes` by name, for the estimate's lines (one name here; DeepSpeed
-        names each configured buffer). Their sum is :meth:`gather_buffer_bytes`."""
-        kwargs = dict(world_size=world_size, precision=precision, units=units, zero=zero, file=file)
-        return {"gather_buffers": self.gather_buffer_bytes(model, **kwargs)}
+        """The backend's communication buffers by name, for the estimate's lines (DeepSpeed names
+        each configured buffer; the others have one, ``gather_buffers``): here DDP's gradient
+        buckets, a flat copy of every gradient with more than one rank."""
+        total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return {"gather_buffers": float(total * GRADIENT) if world_size > 1 else 0.0}
 
     def step_bytes(self, num_params: int, *, world_size: int = 1, precision: str = "fp32") -> dict[str, float]:
         """Bytes per rank that exist only in the optimizer step, by name (none here)."""

@@ -95,7 +95,7 @@ class FSDPBackend(TrainingBackend):
             "optimizer_state": num_params * ADAMW / shard if optimizer else 0.0,
         }
 
-    def gather_buffer_bytes(
+    def buffer_bytes(
         self,
         model: Any,
         *,
@@ -104,8 +104,8 @@ class FSDPBackend(TrainingBackend):
         units: tuple[str, ...] = (),
         zero: dict[str, Any] | None = None,
         file: Any = None,
-    ) -> float:
-        """The root's parameters (kept gathered) and two units in flight, in bf16 under ``bf16``
+    ) -> dict[str, float]:
+        """``gather_buffers``: the root's parameters (kept gathered) and two units in flight, in bf16 under ``bf16``
         (FSDP2's mixed precision gathers in bf16 on CUDA)."""
         params = [p for p in model.parameters() if p.requires_grad]
         unit_sizes, in_units = [], set()
@@ -118,7 +118,7 @@ class FSDPBackend(TrainingBackend):
         root = sum(p.numel() for p in params if id(p) not in in_units)
         largest = max(unit_sizes, default=0)
         gathered = 2 if precision == "bf16" else 4
-        return float((root + 2 * largest) * gathered)
+        return {"gather_buffers": float((root + 2 * largest) * gathered)}
 
     # -- the run -----------------------------------------------------------------------
     def accelerator_kwargs(self, settings: Any, *, cpu: bool) -> dict[str, Any]:
