@@ -379,15 +379,16 @@ def episode_lines(episodes: dict | None) -> list[str]:
     """A stateful policy's median latency by place in the episode (nothing for a stateless one)."""
     if episodes is None:
         return []
+    from scopebench.stats import median
+
     rows = episodes["by_position"]
     if len(rows) > SHOWN_POSITIONS:
         step = (len(rows) - 1) / (SHOWN_POSITIONS - 1)
         rows = [rows[round(i * step)] for i in range(SHOWN_POSITIONS)]
     length = episodes["episode_length"]
-    resets = episodes["reset_sec"]
     head = (
         f"stateful policy: {'one episode' if length is None else f'episodes of {length} calls'} "
-        f"({episodes['episodes']} begun in the timed calls, reset median {sorted(resets)[len(resets) // 2] * 1e3:.2f} ms)"
+        f"({episodes['episodes']} begun in the timed calls, reset median {median(episodes['reset_sec']) * 1e3:.2f} ms)"
     )
     ratio = episodes["last_over_first"]
     by = ", ".join(f"{r['position']}: {r['median_sec'] * 1e3:.2f}" for r in rows)

@@ -92,11 +92,10 @@ def sampler_period(environ: Mapping[str, str] | None = None) -> float:
     return value
 
 
-def _enough_ticks(samples: list[tuple], first: int, latest: int) -> int:
+def _enough_ticks(by_seq: dict[int, tuple], first: int, latest: int) -> int:
     """The latest sample at or before ``first`` from which to ``latest`` at least
     :data:`MIN_INTERVAL_TICKS` CPU ticks passed (the oldest kept one when none has: its
-    interval then gives no CPU share)."""
-    by_seq = {s[0]: s for s in samples}
+    interval then gives no CPU share). ``by_seq``: the kept samples by number."""
     end = by_seq.get(latest)
     if end is None or end[2] is None:
         return first
@@ -334,13 +333,13 @@ class HostSampler:
         if latest != mark or self._cache is None or self._cache[0] != latest:
             first = mark if latest > mark else latest - 1
             with self._lock:
-                samples = list(self._samples)
-                cpu_first = _enough_ticks(samples, first, latest)
+                by_seq = {s[0]: s for s in self._samples}
+                cpu_first = _enough_ticks(by_seq, first, latest)
                 # Keep what the next window may need: its mark (>= latest), the one before, and
                 # the samples back to enough CPU ticks before them (never more than before now).
                 keep = min(cpu_first, min(mark, latest) - 1)
                 self._samples = [s for s in self._samples if s[0] >= keep]
-            rates, power = self._interval(samples, first, latest, cpu_first)
+            rates, power = self._interval(by_seq, first, latest, cpu_first)
             if latest == mark:
                 self._cache = (latest, rates, power)
         else:
@@ -351,11 +350,11 @@ class HostSampler:
         return out
 
     def _interval(
-        self, samples: list[tuple], first: int, latest: int, cpu_first: int
+        self, by_seq: dict[int, tuple], first: int, latest: int, cpu_first: int
     ) -> tuple[dict[str, float], float | None]:
         """Rates and means between samples ``first`` and ``latest`` (the CPU shares from
-        ``cpu_first``), and the mean power (W) from the energy counter (``None`` without it)."""
-        by_seq = {s[0]: s for s in samples}
+        ``cpu_first``), and the mean power (W) from the energy counter (``None`` without it).
+        ``by_seq``: the samples by number."""
         if first not in by_seq or latest not in by_seq:
             return {}, None
         a, b = by_seq[first], by_seq[latest]
@@ -363,7 +362,7 @@ class HostSampler:
         c = by_seq.get(cpu_first)
         if c is not None and c[2] is not None and b[2] is not None and b[2].total - c[2].total >= MIN_INTERVAL_TICKS:
             out.update(shares((c[2], c[3]), (b[2], b[3])))
-        inside = [s[4] for s in samples if first < s[0] <= latest]
+        inside = [s[4] for seq, s in by_seq.items() if first < seq <= latest]
         for key in _MEANS + _MAXIMA:
             values = [g[key] for g in inside if key in g]
             if values:
