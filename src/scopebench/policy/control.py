@@ -37,6 +37,7 @@ __all__ = [
     "check_control",
     "control_figures",
     "control_lines",
+    "delay_ticks",
 ]
 
 #: Timed calls needed before p99.9 is reported: one call in a thousand must exist to be measured.
@@ -230,6 +231,18 @@ def control_lines(control: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def delay_ticks(latency_sec: float, control_hz: float) -> int:
+    """The real-time-chunking delay ``d = ceil(latency * control_hz)``: the control ticks a
+    call of ``latency_sec`` spans (a latency on a tick boundary is that many ticks, not one more).
+
+    :Examples:
+
+    >>> delay_ticks(0.02, 30), delay_ticks(0.06, 30), delay_ticks(0.5, 2)
+    (1, 2, 1)
+    """
+    return math.ceil(latency_sec * control_hz)
+
+
 def control_figures(latencies: Iterable[float], control_hz: float, n_action_steps: int) -> ControlFigures:
     """The :class:`ControlFigures` of ``latencies`` (seconds, one per call) at ``control_hz``
     with ``n_action_steps`` actions executed per chunk.
@@ -255,7 +268,7 @@ def control_figures(latencies: Iterable[float], control_hz: float, n_action_step
     deadline = steps / hz
     delays: dict[int, int] = {}
     for t in values:
-        d = math.ceil(t * hz)
+        d = delay_ticks(t, hz)
         delays[d] = delays.get(d, 0) + 1
     return ControlFigures(
         control_hz=hz,

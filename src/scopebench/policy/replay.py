@@ -36,14 +36,13 @@ list of latencies, without a clock. Standard library only.
 from __future__ import annotations
 
 import heapq
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scopebench.policy.control import check_control
+from scopebench.policy.control import check_control, delay_ticks
 
 __all__ = ["MODES", "RealClock", "ReplayFigures", "VirtualClock", "predict", "replay"]
 
@@ -292,7 +291,7 @@ def predict(latencies: Sequence[float], mode: str, control_hz: float, n_action_s
         raise ValueError("latencies must hold one call or more, got none")
     calls = [values[0], values[1 % len(values)]]  # the first chunk before t0; the next from tick 0
     tally, obs, stall_ticks, stall_from = _Tally(mode, n), 0, 0.0, None
-    ready: int | None = math.ceil(calls[1] * hz)
+    ready: int | None = delay_ticks(calls[1], hz)
     for k in range(ticks):
         arrived = None
         if ready is not None and ready <= k:
@@ -305,7 +304,7 @@ def predict(latencies: Sequence[float], mode: str, control_hz: float, n_action_s
             stall_from = k
         if request:
             calls.append(values[len(calls) % len(values)])
-            obs, ready = k, k + math.ceil(calls[-1] * hz)
+            obs, ready = k, k + delay_ticks(calls[-1], hz)
     if stall_from is not None:
         stall_ticks += ticks - 1 - stall_from
     return ReplayFigures(
