@@ -126,6 +126,11 @@ class RankRun:
         (:meth:`scopebench.profiler.Profiler.track_memory`); None: nothing to attribute."""
         return None
 
+    def communication_model(self) -> Any:
+        """The model whose gradients the framework reduces, for the ledger's DDP hook
+        (:meth:`scopebench.profiler.Profiler.track_communication`); None: none."""
+        return None
+
     def worker_kwargs(self) -> dict[str, Any]:
         """JSON-serialisable keyword arguments that rebuild this run on a spawned rank."""
         return {
@@ -187,6 +192,9 @@ class RankRun:
             subjects = self.memory_subjects() if self.profiler_config.memory else None
             if subjects:
                 self.profiler.track_memory(**subjects)
+            model = self.communication_model()
+            if model is not None:
+                self.profiler.track_communication(model)
             self._stack.callback(self._finalize_profiler)
             barrier()
             self.setup_time_sec = time.perf_counter() - begin

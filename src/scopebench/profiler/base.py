@@ -126,7 +126,10 @@ class _Region:
             begin = time.perf_counter()
             prof._exit_region(self.name, self.token)
             wall = prof._region_wall
-            wall[self.name] = wall.get(self.name, 0.0) + time.perf_counter() - self.start
+            end = time.perf_counter()
+            wall[self.name] = wall.get(self.name, 0.0) + end - self.start
+            if prof._spans is not None:
+                prof._spans.append((self.name, self.start, end))
             if prof._memory is not None:  # an OOM (exc): the snapshot, then a named error
                 prof._memory.exit_region(self.name, exc)
             prof._inside_sec += time.perf_counter() - begin
@@ -190,6 +193,10 @@ class Profiler:
         self._rank_pgids: set[int] | None = None
         #: ``profiler_memory``'s per-region breakdown, once :meth:`track_memory` was called.
         self._memory: Any = None
+        #: The ledger's clock alignment ``(offset, error, how)`` once it is on (several CPU ranks,
+        #: a backend that reports its overhead), and the recorded iteration's region spans.
+        self._ledger: tuple[float, float, str] | None = None
+        self._spans: list[tuple[str, float, float]] | None = None
 
     # -- public API ----------------------------------------------------------------
     @property
@@ -225,6 +232,20 @@ class Profiler:
 
         self._memory = MemoryTracking(self.device, model, optimizer, engine, self.ops.cuda_module(), where)
 
+    def track_communication(self, model: Any) -> None:
+        """What the step trains, for the ledger (called once, after building, before the first
+        backward): a DDP-wrapped model gets the all-reduce hook that shows its buckets to the
+        ledger (:mod:`scopebench.profiler.collectives`). A no-op where the ledger is off."""
+        if not self._ledger_possible():
+            return
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(model, DistributedDataParallel):
+            from scopebench.profiler.collectives import recorder
+
+            recorder.install()
+            model.register_comm_hook(None, recorder.ddp_hook)
+
     def end_iteration(self) -> None:
         """Close the current iteration; its metrics become :meth:`get_current_metrics`."""
         if not self._begun:
@@ -237,11 +258,17 @@ class Profiler:
         if self.ops.is_cuda:
             self.ops.synchronize()
         stop = time.perf_counter()
+        if self._ledger is not None:
+            from scopebench.profiler.collectives import recorder
+
+            recorder.stop()
         # The callback ran just before the clock started (so backends never trace it).
         total = stop - self._t0 + self._callback_sec
         # The one place step time is derived: consumers read it rather than subtract.
         metrics = {"total_time_sec": total, "step_time_sec": total - self._callback_sec}
         metrics.update(self._iteration_metrics(i, total))
+        if self._ledger is not None:
+            metrics.update(self._ledger_metrics(stop))
         if self.sampler is not None:
             metrics.update(self.sampler.window(self._sample_mark, total))
         if self._memory is not None:
@@ -353,6 +380,11 @@ class Profiler:
                     ids = gather_objects((self._run_id, socket.gethostname(), os.getpgrp()))
                     self._run_id = ids[0][0]
                     self._rank_pgids = {pgid for _, host, pgid in ids if host == socket.gethostname()}
+                    if self._ledger_possible():
+                        from scopebench.profiler.collectives import align_clocks, recorder
+
+                        recorder.install()
+                        self._ledger = align_clocks()
             self._region_wall = {}
             self._inside_sec = 0.0
             start = time.perf_counter()
@@ -367,10 +399,48 @@ class Profiler:
                 ops.reset_peak_memory()
             if self.sampler is not None:
                 self._sample_mark = self.sampler.mark()
+            if self._ledger is not None:
+                from scopebench.profiler.collectives import recorder
+
+                self._spans = []
+                recorder.start()
             self._t0 = time.perf_counter()
             self._overhead_sec = self._t0 - start
         elif self.sampler is not None and self.sampler.running:
             self.sampler.stop()  # the window is over
+
+    def _ledger_possible(self) -> bool:
+        """The ledger runs with several ranks on CPU under a backend that reports its own cost
+        (``custom``, ``torch``). On CUDA a collective's call returns before its kernels run, so
+        host-side intervals do not say when a rank waited: not measured there yet.
+        ``SCOPEBENCH_LEDGER=0`` turns it off (``perf/ledger_cost.py`` measures it against that)."""
+        if os.environ.get("SCOPEBENCH_LEDGER", "1") == "0":
+            return False
+        return self.reports_overhead and not self.ops.is_cuda and world()[1] > 1
+
+    def _ledger_metrics(self, stop: float) -> dict[str, Any]:
+        """This rank's ledger columns and the iteration's late rank (:mod:`scopebench.profiler.ledger`),
+        from every rank's record (one gather, outside the clock)."""
+        from scopebench.profiler.collectives import recorder
+        from scopebench.profiler.ledger import RankRecord, ledger_metrics
+
+        offset, error, _how = self._ledger
+        calls, waits = recorder.take()
+        spans, self._spans = self._spans or [], None
+        mine = RankRecord(
+            self.rank,
+            [(name, s - offset, e - offset) for name, s, e in spans],
+            [
+                (c.group, c.seq, c.op, c.size, c.nbytes, c.issue - offset, None if c.done is None else c.done - offset)
+                for c in calls
+            ],
+            [(w.start - offset, w.end - offset, w.calls) for w in waits],
+            stop - offset,
+        )
+        records = gather_objects(mine)
+        out = ledger_metrics(records, self.rank)
+        out["clock_align_error_sec"] = error
+        return out
 
     def _start_sampler(self) -> None:
         """Start the host sampler when the window begins (off: ``SCOPEBENCH_SAMPLER_PERIOD_SEC=0``)."""

@@ -421,6 +421,10 @@ class PolicyTrainRun(RankRun):
             return None
         return {"model": self.work.model, "optimizer": self.work.optimizer, "engine": self.work.engine}
 
+    def communication_model(self) -> Any:
+        """The prepared model (under DDP, the wrapper the ledger's all-reduce hook goes on)."""
+        return self.work.model if self.task == "train" else None
+
     def teardown(self) -> None:
         from scopebench.train import release_accelerator
 
