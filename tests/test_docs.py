@@ -49,6 +49,6 @@ def test_the_tools_page_lists_every_command():
 def test_extending_says_where_every_diagnosis_rule_module_is():
     text = (REPO / "docs" / "extending.md").read_text()
     section = text[text.index("## A diagnosis rule") :]
-    for module in ("diagnosis.py", "host_rules.py", "memory_rules.py", "backend_comparison.py"):
+    for module in ("diagnosis.py", "ledger_rules.py", "host_rules.py", "memory_rules.py", "backend_comparison.py"):
         assert f"`{module}`" in section, module
         assert (REPO / "src" / "scopebench" / "report" / module).is_file()

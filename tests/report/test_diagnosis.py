@@ -34,6 +34,21 @@ def loader(samples_per_sec, batch_size=8):
     )
 
 
+#: A 2-rank ledger where rank 1 is late by 15 ms in bwd (train()'s step: 31.6 ms), its own work the cause.
+LATE = {"world_size": 2, "late_rank": 1, "late_rank_delay_sec": 0.015, "late_rank_region": "bwd",
+        "late_rank_work_excess_sec": 0.0148, "late_rank_cause": "work"}  # fmt: skip
+#: bwd (20 ms) mostly waits for that peer; the collective itself takes 1 ms.
+WAITING = {"bwd_work_sec": 0.004, "bwd_comm_wait_peer_sec": 0.015, "bwd_comm_transfer_sec": 0.001,
+           "bwd_comm_sec": 0.016}  # fmt: skip
+#: bwd (20 ms) mostly moves bytes: 10 ms of transfer, no late rank.
+TRANSFER = {"world_size": 2, "bwd_work_sec": 0.009, "bwd_comm_wait_peer_sec": 0.001, "bwd_comm_transfer_sec": 0.010}
+
+
+def pnp(extra, **kw):
+    regions = {"gradient": 0.01, "denoise": 0.02}
+    return config_rows("PnP", regions, suffix="_cpu_sec", extra=extra, objective="Imaging inference", noise=0.0, **kw)
+
+
 GPU = {"gpu_throttle": 0.0, "gpu_sm_clock_mhz": 1980.0, "gpu_sm_clock_max_mhz": 1980.0, "gpu_util_pct": 95.0,
        "gpu_temp_c": 84.0, "gpu_power_w": 650.0}  # fmt: skip
 
@@ -123,6 +138,32 @@ CASES = {
         [config_rows("PnP", {"gradient": 0.01, "denoise": 0.02}, suffix="_cpu_sec", extra={"gradient_comm_sec": 0.005}, objective="Imaging inference")],
         [config_rows("PnP", {"gradient": 0.01, "denoise": 0.02}, suffix="_cpu_sec", extra={"gradient_comm_sec": 0.001}, objective="Imaging inference")],
         "communication is 50.",
+    ),
+    "communication-bound: the transfer, not the waits for a peer": (
+        "communication-bound",
+        [train(extra=TRANSFER)],
+        [train(extra={**LATE, **WAITING})],  # bwd_comm_sec alone (80%) would have fired
+        "transfer (the collectives' own cost) is 50.0% of bwd (> 30%); waiting for peers, 5.0% more",
+    ),
+    "late-rank": (
+        "late-rank",
+        [train(extra={**LATE, **WAITING})],
+        [train(extra={**LATE, **WAITING, "late_rank": lambda i: i % 2})],  # alternating: noise
+        "rank 1 arrives 15.0 ms late per step in bwd (its own work there took 14.8 ms more than the other ranks'); "
+        "the others wait for it: in 19 of 19 iterations with a late rank (100%, >= 75%), 47.5% of the median step",
+    ),
+    "host-overhead": (
+        "host-overhead",
+        [train(params={"backend": "zero2"}, extra={**TRANSFER, "bwd_compute_sec": 0.001, "bwd_host_overhead_sec": 0.008})],
+        [train(params={"backend": "zero2"}, extra={**TRANSFER, "bwd_compute_sec": 0.007, "bwd_host_overhead_sec": 0.002})],
+        "host overhead (its work minus its operators: Python, framework hooks) is 40.0% of bwd (> 30%)",
+    ),
+    "hidden-communication": (
+        "hidden-communication",
+        [train(params={"backend": "ddp"}, extra={**TRANSFER, "bwd_comm_hidden_sec": 0.022})],
+        [train(params={"backend": "ddp"}, extra={**TRANSFER, "bwd_comm_hidden_sec": 0.0})],
+        "DDP hid 22.0 ms of communication per step behind work (bwd 22.0 ms); 11.0 ms stayed exposed (waiting for "
+        "peers 1.0 ms, transfer 10.0 ms): 67% hidden",
     ),
     "backend-comparison": (
         "backend-comparison",
@@ -275,3 +316,66 @@ def test_summary_prints_the_profiler_cost_inside_and_outside_with_the_sampler_ap
         f"profiler cost: 100 µs / step ({share:.1f}% of the step): 70 µs inside the step + 30 µs outside the "
         "clock; start-up 4.0 ms once; sampler thread 50 µs CPU / step"
     ]
+
+
+def of_rule(tmp_path, name, groups, rule):
+    """The findings of ``rule`` over a crafted result set."""
+    return [f for f in findings(tmp_path, name, groups) if f.rule == rule]
+
+
+def test_late_rank_advice_is_the_benchmark_s_own(tmp_path):
+    (policy,) = of_rule(tmp_path, "policy", [train(extra={**LATE, **WAITING})], "late-rank")
+    assert "its data shard and dataloader workers" in policy.advice and "CPU affinity" in policy.advice
+    assert not any(word in policy.advice for word in ("tile", "distribute_", "patch_size"))
+    late = {**LATE, "late_rank_region": "denoise", "late_rank_cause": "compute"}
+    (imaging,) = of_rule(tmp_path, "pnp", [pnp(late)], "late-rank")
+    assert "rank 1 arrives 15.0 ms late per step in denoise" in imaging.message
+    assert "its tiles (distribute_denoiser" in imaging.advice and "distribute_physics" in imaging.advice
+    assert "dataloader" not in imaging.advice and "its operators (compute)" in imaging.advice
+
+
+def test_communication_bound_advice_on_a_policy_run_names_no_imaging_parameter(tmp_path):
+    for name, extra in (("ledger", TRANSFER), ("old", {"world_size": 2, "bwd_comm_sec": 0.012})):
+        (found,) = of_rule(tmp_path, name, [train(extra=extra)], "communication-bound")
+        assert not any(word in found.advice for word in ("distribute_physics", "distribute_denoiser", "tile"))
+        assert "bucket_cap_mb" in found.advice and "reduce_bucket_size" in found.advice
+        assert "gradient_accumulation_steps" in found.advice
+    assert "this share includes waiting for peers" in found.message  # the old column: waits included
+    (imaging,) = of_rule(tmp_path, "pnp", [pnp({"gradient_comm_transfer_sec": 0.006})], "communication-bound")
+    assert "distribute_physics / distribute_denoiser" in imaging.advice
+    unrolled = config_rows(
+        "UnrolledPnP",
+        {"forward": 0.01, "backward": 0.02, "optimizer_step": 0.001},
+        noise=0.0,
+        extra={"backward_comm_transfer_sec": 0.012},
+        objective="unrolled_pnp_training",
+    )
+    (found,) = of_rule(tmp_path, "unrolled", [unrolled], "communication-bound")
+    assert "bigger batch per rank" in found.advice and "tile" not in found.advice
+
+
+def test_host_overhead_names_the_backend_s_hooks(tmp_path):
+    extra = {**TRANSFER, "bwd_host_overhead_sec": 0.008}
+    (zero2,) = of_rule(tmp_path, "z2", [train(params={"backend": "zero2"}, extra=extra)], "host-overhead")
+    assert "under DeepSpeed ZeRO-2 every step runs DeepSpeed's ZeRO per-parameter hooks" in zero2.advice
+    assert "DDP instead of ZeRO-2" in zero2.advice and "reduce_bucket_size" in zero2.advice
+    (fsdp2,) = of_rule(tmp_path, "f2", [train(params={"backend": "fsdp2"}, extra=extra)], "host-overhead")
+    assert "FSDP2's pre/post forward and backward hooks" in fsdp2.advice
+    (ddp,) = of_rule(tmp_path, "dp", [train(params={"backend": "ddp"}, extra=extra)], "host-overhead")
+    assert "DDP's reducer hooks" in ddp.advice and "bucket_cap_mb" in ddp.advice
+    # Imaging inference is no training step: its host overhead is not this rule's
+    assert of_rule(tmp_path, "pnp", [pnp({"gradient_host_overhead_sec": 0.008})], "host-overhead") == []
+
+
+def test_hidden_communication_alone_is_no_problem(tmp_path):
+    extra = {"world_size": 2, "bwd_work_sec": 0.02, "bwd_comm_hidden_sec": 0.005}
+    result = findings(tmp_path, "hidden", [train(extra=extra)])
+    assert [f.rule for f in result] == ["hidden-communication", "no-problem"]
+    assert "the run hid 5.0 ms" in result[0].message and result[0].message.endswith("100% hidden")
+
+
+def test_rank_imbalance_leaves_the_late_rank_to_late_rank(tmp_path):
+    extra = {**LATE, **WAITING, "rank_skew_pct": 25.0, "straggler_rank": 0}
+    (found,) = of_rule(tmp_path, "skew", [train(extra=extra)], "rank-imbalance")
+    assert "rank 1 is the late rank (see late-rank)" in found.message and "straggler_rank" not in found.message
+    assert found.advice.startswith("see late-rank")

@@ -13,6 +13,13 @@ tables); the ``backend-comparison`` rule here gives each backend slower than the
 one line that names the phases behind the difference and what they hold under that
 backend (``PHASE_CONTENTS`` of :mod:`scopebench.policy.phases`).
 
+The rules over the per-rank ledger of a distributed step (``late-rank``,
+``communication-bound``, ``host-overhead``, ``hidden-communication``) live in
+:mod:`scopebench.report.ledger_rules`, over :mod:`scopebench.report.ledger`; so do the
+machine's (:mod:`~scopebench.report.host_rules`) and ``profiler_memory``'s
+(:mod:`~scopebench.report.memory_rules`) in their modules. ``hidden-communication`` only
+informs (:data:`INFORMATIONAL`): a configuration with no other line still gets ``no-problem``.
+
 Shares are of the step without the scoring callback (:mod:`scopebench.report.tables`);
 ratios of two regions use their medians; all statistics come from :mod:`scopebench.stats`.
 """
@@ -27,10 +34,12 @@ from scopebench.report.backend_comparison import backend_comparisons, config_bac
 from scopebench.report.cost import profiler_cost
 from scopebench.report.findings import INPUT_WAIT_PCT, SKEW_PCT, SYNC_PCT, Finding, metric_median, step_share_pct
 from scopebench.report.host_rules import contended, gpu_throttled, low_gpu_utilisation
+from scopebench.report.ledger import config_late_rank
+from scopebench.report.ledger_rules import communication_bound, hidden_communication, host_overhead, late_rank
 from scopebench.report.results import LAYOUT_PARAMS, Configuration
 from scopebench.report.tables import config_kind, throughput
 
-__all__ = ["Finding", "RULES", "diagnose", "diagnose_all"]
+__all__ = ["Finding", "INFORMATIONAL", "RULES", "diagnose", "diagnose_all"]
 
 # INPUT_WAIT_PCT (input-bound), SYNC_PCT (host-sync-bound) and SKEW_PCT (rank-imbalance) are in
 # scopebench.report.findings: host_rules names the GPU's idle causes with them too.
@@ -46,8 +55,7 @@ SKEW_REGION_MIN_PCT = 5.0
 OVERHEAD_PCT = 10.0
 #: compile not effective: first call / steady state below this ratio while compiling.
 COMPILE_RATIO = 5.0
-#: communication-bound: a region's ``<region>_comm_sec`` above this share of the region's time (%).
-COMM_PCT = 30.0
+# COMM_PCT (communication-bound) and HOST_OVERHEAD_PCT (host-overhead) are in scopebench.report.ledger_rules.
 _OFF = {"", "none", "false", "off", "eager", "0", "no", "null"}
 
 
@@ -195,19 +203,19 @@ def rank_imbalance(config: Configuration, others: list[Configuration]) -> list[F
             parts.append(f"{region} skew {region_skew:.1f}%")
     if not parts:
         return []
+    late = config_late_rank(config)
     straggler = config.values("straggler_rank")
-    who = (
-        f"straggler_rank {int(stats.median(straggler))} (the rank that waited least in communication)"
-        if straggler
-        else "straggler not measured (the torch backend names it)"
-    )
+    advice = "look at that rank's data shard, host load, CPU affinity or device; ranks wait for the slowest"
+    if late is not None:
+        # The ledger measured who the others wait for: no second guess beside it.
+        who = f"rank {late.rank} is the late rank (see late-rank)"
+        advice = "see late-rank: the rank the others wait for, where, and what to look at"
+    elif straggler:
+        who = f"straggler_rank {int(stats.median(straggler))} (the rank that waited least in communication)"
+    else:
+        who = "straggler not measured (the torch backend names it)"
     return [
-        Finding(
-            "rank-imbalance",
-            config.label,
-            f"{', '.join(parts)} across ranks (> {SKEW_PCT:g}%); {who}",
-            "look at that rank's data shard, host load, CPU affinity or device; ranks wait for the slowest",
-        )
+        Finding("rank-imbalance", config.label, f"{', '.join(parts)} across ranks (> {SKEW_PCT:g}%); {who}", advice)
     ]
 
 
@@ -252,26 +260,6 @@ def compile_not_effective(config: Configuration, others: list[Configuration]) ->
     ]
 
 
-def communication_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
-    out = []
-    for region in config.regions:
-        comm, time = config.values(f"{region}_comm_sec"), config.region_values(region)
-        if not comm or not time or stats.mean(time) <= 0:
-            continue
-        pct = stats.mean(comm) / stats.mean(time) * 100.0
-        if pct > COMM_PCT:
-            out.append(
-                Finding(
-                    "communication-bound",
-                    config.label,
-                    f"communication is {pct:.1f}% of {region} (> {COMM_PCT:g}%)",
-                    "fewer, larger messages: distribute less (distribute_physics / distribute_denoiser), "
-                    "bigger tiles, or fewer ranks for this problem size",
-                )
-            )
-    return out
-
-
 def backend_comparison(config: Configuration, others: list[Configuration]) -> list[Finding]:
     if config_backend(config) is None or config.recorded.empty:
         return []
@@ -297,10 +285,13 @@ RULES: tuple[Callable[[Configuration, list[Configuration]], list[Finding]], ...]
     distributed_overhead,
     optimizer_bound,
     host_sync_bound,
+    late_rank,
     rank_imbalance,
     profiler_too_costly,
     compile_not_effective,
     communication_bound,
+    host_overhead,
+    hidden_communication,
     backend_comparison,
     contended,
     low_gpu_utilisation,
@@ -309,15 +300,18 @@ RULES: tuple[Callable[[Configuration, list[Configuration]], list[Finding]], ...]
 # profiler_memory's rules (scopebench.report.memory_rules).
 RULES += (memory_rules.fragmentation, memory_rules.memory_creep, memory_rules.memory_rank_imbalance)
 RULES += (memory_rules.sharding_does_not_pay,)
+#: Rules whose lines inform rather than name a problem: alone, they leave the ``no-problem`` line.
+INFORMATIONAL = frozenset({"hidden-communication"})
 
 
 def diagnose(config: Configuration, others: list[Configuration]) -> list[Finding]:
-    """Findings of every rule for one configuration, or one ``no-problem`` / ``no-data`` line."""
+    """Findings of every rule for one configuration, or one ``no-problem`` / ``no-data`` line
+    (``no-problem`` after the :data:`INFORMATIONAL` lines when only those fired)."""
     if config.recorded.empty:
         return [Finding("no-data", config.label, "no profiled iterations, nothing to diagnose")]
     findings = [f for rule in RULES for f in rule(config, others)]
-    if not findings:
-        findings = [Finding("no-problem", config.label, f"no problem found ({len(RULES)} rules checked)")]
+    if all(f.rule in INFORMATIONAL for f in findings):
+        findings.append(Finding("no-problem", config.label, f"no problem found ({len(RULES)} rules checked)"))
     return findings
 
 

@@ -53,6 +53,14 @@ class ZeroBackend(TrainingBackend):
     shards_optimizer: bool = True
     min_ranks: int = 2
     checkpoint_files: tuple[str, ...] = ("latest", "pytorch_model", RNG_FILES)
+    host_hooks: str = (
+        "DeepSpeed's ZeRO per-parameter hooks (a gradient hook per parameter copies it into the reduce "
+        "bucket and partitions it; under ZeRO-3 also a gather and a release around every module)"
+    )
+    host_hooks_advice: str = (
+        "DDP instead of ZeRO for a model whose weights, gradients and AdamW state fit one rank, a larger "
+        "reduce_bucket_size, fewer small parameters (fused biases and norms)"
+    )
 
     def conflict(self, *, gradient_checkpointing: bool, no_optim: bool, world_size: int | None = None) -> str | None:
         if no_optim:

@@ -88,6 +88,17 @@ class TrainingBackend:
     """Files a finished checkpoint holds besides its step file (``{rank}``: one per rank)."""
     compared_with: tuple[str, ...] = ()
     """Backends whose median-step ratio the backend comparison prints against this one."""
+    host_hooks: str = (
+        "DDP's reducer hooks (an autograd hook per parameter marks its gradient ready and launches its "
+        "bucket's all-reduce)"
+    )
+    """The host-side work the backend adds to every step, in prose: what the ``host-overhead``
+    diagnosis names when a region's host overhead is large."""
+    host_hooks_advice: str = (
+        "larger buckets (DDP's bucket_cap_mb: fewer hook-driven all-reduces), fewer small parameters (fused "
+        "biases and norms)"
+    )
+    """What to try when :attr:`host_hooks` take a large share of a region."""
 
     # -- settings ----------------------------------------------------------------------
     @property

@@ -31,6 +31,14 @@ class FSDPBackend(TrainingBackend):
     shards_optimizer: bool = True
     fully_shards: bool = True
     checkpoint_files: tuple[str, ...] = ("fsdp_model/.metadata", RNG_FILES)
+    host_hooks: str = (
+        "FSDP2's pre/post forward and backward hooks (per unit: the all-gather, the reshard, the gradient "
+        "reduce-scatter)"
+    )
+    host_hooks_advice: str = (
+        "fewer, larger units (fsdp_transformer_layer_cls_to_wrap), DDP or ZeRO-2 for a model whose weights "
+        "fit one rank, fewer small parameters (fused biases and norms)"
+    )
 
     # -- the accelerate file -----------------------------------------------------------
     def selects(self, distributed_type: str, raw: Mapping[str, Any]) -> bool:

@@ -19,6 +19,8 @@ BACKEND = ZeroBackend(
     accelerate_file="deepspeed_zero2.yaml",
     zero_stage=2,
     compared_with=("ddp",),
+    host_hooks_advice="DDP instead of ZeRO-2 for a model whose weights, gradients and AdamW state fit one rank, a "
+    "larger reduce_bucket_size, fewer small parameters (fused biases and norms)",
     phase_contents={
         "bwd": "engine.backward + gradient reduce to the owning rank",
         "unscale_clip": "empty (DeepSpeed clips inside engine.step)",

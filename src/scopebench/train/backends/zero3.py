@@ -89,6 +89,9 @@ BACKEND = Zero3Backend(
     accelerate_file="deepspeed_zero3.yaml",
     zero_stage=3,
     compared_with=("zero2",),
+    host_hooks_advice="ZeRO-2 or DDP for a model whose weights, gradients and AdamW state fit one rank, a larger "
+    "stage3_param_persistence_threshold (small parameters stay whole, without gather hooks), a larger "
+    "reduce_bucket_size",
     phase_contents={
         "forward": "forward + per-layer parameter all-gather",
         "bwd": "engine.backward + parameter all-gather + gradient reduce-scatter",

@@ -1,0 +1,240 @@
+"""Diagnosis rules over the per-rank ledger: ``late-rank``, ``communication-bound``,
+``host-overhead``, ``hidden-communication`` (docs/diagnosis.md), part of
+:data:`scopebench.report.diagnosis.RULES`.
+
+They read what :mod:`scopebench.report.ledger` reads: where each region's time went on a
+run of several ranks (work, waiting for a peer, the collectives' own transfer, communication
+hidden behind work; in torch mode the work's operators and host overhead) and the rank the
+others wait for. Waiting for a peer is not communication-bound: it is the late rank's
+work, named by ``late-rank``. ``communication-bound`` also reads the torch backend's older
+``<region>_comm_sec`` (which includes the waits) when a file has no ledger.
+
+Advice depends on the benchmark (:func:`workload`): a policy training step, imaging PnP
+(tiles and physics operators over ranks) or UnrolledPnP training; never one benchmark's
+parameters on another's run. Shares are of the region's mean time; statistics come from
+:mod:`scopebench.stats`.
+"""
+
+from __future__ import annotations
+
+from scopebench import stats
+from scopebench.report.backend_comparison import config_backend
+from scopebench.report.findings import Finding
+from scopebench.report.ledger import (
+    LATE_RANK_CONSISTENT_PCT,
+    LATE_RANK_MIN_PCT,
+    LATE_RANK_MIN_SEC,
+    LateRank,
+    config_late_rank,
+)
+from scopebench.report.results import Configuration
+from scopebench.report.tables import config_kind
+
+__all__ = [
+    "COMM_PCT",
+    "HOST_OVERHEAD_PCT",
+    "communication_bound",
+    "hidden_communication",
+    "host_overhead",
+    "late_rank",
+    "workload",
+]
+
+#: communication-bound: a region's ``<region>_comm_transfer_sec`` (the collectives' own cost,
+#: without the waits for a peer) above this share of the region's time (%); in a file without
+#: the ledger, its ``<region>_comm_sec`` (waits included).
+COMM_PCT = 30.0
+#: host-overhead: a training-step region's ``<region>_host_overhead_sec`` (torch mode: its
+#: work minus its operators) above this share of the region's time (%): past a third, the
+#: device waits on the host's Python and framework hooks rather than on its own kernels.
+HOST_OVERHEAD_PCT = 30.0
+
+_IMAGING_INFERENCE = ("PnP", "Denoiser")
+_UNROLLED = "UnrolledPnP"
+
+
+def workload(config: Configuration) -> str:
+    """``pnp`` (imaging inference: ``PnP``, ``Denoiser``), ``unrolled`` (``UnrolledPnP``),
+    ``policy`` (another training step: the policy's, :func:`~scopebench.report.tables.config_kind`)
+    or ``other``: which benchmark's parameters an advice may name."""
+    if config.solver_base in _IMAGING_INFERENCE:
+        return "pnp"
+    if config.solver_base == _UNROLLED:
+        return "unrolled"
+    if config_kind(config) == "training_step":
+        return "policy"
+    return "other"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def _share_pct(config: Configuration, region: str, metric: str) -> float | None:
+    """``100 * mean(<region>_<metric>) / mean(region time)``; ``None`` without either."""
+    part, time = config.values(f"{region}_{metric}"), config.region_values(region)
+    if not part or not time or stats.mean(time) <= 0:
+        return None
+    return stats.mean(part) / stats.mean(time) * 100.0
+
+
+def _backend(config: Configuration):
+    """The training backend object of a policy configuration (:mod:`scopebench.train.backends`), else ``None``."""
+    name = config_backend(config)
+    if name is None:
+        return None
+    from scopebench.train.backends import find_backend
+
+    return find_backend(name)
+
+
+def _late_advice(config: Configuration, found: LateRank) -> str:
+    rank, kind = found.rank, workload(config)
+    if kind == "policy":
+        advice = (
+            f"look at rank {rank}: its data shard and dataloader workers (num_workers, slow samples in its shard; "
+            "its dataload_wait in its per-rank file), the load on its host and its CPU affinity (scopebench info "
+            "--host; taskset / numactl), and whether its device is slower (clocks, temperature, another job on it)"
+        )
+    elif kind == "pnp":
+        advice = (
+            f"rank {rank}'s share of the reconstruction is heavier or slower: its tiles (distribute_denoiser deals "
+            "the tiles over the ranks: a count that does not divide evenly, or larger edge tiles, loads one rank "
+            "more; patch_size) or its physics operators (distribute_physics: the operators each rank holds); "
+            "then the load on its host and its device"
+        )
+    elif kind == "unrolled":
+        advice = (
+            f"look at rank {rank}: its share of the batch, the load on its host, its CPU affinity, and whether its "
+            "device is slower"
+        )
+    else:
+        advice = f"look at rank {rank}: its share of the work, the load on its host, its CPU affinity, its device"
+    excess = found.work_excess_sec
+    if excess is not None and excess < found.delay_sec / 2:
+        advice += (
+            f"; its own work in {found.region or 'the region'} does not explain the delay, so it enters late: "
+            "look at what it does before"
+        )
+    elif found.cause == "compute":
+        advice += "; the excess is its operators (compute): a slower or throttled device, or more data on it"
+    elif found.cause == "host_overhead":
+        advice += "; the excess is its host side (Python, framework hooks): host load, CPU affinity"
+    return advice
+
+
+def late_rank(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    """The rank the others consistently wait for (:func:`~scopebench.report.ledger.late_rank_summary`)."""
+    found = config_late_rank(config)
+    if found is None:
+        return []
+    return [
+        Finding(
+            "late-rank",
+            config.label,
+            f"{found.line.removeprefix('late rank: ')}: in {found.iterations} of {found.counted} iterations with a "
+            f"late rank ({found.share_pct:.0f}%, >= {LATE_RANK_CONSISTENT_PCT:g}%), {found.delay_pct:.1f}% of the "
+            f"median step (>= {LATE_RANK_MIN_PCT:g}% and >= {LATE_RANK_MIN_SEC * 1e3:g} ms)",
+            _late_advice(config, found),
+        )
+    ]
+
+
+def _comm_advice(config: Configuration) -> str:
+    kind = workload(config)
+    if kind == "pnp":
+        return (
+            "fewer, larger messages: distribute less (distribute_physics / distribute_denoiser), bigger tiles "
+            "(patch_size), or fewer ranks for this problem size"
+        )
+    if kind == "policy":
+        return (
+            "the collectives themselves cost this region: fewer ranks for this model size, a bigger batch per rank "
+            "or gradient_accumulation_steps (fewer reductions per sample), larger buckets (DDP's bucket_cap_mb, "
+            "DeepSpeed's reduce_bucket_size), or a backend that shards less (zero3 / fsdp2 move more bytes per "
+            "step than zero2 / ddp)"
+        )
+    if kind == "unrolled":
+        return (
+            "a bigger batch per rank (batch_size) or fewer ranks (nproc_per_node): every step all-reduces the same "
+            "gradients, whatever the batch"
+        )
+    return "fewer, larger messages, or fewer ranks for this problem size"
+
+
+def communication_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    """A region whose collectives' own cost (transfer, not waiting for a peer) is above :data:`COMM_PCT`."""
+    out = []
+    for region in config.regions:
+        transfer = _share_pct(config, region, "comm_transfer_sec")
+        if transfer is not None:
+            if transfer <= COMM_PCT:
+                continue
+            wait = _share_pct(config, region, "comm_wait_peer_sec")
+            message = f"transfer (the collectives' own cost) is {transfer:.1f}% of {region} (> {COMM_PCT:g}%)" + (
+                f"; waiting for peers, {wait:.1f}% more, is not counted (late-rank)" if wait else ""
+            )
+        else:
+            comm = _share_pct(config, region, "comm_sec")
+            if comm is None or comm <= COMM_PCT:
+                continue
+            message = (
+                f"communication is {comm:.1f}% of {region} (> {COMM_PCT:g}%); this share includes waiting for "
+                f"peers (a slow rank reads as communication here; the ledger's {region}_comm_transfer_sec leaves "
+                "the waits out)"
+            )
+        out.append(Finding("communication-bound", config.label, message, _comm_advice(config)))
+    return out
+
+
+def host_overhead(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    """A training-step region whose host overhead is above :data:`HOST_OVERHEAD_PCT` of it."""
+    if workload(config) not in ("policy", "unrolled"):
+        return []
+    backend = _backend(config)
+    if backend is not None:
+        advice = f"under {backend.title} every step runs {backend.host_hooks}: try {backend.host_hooks_advice}"
+    else:
+        advice = (
+            "the host side (Python, autograd and distributed hooks) keeps up less than the operators: more work per "
+            "call (a bigger batch per rank), fewer small parameters, torch.compile"
+        )
+    out = []
+    for region in config.regions:
+        pct = _share_pct(config, region, "host_overhead_sec")
+        if pct is not None and pct > HOST_OVERHEAD_PCT:
+            message = (
+                f"host overhead (its work minus its operators: Python, framework hooks) is {pct:.1f}% of {region} "
+                f"(> {HOST_OVERHEAD_PCT:g}%)"
+            )
+            out.append(Finding("host-overhead", config.label, message, advice))
+    return out
+
+
+def hidden_communication(config: Configuration, others: list[Configuration]) -> list[Finding]:
+    """Informational: the communication the run overlapped with work, against what stayed exposed."""
+
+    def means(metric: str) -> dict[str, float]:
+        return {r: stats.mean(v) for r in config.regions if (v := config.values(f"{r}_{metric}"))}
+
+    hidden = means("comm_hidden_sec")
+    total = sum(hidden.values())
+    if total <= 0:
+        return []
+    wait, transfer = sum(means("comm_wait_peer_sec").values()), sum(means("comm_transfer_sec").values())
+    backend = _backend(config)
+    who = backend.title if backend is not None else "the run"
+    where = ", ".join(f"{r} {_ms(v)}" for r, v in hidden.items() if v > 0)
+    exposed = wait + transfer
+    return [
+        Finding(
+            "hidden-communication",
+            config.label,
+            f"{who} hid {_ms(total)} of communication per step behind work ({where}); {_ms(exposed)} stayed "
+            f"exposed (waiting for peers {_ms(wait)}, transfer {_ms(transfer)}): "
+            f"{total / (total + exposed) * 100:.0f}% hidden",
+            "informational: hidden communication costs no step time while the work it overlaps lasts longer; the "
+            "exposed part is what communication costs (communication-bound, late-rank), and hidden communication "
+            "becomes exposed when the work gets faster (a faster device, less work per rank)",
+        )
+    ]
