@@ -204,7 +204,9 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
     per_rank = []
     for r, rows in enumerate(run.rank_rows):
         own = [row["step_time_sec"] for row in rows]
-        raw = {f"{p}_time_sec": [row.get(f"{p}_time_sec") for row in rows] for p in TRAIN_PHASES}
+        keys = [f"{p}_time_sec" for p in TRAIN_PHASES]
+        keys += [f"{p}_{part}_sec" for p in TRAIN_PHASES for part in LEDGER_PARTS if f"{p}_{part}_sec" in rows[0]]
+        raw = {key: [row.get(key) for row in rows] for key in keys}
         per_rank.append({"rank": r, "step_time_sec": summary_sec(own), "samples": {**raw, "step_time_sec": own}})
     achieved = [m["achieved_flops_per_sec"] for m in per_step]
     mean_achieved = sum(achieved) / len(achieved)
@@ -247,11 +249,82 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
             "peak_flops_source": last.get("peak_flops_source"),
         },
         "per_rank": per_rank,
+        **ledger_report(run.rank_rows, per_step),
         "samples": {**samples, "total": step_times},
         **measured_steps(per_step),
         **measured_cost(per_step),
         "environment": environment_info(run.device),
     }
+
+
+#: The ledger's columns per phase that the JSON's per-rank samples carry (``<phase>_<part>_sec``).
+LEDGER_PARTS = ("work", "comm_wait_peer", "comm_transfer", "comm_hidden")
+
+
+def ledger_report(rank_rows: list[list[dict]], per_step: list[dict]) -> dict:
+    """The JSON's ``late_rank``, ``ledger``, ``collectives`` and ``clock_align_error_sec``
+    (:mod:`scopebench.report.ledger`; null without the ledger: one rank, or turned off)."""
+    from scopebench import stats
+    from scopebench.policy.phases import TRAIN_PHASES
+    from scopebench.report.ledger import collective_table, late_rank_summary, ledger_table
+
+    if not rank_rows or not any("late_rank_delay_sec" in row or "bwd_work_sec" in row for row in rank_rows[0]):
+        return {"late_rank": None, "ledger": None, "collectives": None, "clock_align_error_sec": None}
+    late = late_rank_summary(per_step)
+    own = rank_rows[0]  # rank 0's own rows: the bytes every rank moves
+    per_phase: dict[str, dict] = {}
+    for phase in TRAIN_PHASES:
+        prefix = f"{phase}_comm_"
+        ops = {k[len(prefix) : -len("_bytes")] for row in own for k in row if k.startswith(prefix) and k.endswith("_bytes")}
+        for op in sorted(ops):
+            per_phase.setdefault(phase, {})[op] = {
+                f"{what}_per_step": stats.median([row.get(f"{prefix}{op}_{what}", 0) for row in own])
+                for what in ("bytes", "calls")
+            }
+    return {
+        "late_rank": None if late is None else late.as_dict(),
+        "ledger": {"per_rank": [{"rank": r, "phases": ledger_table(rows, TRAIN_PHASES).as_dict()} for r, rows in enumerate(rank_rows)]},
+        "collectives": {"per_op": collective_table(own).as_dict(), "per_phase": per_phase},
+        "clock_align_error_sec": max(row.get("clock_align_error_sec", 0.0) for row in own),
+    }
+
+
+def format_ledger(report: dict) -> list[str]:
+    """The text's ledger: per rank the phases that communicate, the collectives, the late rank."""
+    from scopebench.report.ledger import LATE_RANK_CONSISTENT_PCT, LATE_RANK_MIN_PCT
+
+    if report["ledger"] is None:
+        return []
+    lines = ["", "where each rank's phase time went (mean per step; hidden: communication overlapped with work):"]
+    for rank in report["ledger"]["per_rank"]:
+        for phase, row in rank["phases"].items():
+            if row["wait_peer_sec"] or row["transfer_sec"] or row["hidden_sec"]:
+                cells = [f"{name} {v * 1e3:.1f} ms ({row['pct'][name]:.0f}%)" for name, v in _parts(row)]
+                lines.append(f"  rank {rank['rank']} {phase:<15} {row['time_sec'] * 1e3:8.1f} ms: " + ", ".join(cells))
+    per_op = report["collectives"]["per_op"]
+    if per_op:
+        lines.append("collectives (rank 0, per step, medians):")
+        for op, row in per_op.items():
+            cells = [f"{row['bytes'] / 1e3:.1f} kB in {row['calls']:g} calls" if row["bytes"] is not None else ""]
+            if row["exposed_pct"] is not None:
+                cells.append(f"{row['exposed_pct']:.0f}% of {row['sec'] * 1e3:.1f} ms in flight exposed")
+            if row["busbw_gb_per_sec"] is not None:
+                cells.append(f"busbw {row['busbw_gb_per_sec']:.2f} GB/s")
+            lines.append(f"  {op:<15} " + ", ".join(c for c in cells if c))
+    late = report["late_rank"]
+    if late is not None:
+        lines.append(late["line"])
+    else:
+        lines.append(
+            f"late rank: none (no rank kept the others waiting in {LATE_RANK_CONSISTENT_PCT:g}% of the steps "
+            f"for {LATE_RANK_MIN_PCT:g}% of the step or more)"
+        )
+    return lines
+
+
+def _parts(row: dict) -> list[tuple[str, float]]:
+    names = {"work_sec": "work", "wait_peer_sec": "waiting for peers", "transfer_sec": "transfer", "hidden_sec": "hidden"}
+    return [(name, row[key]) for key, name in names.items() if row.get(key) is not None]
 
 
 def format_report(report: dict) -> str:
@@ -275,6 +348,7 @@ def format_report(report: dict) -> str:
         stats = report["phases"][name]
         lines.append(f"{name:<17}{format_ms_stats(stats):<64}{stats['share'] * 100:5.1f}%")
     lines.append(f"{'total':<17}{format_ms_stats(report['phases']['total']):<64}<-- total")
+    lines += format_ledger(report)
     t = report["throughput"]
     lines += ["", f"throughput: {t['steps_per_sec']:.2f} steps/s, {t['global_samples_per_sec']:.1f} global samples/s"]
     mem = report["memory"]

@@ -113,7 +113,8 @@ class LateRank:
     """Median ``late_rank_delay_sec`` over the iterations this rank was late: how long the
     other ranks waited for it per step (summed over its collectives, the longest waiter)."""
     region: str | None
-    """The region where that wait fell most often."""
+    """Where its time went: the region named most often (``late_rank_region``: where its own work
+    exceeded the other ranks' median most, else where they waited)."""
     work_excess_sec: float | None
     """Median of its ``<region>_work_sec`` minus the other ranks' median in that region."""
     cause: str | None
@@ -126,6 +127,9 @@ class LateRank:
     """Iterations that name a late rank."""
     step_sec: float
     """Median step (``step_time_sec``) over every row given."""
+    wait_region: str | None = None
+    """Where the others waited for it, most often (``late_rank_wait_region``; ``step_end``: after
+    their own step, at the next collective)."""
 
     @property
     def delay_pct(self) -> float:
@@ -145,6 +149,9 @@ class LateRank:
             if excess < self.delay_sec / 2:
                 text += f", less than half the delay: it enters {self.region or 'the collective'} late"
             text += ")"
+        if self.wait_region and self.wait_region != self.region:
+            where = "after their step" if self.wait_region == "step_end" else f"in {self.wait_region}"
+            return text + f"; the others wait for it {where}"
         return text + "; the others wait for it"
 
     def as_dict(self) -> dict[str, Any]:
@@ -199,6 +206,7 @@ def late_rank_summary(rows: Iterable[Mapping[str, Any]]) -> LateRank | None:
         iterations=count,
         counted=len(late),
         step_sec=step,
+        wait_region=_most_frequent(_text(row, "late_rank_wait_region") for row in mine),
     )
 
 

@@ -1,0 +1,76 @@
+"""Policies with a known delay inside backward, for the ledger's tests (``--policy path:factory``).
+
+``stalled``: rank ``rank``'s backward busy-waits ``delay_ms`` before any gradient reaches the
+framework's reduction (the first node of the backward graph), every step: the late rank the
+ledger must name. ``hooked``: every rank runs ``hooks`` per-parameter gradient hooks that each
+busy-wait ``hook_ms``: host overhead the ledger must count as work, not communication.
+A busy-wait, not a sleep: the rank's thread is working, as a slow rank's is.
+"""
+
+import time
+
+import torch
+
+from scopebench.policy import UserPolicy
+
+
+def _spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class _Stall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _spin(ctx.seconds)
+        return grad, None
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, width, layers, seconds):
+        super().__init__()
+        # a Sequential (a module with a forward): FSDP2 shards it as a unit
+        self.layers = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh()) for _ in range(layers)))
+        self.seconds = seconds
+
+    def forward(self, x):
+        x = self.layers(x)
+        return _Stall.apply(x, self.seconds) if self.seconds > 0 else x
+
+
+def _rank():
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _policy(model, width, size=64):
+    data = torch.utils.data.TensorDataset(torch.randn(size, width))
+    return UserPolicy(
+        model=model,
+        loss=lambda m, batch: m(batch[0]).pow(2).mean(),
+        dataset=data,
+        sample=lambda m, observation, num_steps: m(observation),
+        observation=lambda batch_size: torch.randn(batch_size, width),
+    )
+
+
+def stalled(rank: int = 1, delay_ms: float = 200.0, width: int = 32, layers: int = 4) -> UserPolicy:
+    """Rank ``rank``'s backward stalls ``delay_ms`` (every step) before its gradients exist."""
+    seconds = delay_ms / 1e3 if _rank() == rank else 0.0
+    return _policy(_Model(width, layers, seconds), width)
+
+
+def hooked(hooks: int = 20, hook_ms: float = 1.0, width: int = 32) -> UserPolicy:
+    """``hooks`` parameters each with a gradient hook that busy-waits ``hook_ms``, on every rank."""
+    model = _Model(width, hooks // 2, 0.0)
+    params = [p for p in model.parameters()][:hooks]
+    for p in params:
+        p.register_hook(lambda grad: (_spin(hook_ms / 1e3), grad)[1])
+    return _policy(model, width)
