@@ -31,9 +31,10 @@ __all__ = [
 METRICS_FILE = "{run_name}_gpu_metrics.csv"
 #: Operator rows of one rank (torch backend).
 OPS_FILE = "{run_name}_torch_ops.csv"
-#: Chrome trace of one rank's profiler cycle (torch scheduled mode); cycles after the
-#: first insert ``.cycle<k>`` before ``.pt.trace.json``.
-TRACE_FILE = "{run_name}.pt.trace.json"
+#: Chrome trace of one rank's profiler cycle ``k`` (torch scheduled mode), gzipped, under the
+#: trace folder: one folder per run (every rank's name without its rank) and per cycle, so a
+#: cycle folder holds exactly one cycle of one run, every rank's file (what HTA loads).
+TRACE_FILE = "{shared_run_name}/cycle{cycle}/{run_name}.pt.trace.json.gz"
 #: zlib level of the gzipped traces: 6 (zlib's default) takes a 16.1 MB trace (one rank, 3
 #: iterations of the tiny policy under DDP) to 1.02 MB in 0.09 s, 9 (``gzip.open``'s, so
 #: torch's own ``.gz`` export) to 0.92 MB in 0.41 s (``gzip.GzipFile``, best of 3, 2-core VM).
