@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 
 import pytest
@@ -80,9 +81,9 @@ def test_scheduled_mode_writes_chrome_trace_with_regions(tmp_path):
     assert [bool(m) for m in seen] == [False, True, True, False, False]
     assert set(seen[1]) >= {"total_time_sec", "max_gpu_mb"}
     assert "forward_cpu_sec" not in seen[1]
-    (trace_path,) = trace_dir.glob("sched_*_rank0.pt.trace.json")
+    (trace_path,) = trace_dir.glob("sched_*/cycle0/sched_*_rank0.pt.trace.json.gz")
     assert trace_path in prof.files
-    trace = json.loads(trace_path.read_text())
+    trace = json.loads(gzip.decompress(trace_path.read_bytes()))
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"forward", "update"} <= names
     ops = next(tmp_path.glob("sched_*_torch_ops.csv"))
@@ -95,8 +96,9 @@ def test_scheduled_repeat_makes_one_trace_per_cycle(tmp_path):
     seen = _matmuls(prof, n=4)
     prof.finalize()
     assert [bool(m) for m in seen] == [True, True, False, False]
-    stem = f"rep_{prof._run_id}_rank0"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}.cycle1.pt.trace.json", f"{stem}.pt.trace.json"]
+    run = f"rep_{prof._run_id}"
+    traces = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert traces == [f"{run}/cycle{k}/{run}_rank0.pt.trace.json.gz" for k in (0, 1)]
 
 
 def test_traces_of_two_runs_started_together_do_not_overwrite_each_other(tmp_path):
@@ -104,18 +106,21 @@ def test_traces_of_two_runs_started_together_do_not_overwrite_each_other(tmp_pat
     for prof in profs:
         _matmuls(prof, n=1)
         prof.finalize()
-    names = {p.name for p in tmp_path.glob("*.pt.trace.json")}
-    assert len(names) == 2 and {p.files[0].name for p in profs} == names
+    paths = set(tmp_path.glob("*/cycle0/*.pt.trace.json.gz"))
+    assert len(paths) == 2 and {p.files[0] for p in profs} == paths
+    assert len({p.parent.parent for p in paths}) == 2  # one folder per run
 
 
 def test_unbounded_repeat_keeps_only_the_last_traces(tmp_path):
     prof = create_profiler("torch", "cpu", "forever", active=1, repeat=0, per_step=False, trace_dir=tmp_path)
     _matmuls(prof, n=KEPT_TRACES + 3)
     files = prof.finalize()
-    stem = f"forever_{prof._run_id}_rank0"
-    kept = [f"{stem}.cycle{k}.pt.trace.json" for k in range(3, KEPT_TRACES + 3)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
-    assert sorted(p.name for p in files) == sorted(kept)
+    run = f"forever_{prof._run_id}"
+    kept = [f"{run}/cycle{k}/{run}_rank0.pt.trace.json.gz" for k in range(3, KEPT_TRACES + 3)]
+    # the older cycles' folders go with their traces
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == kept
+    assert sorted(p.name for p in (tmp_path / run).iterdir()) == [f"cycle{k}" for k in range(3, KEPT_TRACES + 3)]
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in files) == kept
 
 
 def test_trace_dir_with_per_step_is_refused(tmp_path):

@@ -20,12 +20,14 @@ def comm_loop(
     save_file: bool = False,
     output_dir: str = "outputs",
     seen: list | None = None,
+    profiler_kwargs: dict | None = None,
 ):
     """Two regions: ``compute`` sleeps (longer on ``slow_rank``), ``sync`` all-reduces.
 
     Rank 0 stops after ``iterations`` iterations and the other ranks follow the
     broadcast decision; rank 0 appends the metrics each callback sees to ``seen``.
-    Returns the finalized profiler.
+    ``profiler_kwargs``: more keyword arguments of ``create_profiler`` (window, scheduled
+    mode, ``trace_dir``). Returns the finalized profiler.
     """
     rank = dist.get_rank() if dist.is_initialized() else 0
     count = {"n": 0}
@@ -36,7 +38,9 @@ def comm_loop(
         count["n"] += 1
         return count["n"] <= iterations
 
-    prof = create_profiler(mode, "cpu", "comm_test", save_file=save_file, output_dir=output_dir)
+    prof = create_profiler(
+        mode, "cpu", "comm_test", save_file=save_file, output_dir=output_dir, **(profiler_kwargs or {})
+    )
     with prof:
         for _ in prof.iterate(callback if rank == 0 else None):
             with prof.track_step("compute"):

@@ -70,7 +70,8 @@ def create_profiler(
         save_file: Write per-rank CSV files to ``output_dir``.
         per_step: torch backend: a profiler cycle per iteration (else one scheduled cycle).
         repeat: torch scheduled mode: number of cycles (0: forever).
-        trace_dir: torch scheduled mode: directory of the Chrome trace.
+        trace_dir: torch scheduled mode: directory of the gzipped Chrome traces (one folder
+            per run and cycle, :data:`scopebench.profiler.files.TRACE_FILE`).
         memory: Memory by category per region (:mod:`scopebench.profiler.memory`), once told
             the model and optimizer (:meth:`Profiler.track_memory`).
         output_dir: Directory of the per-rank CSV files (a benchmark's ``outputs/``).

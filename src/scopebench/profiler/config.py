@@ -85,8 +85,10 @@ class ProfilerConfig:
     ``trace_dir``, only the traces of the last
     :data:`scopebench.profiler.torch_backend.KEPT_TRACES` (3) cycles are kept)."""
     trace_dir: Path | None = field(default=None)
-    """torch scheduled mode: directory of the Chrome traces ``<run-name>.pt.trace.json``
-    (``<run-name>`` as in the CSV names: unique per run and rank)."""
+    """torch scheduled mode: directory of the gzipped Chrome traces, one folder per run and
+    cycle: ``<name>_<run-id>/cycle<k>/<run-name>.pt.trace.json.gz`` (``<run-name>`` as in the
+    CSV names, ``<name>_<run-id>_rank<r>``: unique per run and rank; every rank of a run shares
+    the run id, so a cycle folder holds every rank's trace of that cycle)."""
     memory: bool = False
     """Memory by category at each region's peak, per rank (:mod:`scopebench.profiler.memory`);
     on CUDA also the allocator's peaks and a memory snapshot per rank. Off by default: the

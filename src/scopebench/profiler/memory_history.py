@@ -3,10 +3,10 @@
 With ``profiler_memory: true`` on a CUDA device, :class:`MemoryHistory` turns on
 ``torch.cuda.memory._record_memory_history`` when the first recorded iteration starts and,
 at the end of the run, writes ``<stem>_memory_snapshot.pickle`` (``torch.cuda.memory._dump_snapshot``)
-beside the traces (``profiler_trace_dir`` when set, else the CSV files' folder); it opens in
-PyTorch's memory viewer (https://pytorch.org/memory_viz). An ``torch.OutOfMemoryError``
-inside a recorded region writes the snapshot first, then propagates as a new
-``OutOfMemoryError`` naming the file and the per-category breakdown of the last good step
+in the trace folder (``profiler_trace_dir`` when set, beside the runs' trace folders; else the
+CSV files' folder); it opens in PyTorch's memory viewer (https://pytorch.org/memory_viz). An
+``torch.OutOfMemoryError`` inside a recorded region writes the snapshot first, then propagates
+as a new ``OutOfMemoryError`` naming the file and the per-category breakdown of the last good step
 (the original error chained to it).
 
 Every call goes through the ``cuda`` object it is given (``torch.cuda`` in a run, a

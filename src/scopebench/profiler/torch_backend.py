@@ -11,10 +11,25 @@ and event processing, outside the iteration clock).
 
 Scheduled mode (``per_step=False``) keeps one profiler running over each ``active``-long
 cycle of the window (``repeat`` cycles, 0 = forever), reports only ``total_time_sec``,
-``step_time_sec`` and ``max_gpu_mb`` per iteration, aggregates operator rows with ``iter=agg`` and exports a
-Chrome trace ``<run-name>.pt.trace.json`` per cycle (later cycles:
-``<run-name>.cycle<k>.pt.trace.json``; the run name carries the run id and rank, like the
-CSVs). With ``repeat=0`` only the last :data:`KEPT_TRACES` cycles' traces are kept.
+``step_time_sec`` and ``max_gpu_mb`` per iteration, aggregates operator rows with ``iter=agg`` and,
+with a trace folder, exports each cycle ``k`` (0-based) of each rank as a gzipped Chrome trace
+:data:`~scopebench.profiler.files.TRACE_FILE`,
+``<trace_dir>/<name>_<run-id>/cycle<k>/<name>_<run-id>_rank<r>.pt.trace.json.gz``: every rank
+of a run shares rank 0's run id, so one cycle folder holds one cycle of one run, every rank's
+file, and is what Holistic Trace Analysis loads (``TraceAnalysis(trace_dir=<cycle folder>)``)
+or Perfetto opens (docs/profiler.md, "Opening a trace"). torch writes the rank, world size and
+backend into each trace (``distributedInfo``). With ``repeat=0`` only the last
+:data:`KEPT_TRACES` cycles are kept: each rank removes its older files, and the last rank to
+leave a cycle folder removes the folder.
+
+Each recorded iteration ``i`` of scheduled mode is a ``ProfilerStep#<i>`` range in the trace
+(``i`` the profiler's iteration index, 0-based, as in the window): HTA groups events by
+these steps, Perfetto shows them as slices. It is the range torch's own ``profile.step()`` opens (a
+``record_function("ProfilerStep#<n>")``, torch/profiler/profiler.py), but torch's spans from
+one ``step()`` call to the next, counting ``n`` from 0 per profiler, so it would hold the
+benchopt callback and the cross-rank reduction; ours opens when the iteration's clock starts
+and closes when it stops: the trace's step is ``step_time_sec``. The markers are left out of
+the operator rows, which stay those of the operators alone.
 
 Operator rows (``cpu_sec, cuda_sec, self_cuda_sec, mem_mb, self_mem_mb, count`` by
 iteration, region and operator) exist only to be written to ``_torch_ops.csv``: they are
@@ -27,14 +42,16 @@ described in :mod:`scopebench.profiler.torch_events`, which reads the events.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
 from scopebench.profiler.base import Profiler
-from scopebench.profiler.files import OPS_FILE, TRACE_FILE, run_name, write_csv, write_exported
-from scopebench.profiler.torch_events import analyse_events, kineto_events
+from scopebench.profiler.files import OPS_FILE, TRACE_FILE, run_name, shared_run_name, write_csv, write_exported
+from scopebench.profiler.torch_events import STEP_MARKER, analyse_events, kineto_events
 
-__all__ = ["KEPT_TRACES", "TRACE_FILE", "TorchProfiler"]
+__all__ = ["KEPT_TRACES", "STEP_MARKER", "TRACE_FILE", "TorchProfiler"]
 
 #: With ``profiler_repeat: 0`` and a trace folder, traces of older cycles are deleted so
 #: that only this many (the latest) remain per rank.
@@ -53,6 +70,8 @@ class TorchProfiler(Profiler):
         self._cycle = 0
         self._regions: set[str] = set()
         self._traces: list[Path] = []
+        #: The open ``ProfilerStep#N`` range of the current iteration (scheduled mode).
+        self._step_marker: Any = None
         #: Operator rows only exist to be written (``save_file``).
         self._with_ops = self.config.save_file
         self.op_rows: list[dict[str, Any]] = []
@@ -69,6 +88,7 @@ class TorchProfiler(Profiler):
         self._prof.__enter__()
 
     def _close(self):
+        self._end_step_marker()
         prof, self._prof = self._prof, None
         if prof is not None:
             prof.__exit__(None, None, None)
@@ -97,10 +117,21 @@ class TorchProfiler(Profiler):
         cfg = self.config
         return cfg.active > 0 and (i - cfg.warmup + 1) % cfg.active == 0
 
+    def _end_step_marker(self) -> None:
+        """Close the current iteration's ``ProfilerStep#N`` range, if one is open."""
+        marker, self._step_marker = self._step_marker, None
+        if marker is not None:
+            marker.__exit__(None, None, None)
+
     # -- hooks -----------------------------------------------------------------------------
     def _start_iteration(self, i: int) -> None:
         if self._prof is None:
             self._open()
+        if not self.config.per_step:
+            from torch.profiler import record_function
+
+            self._step_marker = record_function(STEP_MARKER.format(i))
+            self._step_marker.__enter__()
 
     def _enter_region(self, name: str) -> Any:
         from torch.profiler import record_function
@@ -114,10 +145,14 @@ class TorchProfiler(Profiler):
         token.__exit__(None, None, None)
 
     def _discard_iteration(self, i: int) -> None:
+        # The marker of an iteration that never ended (an error in its body) is closed, not
+        # dropped: the trace shows how far it ran.
+        self._end_step_marker()
         if self.config.per_step:
             self._close()
 
     def _iteration_metrics(self, i: int, total_sec: float) -> dict[str, Any]:
+        self._end_step_marker()
         metrics: dict[str, Any] = {"max_gpu_mb": self.ops.max_memory_mb()}
         if not self.config.per_step:
             if self._cycle_ends_at(i):
@@ -138,10 +173,13 @@ class TorchProfiler(Profiler):
         self._cycle += 1
 
     def _write_trace(self, prof) -> None:
-        """This cycle's Chrome trace; with ``repeat=0`` only the last :data:`KEPT_TRACES` stay."""
-        name = TRACE_FILE.format(run_name=run_name(self.name, self._run_id, self.rank))
-        if self._cycle > 0:
-            name = name.replace(".pt.trace", f".cycle{self._cycle}.pt.trace")
+        """This cycle's gzipped Chrome trace in its cycle folder; with ``repeat=0`` only the last
+        :data:`KEPT_TRACES` cycles stay."""
+        name = TRACE_FILE.format(
+            shared_run_name=shared_run_name(self.name, self._run_id),
+            cycle=self._cycle,
+            run_name=run_name(self.name, self._run_id, self.rank),
+        )
         path = Path(self.config.trace_dir) / name
         if not self._try_write("profiler_trace_dir", path, lambda: write_exported(path, prof.export_chrome_trace)):
             return
@@ -151,6 +189,11 @@ class TorchProfiler(Profiler):
             old = self._traces.pop(0)
             old.unlink(missing_ok=True)
             self.files.remove(old)
+            # The other ranks' files of that cycle may still be there: the last one out
+            # removes the folder. The ranks keep step (a gather per iteration), so none is
+            # still writing into a cycle KEPT_TRACES behind.
+            with contextlib.suppress(OSError):
+                os.rmdir(old.parent)
 
     def _finish(self) -> None:
         if not self.config.per_step:

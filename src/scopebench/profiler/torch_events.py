@@ -26,7 +26,7 @@ from typing import Any
 
 from scopebench.profiler.device import MB
 
-__all__ = ["analyse_events", "is_comm_event", "kineto_events"]
+__all__ = ["STEP_MARKER", "analyse_events", "is_comm_event", "kineto_events"]
 
 _COMM_PREFIXES = ("gloo:", "nccl:", "c10d::", "ncclkernel", "nccldevkernel", "record_param_comms")
 _COMM_INITIALS = frozenset("gGnNcCrR")  # a cheap first test: most names start "aten::"
@@ -45,6 +45,10 @@ _FILTERED = frozenset(
     )
 )
 _MEMORY, _OOM = "[memory]", "[OutOfMemory]"
+#: The name of recorded iteration ``N``'s range in a scheduled-mode trace of the torch
+#: backend: the name torch's own ``profile.step()`` gives its steps.
+STEP_MARKER = "ProfilerStep#{}"
+_STEP_PREFIX = STEP_MARKER.format("")
 
 
 def _region_totals(
@@ -145,9 +149,7 @@ def kineto_events(prof: Any) -> list[Any]:
 
 
 def _display_name(name: str) -> str:
-    """The operator name ``prof.events()`` shows (demangled; profiler steps merged)."""
-    if name.startswith("ProfilerStep#"):
-        return "ProfilerStep*"
+    """The operator name ``prof.events()`` shows (demangled)."""
     if name.startswith("_Z"):
         import torch
 
@@ -226,7 +228,9 @@ def _read_events(events: Any, on_cuda: bool, with_ops: bool) -> _Trace:
     operator that launched them (by correlation id) and communication kernels are kept
     as intervals; ``[memory]`` records (only ``with_ops``) keep the bytes of the profiled
     kind (device memory on CUDA, host memory otherwise). Filtered and hidden events are
-    dropped, as ``prof.events()`` drops them.
+    dropped, as ``prof.events()`` drops them, and so are the ``ProfilerStep#N`` step markers
+    (the torch backend's, scheduled mode), which ``prof.events()`` keeps: they are not
+    operators, and memory records inside them stay outside every operator.
     """
     from torch.autograd import DeviceType
 
@@ -251,7 +255,7 @@ def _read_events(events: Any, on_cuda: bool, with_ops: bool) -> _Trace:
             fixed_mem[len(names)] = nbytes
             link, is_sync, thread = 0, True, event.start_thread_id()
             start = end = event.start_ns()
-        elif name in _FILTERED or event.is_hidden_event():
+        elif name in _FILTERED or name.startswith(_STEP_PREFIX) or event.is_hidden_event():
             continue
         elif event.device_type() != cpu_type:
             if on_cuda:
