@@ -17,7 +17,9 @@ def _two_ranks(late: float = 0.2) -> list[RankRecord]:
     done = 0.07 + late
     return [
         RankRecord(0, [("bwd", 0.0, 0.3)], [("g", 0, "all_reduce", 2, 1000, 0.05, done)], [(0.05, done, [0])]),
-        RankRecord(1, [("bwd", 0.0, 0.3)], [("g", 0, "all_reduce", 2, 1000, 0.05 + late, done)], [(0.05 + late, done, [0])]),
+        RankRecord(
+            1, [("bwd", 0.0, 0.3)], [("g", 0, "all_reduce", 2, 1000, 0.05 + late, done)], [(0.05 + late, done, [0])]
+        ),
     ]
 
 
@@ -123,7 +125,11 @@ def test_the_recorder_sees_blocking_and_asynchronous_calls_once_and_only_while_a
     rec.stop()
     dist.barrier()
     calls, waits = rec.take()
-    assert [(c.op, c.seq, c.nbytes) for c in calls] == [("all_reduce", 0, 16), ("all_gather", 1, 16), ("all_gather", 2, 16)]
+    assert [(c.op, c.seq, c.nbytes) for c in calls] == [
+        ("all_reduce", 0, 16),
+        ("all_gather", 1, 16),
+        ("all_gather", 2, 16),
+    ]
     assert all(c.done is not None and c.done >= c.issue for c in calls)
     assert len(waits) == 3 and [w.calls for w in waits] == [[0], [1], [2]]
     assert rec.take() == ([], [])
@@ -158,3 +164,17 @@ def test_a_rank_late_after_its_last_collective_is_waited_for_at_the_step_end():
     assert row["late_rank"] == 1 and row["late_rank_delay_sec"] == pytest.approx(0.5)
     assert row["late_rank_wait_region"] == "step_end" and row["late_rank_region"] == "denoise"
     assert row["late_rank_work_excess_sec"] == pytest.approx(0.5)
+
+
+def test_sequence_numbers_restart_for_a_new_run_in_the_same_process(one_rank):
+    rec = CommRecorder()
+    rec.install()
+    rec.start()
+    dist.all_reduce(torch.ones(1))
+    rec.stop()
+    rec.take()
+    rec.restart_sequences()  # a second run (a new group) in this process: numbered like its peers
+    rec.start()
+    dist.all_reduce(torch.ones(1))
+    rec.stop()
+    assert [c.seq for c in rec.take()[0]] == [0]

@@ -384,6 +384,7 @@ class Profiler:
                         from scopebench.profiler.collectives import align_clocks, recorder
 
                         recorder.install()
+                        recorder.restart_sequences()
                         self._ledger = align_clocks()
             self._region_wall = {}
             self._inside_sec = 0.0
@@ -436,6 +437,7 @@ class Profiler:
             ],
             [(w.start - offset, w.end - offset, w.calls) for w in waits],
             stop - offset,
+            self._t0 - offset,
         )
         records = gather_objects(mine)
         out = ledger_metrics(records, self.rank)

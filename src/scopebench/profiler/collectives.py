@@ -124,6 +124,13 @@ class CommRecorder:
         self._ddp_waits: list[tuple[float, list[int]]] = []
 
     # -- recording window ---------------------------------------------------------------
+    def restart_sequences(self) -> None:
+        """Count every group's collectives from 0 again: every rank calls this at the same point
+        (a profiler's first recorded iteration), so the numbers match across ranks even when this
+        process ran other groups before (a tool run twice in one process, a test session)."""
+        with self._lock:
+            self._seq = {}
+
     def start(self) -> None:
         self.calls, self.waits, self._works = [], [], {}
         self._ddp_pending, self._ddp_waits = None, []

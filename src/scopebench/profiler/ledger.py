@@ -52,6 +52,8 @@ class RankRecord:
     waits: list[tuple[float, float, list[int]]] = field(default_factory=list)
     #: When its step's clock stopped (``None``: not known).
     end: float | None = None
+    #: When its step's clock started (``None``: not known).
+    start: float | None = None
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -205,7 +207,10 @@ def ledger_metrics(records: list[RankRecord], rank: int) -> dict[str, Any]:
     waits for it at the next collective, which the next step or the loop's own holds). The
     late rank is the one waited for longest by any rank; its ``late_rank_region`` is the region
     where its own work exceeded the other ranks' median most (where its time went), and
-    ``late_rank_wait_region`` where the others waited (``step_end``: after their step).
+    ``late_rank_wait_region`` where the others waited (``step_end``: after their step);
+    ``late_rank_start_lag_sec`` how much later than the others' median its step's clock started
+    (lateness it brought from before the step: the loop's own synchronisation, the previous
+    step's end), which :func:`scopebench.report.ledger.late_rank_summary` takes off the delay.
     """
     latest = _latest(records)
     ledgers = [_rank_ledger(rec, latest) for rec in records]
@@ -238,4 +243,8 @@ def ledger_metrics(records: list[RankRecord], rank: int) -> dict[str, Any]:
     out["late_rank_wait_region"] = wait_region
     out["late_rank_work_excess_sec"] = excess.get(out["late_rank_region"], 0.0)
     out["late_rank_cause"] = "work"
+    starts = {rec.rank: rec.start for rec in records if rec.start is not None}
+    if len(starts) == len(records) and who in starts:
+        others = [t for r, t in starts.items() if r != who]
+        out["late_rank_start_lag_sec"] = starts[who] - stats.median(others)
     return out

@@ -60,7 +60,7 @@ __all__ = [
 LATE_RANK_CONSISTENT_PCT = 75.0
 #: ... and its median ``late_rank_delay_sec`` is at least this share (%) of the median step
 #: (``step_time_sec``): below it, removing the wait would not change the step measurably.
-LATE_RANK_MIN_PCT = 5.0
+LATE_RANK_MIN_PCT = 10.0
 #: ... and at least this many seconds (1 ms): below it, clock alignment and timer resolution
 #: (``clock_align_error_sec`` is tens to hundreds of µs) make the delay itself uncertain.
 LATE_RANK_MIN_SEC = 1e-3
@@ -127,6 +127,9 @@ class LateRank:
     """Iterations that name a late rank."""
     step_sec: float
     """Median step (``step_time_sec``) over every row given."""
+    start_lag_sec: float | None = None
+    """Median of how much later than the others its step's clock started
+    (``late_rank_start_lag_sec``); taken off :attr:`delay_sec`: lateness from before the step."""
     wait_region: str | None = None
     """Where the others waited for it, most often (``late_rank_wait_region``; ``step_end``: after
     their own step, at the next collective)."""
@@ -164,7 +167,8 @@ def late_rank_summary(rows: Iterable[Mapping[str, Any]]) -> LateRank | None:
 
     Over the iterations that name a ``late_rank``, the most frequent rank is reported when it
     is named in at least :data:`LATE_RANK_CONSISTENT_PCT` of them, and its median
-    ``late_rank_delay_sec`` over the iterations naming it is at least
+    ``late_rank_delay_sec`` over the iterations naming it, less how much later its step began
+    (``late_rank_start_lag_sec``, when positive), is at least
     :data:`LATE_RANK_MIN_PCT` of the median ``step_time_sec`` of all ``rows`` and at least
     :data:`LATE_RANK_MIN_SEC`. Rows without a step time leave nothing to compare with: ``None``.
 
@@ -188,7 +192,14 @@ def late_rank_summary(rows: Iterable[Mapping[str, Any]]) -> LateRank | None:
     if share < LATE_RANK_CONSISTENT_PCT:
         return None
     mine = [row for r, row in late if r == rank]
-    delays = [d for row in mine if (d := _number(row, "late_rank_delay_sec")) is not None]
+    # What it brought from before its step (the loop's own synchronisation, the previous step's
+    # end) is not the step's: the delay counted is what it added after its clock started.
+    lags = [_number(row, "late_rank_start_lag_sec") or 0.0 for row in mine]
+    delays = [
+        max(d - max(lag, 0.0), 0.0)
+        for row, lag in zip(mine, lags)
+        if (d := _number(row, "late_rank_delay_sec")) is not None
+    ]
     steps = [s for row in rows if (s := _number(row, "step_time_sec")) is not None]
     if not delays or not steps:
         return None
@@ -206,6 +217,7 @@ def late_rank_summary(rows: Iterable[Mapping[str, Any]]) -> LateRank | None:
         iterations=count,
         counted=len(late),
         step_sec=step,
+        start_lag_sec=stats.median(lags),
         wait_region=_most_frequent(_text(row, "late_rank_wait_region") for row in mine),
     )
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from scopebench import stats
 from scopebench.report.backend_comparison import config_backend
-from scopebench.report.findings import Finding
+from scopebench.report.findings import Finding, step_share_pct
 from scopebench.report.ledger import (
     LATE_RANK_CONSISTENT_PCT,
     LATE_RANK_MIN_PCT,
@@ -44,6 +44,9 @@ __all__ = [
 #: without the waits for a peer) above this share of the region's time (%); in a file without
 #: the ledger, its ``<region>_comm_sec`` (waits included).
 COMM_PCT = 30.0
+#: ... in a region of at least this share of the step (%): a collective that is most of a
+#: region too small to matter (the loss gather of ``sync_gather``) is not what bounds the step.
+COMM_REGION_MIN_PCT = 5.0
 #: host-overhead: a training-step region's ``<region>_host_overhead_sec`` (torch mode: its
 #: work minus its operators) above this share of the region's time (%): past a third, the
 #: device waits on the host's Python and framework hooks rather than on its own kernels.
@@ -163,9 +166,13 @@ def _comm_advice(config: Configuration) -> str:
 
 
 def communication_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
-    """A region whose collectives' own cost (transfer, not waiting for a peer) is above :data:`COMM_PCT`."""
+    """A region of at least :data:`COMM_REGION_MIN_PCT` of the step whose collectives' own cost
+    (transfer, not waiting for a peer) is above :data:`COMM_PCT` of it."""
     out = []
     for region in config.regions:
+        share = step_share_pct(config, region)
+        if share is not None and share < COMM_REGION_MIN_PCT:
+            continue
         transfer = _share_pct(config, region, "comm_transfer_sec")
         if transfer is not None:
             if transfer <= COMM_PCT:
