@@ -38,8 +38,25 @@ def one_run(ledger: bool, steps: int, backend: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "step.json"
         env = {**os.environ, "SCOPEBENCH_LEDGER": "1" if ledger else "0"}
-        cmd = [sys.executable, "-m", "scopebench.cli", "profile-step", "--config", str(REPO / "configs/policy/tiny.yml")]
-        cmd += ["--nproc-per-node", "2", "--steps", str(steps), "--warmup", "3", f"--backend={backend}", "--json", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "scopebench.cli",
+            "profile-step",
+            "--config",
+            str(REPO / "configs/policy/tiny.yml"),
+        ]
+        cmd += [
+            "--nproc-per-node",
+            "2",
+            "--steps",
+            str(steps),
+            "--warmup",
+            "3",
+            f"--backend={backend}",
+            "--json",
+            str(out),
+        ]
         subprocess.run(cmd, check=True, env=env, capture_output=True, stdin=subprocess.DEVNULL)
         report = json.loads(out.read_text())
     return {
@@ -62,15 +79,21 @@ def main() -> None:
             run = one_run(mode == "on", args.steps, args.backend)
             assert run["ledger_columns"] == (mode == "on"), "SCOPEBENCH_LEDGER did not switch the ledger"
             runs[mode].append(run)
-            print(f"round {i} ledger {mode:>3}: step {run['step_ms']:.1f} ms, bwd {run['bwd_ms']:.1f} ms, "
-                  f"profiler cost {run['profiler_cost_us']:.0f} µs / step", flush=True)
+            print(
+                f"round {i} ledger {mode:>3}: step {run['step_ms']:.1f} ms, bwd {run['bwd_ms']:.1f} ms, "
+                f"profiler cost {run['profiler_cost_us']:.0f} µs / step",
+                flush=True,
+            )
     ratios = [a["step_ms"] / b["step_ms"] for a, b in zip(runs["on"], runs["off"])]
     deltas = [a["profiler_cost_us"] - b["profiler_cost_us"] for a, b in zip(runs["on"], runs["off"])]
     result = {
         "rounds": args.rounds,
         "steps": args.steps,
         "backend": args.backend,
-        **{mode: {k: [r[k] for r in rs] for k in ("step_ms", "bwd_ms", "profiler_cost_us")} for mode, rs in runs.items()},
+        **{
+            mode: {k: [r[k] for r in rs] for k in ("step_ms", "bwd_ms", "profiler_cost_us")}
+            for mode, rs in runs.items()
+        },
         "step_ratio_median": statistics.median(ratios),
         "step_ratio_min": min(ratios),
         "step_ratio_max": max(ratios),
@@ -79,8 +102,10 @@ def main() -> None:
         "cost_delta_us_max": max(deltas),
     }
     print(f"step on / off: median {result['step_ratio_median']:.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})")
-    print(f"profiler cost added by the ledger: median {result['cost_delta_us_median']:.0f} µs / step "
-          f"(min {min(deltas):.0f}, max {max(deltas):.0f})")
+    print(
+        f"profiler cost added by the ledger: median {result['cost_delta_us_median']:.0f} µs / step "
+        f"(min {min(deltas):.0f}, max {max(deltas):.0f})"
+    )
     print(json.dumps(result))
 
 

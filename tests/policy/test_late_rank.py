@@ -17,10 +17,17 @@ pytestmark = pytest.mark.slow
 
 TINY = str(Path(__file__).resolve().parents[2] / "configs" / "policy" / "tiny.yml")
 POLICY = str(Path(__file__).resolve().parents[1] / "profiler" / "stall_policy.py")
-WIDTH, LAYERS = 32, 4
-#: The stall model's parameter (and gradient) bytes: LAYERS x (W x W weights + W biases), fp32.
-PARAM_BYTES = LAYERS * (WIDTH * WIDTH + WIDTH) * 4
+WIDTH = 32
+#: Every rank's forward busy-waits this long: a ~60 ms step, so that a busy machine's scheduling
+#: noise (ranks of an even run arrive 1-6 ms apart) stays under late-rank's 10 % of the step.
+WORK_MS = 40
 STEPS = 8
+
+
+def param_bytes(layers: int, width: int = WIDTH) -> int:
+    """The stall model's parameter (and gradient) bytes: layers x (W x W weights + W biases), fp32."""
+    return layers * (width * width + width) * 4
+
 
 _runs: dict[tuple, dict] = {}
 
@@ -32,7 +39,7 @@ def profile(tmp_path_factory, capsys, backend: str, factory: str = "stalled", **
         out = tmp_path_factory.mktemp("late_rank") / "report.json"
         argv = ["profile-step", "--config", TINY, "--policy", f"{POLICY}:{factory}", "--nproc-per-node", "2"]
         argv += ["--steps", str(STEPS), "--warmup", "2", f"--backend={backend}", "--json", str(out)]
-        for name, value in args.items():
+        for name, value in {"work_ms": WORK_MS, **args}.items():
             argv += ["--policy-arg", f"{name}={value}"]
         code = main(argv)
         text = capsys.readouterr().out
@@ -61,9 +68,25 @@ def test_a_rank_stalled_in_backward_is_named_with_its_delay(tmp_path_factory, ca
     assert median(report, rank, "bwd_work_sec") > delay_ms / 1e3 * 0.75
 
 
-@pytest.mark.parametrize("backend", ["ddp", "fsdp2", "zero2", "zero3"])
+#: The even runs, one per backend (each also carries a bytes check): DDP's is the hooked model
+#: with idle hooks (the hook test's baseline); ZeRO-3's has 512-wide layers, above DeepSpeed's
+#: persistence threshold, so that it partitions them.
+EVEN = {
+    "ddp": ("hooked", {"hooks": 20, "hook_ms": 0}),
+    "fsdp2": ("stalled", {"delay_ms": 0}),
+    "zero2": ("stalled", {"delay_ms": 0}),
+    "zero3": ("stalled", {"delay_ms": 0, "width": 512, "layers": 2}),
+}
+
+
+def even(tmp_path_factory, capsys, backend: str) -> dict:
+    factory, args = EVEN[backend]
+    return profile(tmp_path_factory, capsys, backend, factory, **args)
+
+
+@pytest.mark.parametrize("backend", list(EVEN))
 def test_an_even_run_names_no_late_rank(tmp_path_factory, capsys, backend):
-    report = profile(tmp_path_factory, capsys, backend, delay_ms=0)
+    report = even(tmp_path_factory, capsys, backend)
     assert report["late_rank"] is None, report["late_rank"]
     assert "late rank: none" in report["text"]
 
@@ -75,14 +98,16 @@ def test_the_ledger_adds_up_to_each_phase_on_every_rank(tmp_path_factory, capsys
             samples = per_rank["samples"]
             for phase in ("forward", "bwd", "optim_step"):
                 for i, time in enumerate(samples[f"{phase}_time_sec"]):
-                    parts = sum(samples[f"{phase}_{k}"][i] for k in ("work_sec", "comm_wait_peer_sec", "comm_transfer_sec"))
+                    parts = sum(
+                        samples[f"{phase}_{k}"][i] for k in ("work_sec", "comm_wait_peer_sec", "comm_transfer_sec")
+                    )
                     assert parts == pytest.approx(time, rel=0.05, abs=1e-4), (backend, phase, i)
 
 
 def test_busy_gradient_hooks_are_work_not_communication(tmp_path_factory, capsys):
     """20 hooks x 1 ms on every rank: bwd's work grows by 20 ms (within 25 %), its
     communication columns do not."""
-    base = profile(tmp_path_factory, capsys, "ddp", "hooked", hooks=20, hook_ms=0)
+    base = even(tmp_path_factory, capsys, "ddp")
     hooked = profile(tmp_path_factory, capsys, "ddp", "hooked", hooks=20, hook_ms=1)
     for rank in (0, 1):
         grown = median(hooked, rank, "bwd_work_sec") - median(base, rank, "bwd_work_sec")
@@ -96,31 +121,73 @@ def _bytes(report: dict, phase: str, op: str) -> int:
 
 
 def test_collective_bytes_are_what_each_backend_must_move(tmp_path_factory, capsys):
-    # DDP: one all-reduce of every gradient, in bwd.
-    ddp = profile(tmp_path_factory, capsys, "ddp", delay_ms=0)
-    assert _bytes(ddp, "bwd", "all_reduce") == PARAM_BYTES
+    # DDP: one all-reduce of every gradient, in bwd (the hooked model: 10 layers).
+    ddp = even(tmp_path_factory, capsys, "ddp")
+    assert _bytes(ddp, "bwd", "all_reduce") == param_bytes(10)
     # FSDP2: every parameter gathered in forward, again in backward (resharded after forward),
     # the gradients reduce-scattered once.
-    fsdp2 = profile(tmp_path_factory, capsys, "fsdp2", delay_ms=0)
-    assert _bytes(fsdp2, "forward", "all_gather") == PARAM_BYTES
-    assert _bytes(fsdp2, "bwd", "all_gather") == PARAM_BYTES
-    assert _bytes(fsdp2, "bwd", "reduce_scatter") == PARAM_BYTES
+    fsdp2 = even(tmp_path_factory, capsys, "fsdp2")
+    assert _bytes(fsdp2, "forward", "all_gather") == param_bytes(4)
+    assert _bytes(fsdp2, "bwd", "all_gather") == param_bytes(4)
+    assert _bytes(fsdp2, "bwd", "reduce_scatter") == param_bytes(4)
     # ZeRO-2 on gloo: the gradients all-reduced in bwd, the updated partitions gathered after the step.
-    zero2 = profile(tmp_path_factory, capsys, "zero2", delay_ms=0)
-    assert _bytes(zero2, "bwd", "all_reduce") == PARAM_BYTES
-    assert _bytes(zero2, "optim_step", "all_gather") == PARAM_BYTES
-    # ZeRO-3: gradients reduce-scattered once; each parameter gathered once a step. On this
-    # small model every parameter is below stage3_param_persistence_threshold, so DeepSpeed
-    # keeps them whole and gathers them after the step instead of in forward.
-    zero3 = profile(tmp_path_factory, capsys, "zero3", delay_ms=0)
-    assert _bytes(zero3, "bwd", "reduce_scatter") == PARAM_BYTES
-    gathered = sum(_bytes(zero3, phase, "all_gather") for phase in ("forward", "bwd", "optim_step"))
-    assert gathered == PARAM_BYTES
+    zero2 = even(tmp_path_factory, capsys, "zero2")
+    assert _bytes(zero2, "bwd", "all_reduce") == param_bytes(4)
+    assert _bytes(zero2, "optim_step", "all_gather") == param_bytes(4)
+    # ZeRO-3: the gradients reduce-scattered once in bwd; each parameter gathered once a step:
+    # the partitioned 512 x 512 weights in forward (kept for backward: DeepSpeed's reuse distance),
+    # the biases (under stage3_param_persistence_threshold, kept whole) after the step.
+    zero3 = even(tmp_path_factory, capsys, "zero3")
+    weights, biases = 2 * 512 * 512 * 4, 2 * 512 * 4
+    assert _bytes(zero3, "forward", "all_gather") == weights
+    assert _bytes(zero3, "optim_step", "all_gather") == biases
+    assert _bytes(zero3, "bwd", "reduce_scatter") == weights + biases == param_bytes(2, 512)
 
 
-def test_zero3_gathers_its_partitioned_parameters_in_forward(tmp_path_factory, capsys):
-    width, layers = 512, 2  # 512 x 512 weights: above the persistence threshold, partitioned
-    report = profile(tmp_path_factory, capsys, "zero3", delay_ms=0, width=width, layers=layers)
-    weights, biases = layers * width * width * 4, layers * width * 4
-    assert _bytes(report, "forward", "all_gather") == weights
-    assert _bytes(report, "bwd", "reduce_scatter") == weights + biases
+@pytest.fixture(scope="module")
+def under_benchopt(tmp_path_factory):
+    """``Pi05Train`` under benchopt, 2 local ranks, rank 1 stalled 200 ms in backward, custom and torch."""
+    import pandas as pd
+    import yaml
+
+    from scopebench.runs import run_benchopt
+
+    config = tmp_path_factory.mktemp("late_rank_benchopt") / "late.yml"
+    solver = {
+        "policy": [f"{POLICY}:stalled"],
+        "policy_args": [{"rank": 1, "delay_ms": 200, "work_ms": WORK_MS}],
+        "nproc_per_node": 2,
+        "profiler_mode": ["custom", "torch"],
+        "profiler_warmup": 1,
+    }
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "dataset": ["synthetic_robot"],
+                "solver": [{"Pi05Train": solver}],
+                "max-runs": 6,
+                "n-repetitions": 1,
+                "timeout": 600,
+            }
+        )
+    )
+    run = run_benchopt(Path(TINY).parents[2], config, output=config.with_suffix(".parquet"), timeout_sec=900)
+    return run.parquet, pd.read_parquet(run.parquet)
+
+
+def test_under_benchopt_the_parquet_and_the_diagnosis_name_the_late_rank(under_benchopt, capsys):
+    parquet, df = under_benchopt
+    for mode in ("custom", "torch"):
+        rows = df[df.solver_name.str.contains(f"profiler_mode={mode}")]
+        recorded = rows[rows["objective_late_rank"].notna()]
+        assert len(recorded) >= 4, (mode, rows.filter(like="late").to_string())
+        assert (recorded["objective_late_rank"] == 1).mean() >= 0.75, mode
+        delay = recorded["objective_late_rank_delay_sec"].median()
+        assert delay == pytest.approx(0.2, rel=0.25), (mode, delay)
+        assert (recorded["objective_late_rank_region"] == "bwd").all(), mode
+    assert main(["report", str(parquet), "--output", str(Path(parquet).with_suffix(""))]) == 0
+    text = capsys.readouterr().out
+    late = [line for line in text.splitlines() if "[late-rank]" in line]
+    assert len(late) == 2 and all("rank 1" in line and "bwd" in line for line in late), text
+    # Waiting for rank 1 is not communication-bound, and no imaging advice on a policy run.
+    assert "[communication-bound]" not in text and "distribute_physics" not in text, text

@@ -4,6 +4,8 @@
 framework's reduction (the first node of the backward graph), every step: the late rank the
 ledger must name. ``hooked``: every rank runs ``hooks`` per-parameter gradient hooks that each
 busy-wait ``hook_ms``: host overhead the ledger must count as work, not communication.
+``work_ms``: every rank's forward also busy-waits this long, a step long enough that a busy
+machine's scheduling noise (a few ms) stays a small share of it.
 A busy-wait, not a sleep: the rank's thread is working, as a slow rank's is.
 """
 
@@ -33,13 +35,17 @@ class _Stall(torch.autograd.Function):
 
 
 class _Model(torch.nn.Module):
-    def __init__(self, width, layers, seconds):
+    def __init__(self, width, layers, seconds, work=0.0):
         super().__init__()
+        self.work = work
         # a Sequential (a module with a forward): FSDP2 shards it as a unit
-        self.layers = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh()) for _ in range(layers)))
+        self.layers = torch.nn.Sequential(
+            *(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh()) for _ in range(layers))
+        )
         self.seconds = seconds
 
     def forward(self, x):
+        _spin(self.work)
         x = self.layers(x)
         return _Stall.apply(x, self.seconds) if self.seconds > 0 else x
 
@@ -61,15 +67,17 @@ def _policy(model, width, size=64):
     )
 
 
-def stalled(rank: int = 1, delay_ms: float = 200.0, width: int = 32, layers: int = 4) -> UserPolicy:
+def stalled(
+    rank: int = 1, delay_ms: float = 200.0, width: int = 32, layers: int = 4, work_ms: float = 0.0
+) -> UserPolicy:
     """Rank ``rank``'s backward stalls ``delay_ms`` (every step) before its gradients exist."""
     seconds = delay_ms / 1e3 if _rank() == rank else 0.0
-    return _policy(_Model(width, layers, seconds), width)
+    return _policy(_Model(width, layers, seconds, work_ms / 1e3), width)
 
 
-def hooked(hooks: int = 20, hook_ms: float = 1.0, width: int = 32) -> UserPolicy:
+def hooked(hooks: int = 20, hook_ms: float = 1.0, width: int = 32, work_ms: float = 0.0) -> UserPolicy:
     """``hooks`` parameters each with a gradient hook that busy-waits ``hook_ms``, on every rank."""
-    model = _Model(width, hooks // 2, 0.0)
+    model = _Model(width, hooks // 2, 0.0, work_ms / 1e3)
     params = [p for p in model.parameters()][:hooks]
     for p in params:
         p.register_hook(lambda grad: (_spin(hook_ms / 1e3), grad)[1])

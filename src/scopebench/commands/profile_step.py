@@ -42,7 +42,17 @@ sampler's other-process share and steal per measured step, null where it gave no
 sampler off), ``profiler_cost`` (``per_step_sec``, ``share_pct``, ``inside_sec``,
 ``outside_sec``, ``startup_sec``, ``sampler_cpu_sec``, ``steps``, ``line``: what the profiler
 cost the measured steps, :func:`scopebench.report.cost.measured_cost`; null without
-``profiler_overhead_sec``), ``environment``. The text ends with ``line``: ``CONTENDED: ...`` when other
+``profiler_overhead_sec``), ``environment``; with several ranks the ledger (docs/profiler.md, "Why a distributed step is slow"):
+``late_rank`` (``rank``, ``delay_sec``, ``region``, ``wait_region``, ``work_excess_sec``,
+``start_lag_sec``, ``cause``, ``share_pct``, ``iterations``, ``counted``, ``step_sec``,
+``delay_pct``, ``line``; null when no rank is consistently late,
+:func:`scopebench.report.ledger.late_rank_summary`), ``ledger`` (``per_rank``: ``rank`` and
+``phases``, per phase ``time_sec``, ``work_sec``, ``wait_peer_sec``, ``transfer_sec``,
+``hidden_sec``, ``pct``), ``collectives`` (``per_op``, ``per_phase``) and
+``clock_align_error_sec`` (all null on one rank), and each rank's ``samples`` carry
+``<phase>_work_sec``, ``_comm_wait_peer_sec``, ``_comm_transfer_sec``, ``_comm_hidden_sec``.
+The text prints the ledger per rank, the collectives and ``late rank: ...`` after the phase
+table. The text ends with ``line``: ``CONTENDED: ...`` when other
 processes or steal took more than ``scopebench summary`` allows, else ``host load: ...``
 (:func:`scopebench.report.contention.measured_steps`), then ``profiler_cost``'s ``line``:
 ``profiler cost: x µs / step (y% of the step): ...`` (docs/tools.md, "Profiler cost").
@@ -275,7 +285,9 @@ def ledger_report(rank_rows: list[list[dict]], per_step: list[dict]) -> dict:
     per_phase: dict[str, dict] = {}
     for phase in TRAIN_PHASES:
         prefix = f"{phase}_comm_"
-        ops = {k[len(prefix) : -len("_bytes")] for row in own for k in row if k.startswith(prefix) and k.endswith("_bytes")}
+        ops = {
+            k[len(prefix) : -len("_bytes")] for row in own for k in row if k.startswith(prefix) and k.endswith("_bytes")
+        }
         for op in sorted(ops):
             per_phase.setdefault(phase, {})[op] = {
                 f"{what}_per_step": stats.median([row.get(f"{prefix}{op}_{what}", 0) for row in own])
@@ -283,7 +295,11 @@ def ledger_report(rank_rows: list[list[dict]], per_step: list[dict]) -> dict:
             }
     return {
         "late_rank": None if late is None else late.as_dict(),
-        "ledger": {"per_rank": [{"rank": r, "phases": ledger_table(rows, TRAIN_PHASES).as_dict()} for r, rows in enumerate(rank_rows)]},
+        "ledger": {
+            "per_rank": [
+                {"rank": r, "phases": ledger_table(rows, TRAIN_PHASES).as_dict()} for r, rows in enumerate(rank_rows)
+            ]
+        },
         "collectives": {"per_op": collective_table(own).as_dict(), "per_phase": per_phase},
         "clock_align_error_sec": max(row.get("clock_align_error_sec", 0.0) for row in own),
     }
@@ -323,7 +339,12 @@ def format_ledger(report: dict) -> list[str]:
 
 
 def _parts(row: dict) -> list[tuple[str, float]]:
-    names = {"work_sec": "work", "wait_peer_sec": "waiting for peers", "transfer_sec": "transfer", "hidden_sec": "hidden"}
+    names = {
+        "work_sec": "work",
+        "wait_peer_sec": "waiting for peers",
+        "transfer_sec": "transfer",
+        "hidden_sec": "hidden",
+    }
     return [(name, row[key]) for key, name in names.items() if row.get(key) is not None]
 
 
