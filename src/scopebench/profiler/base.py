@@ -197,6 +197,11 @@ class Profiler:
         #: a backend that reports its overhead), and the recorded iteration's region spans.
         self._ledger: tuple[float, float, str] | None = None
         self._spans: list[tuple[str, float, float]] | None = None
+        #: Every rank's ledger record of the last recorded iteration (:class:`~scopebench.profiler.ledger.RankRecord`,
+        #: on rank 0's clock), for a backend that writes them out; and how many iterations carried
+        #: their ``ledger_timeline`` so far.
+        self.ledger_records: list[Any] = []
+        self._timelines = 0
 
     # -- public API ----------------------------------------------------------------
     @property
@@ -423,7 +428,7 @@ class Profiler:
         """This rank's ledger columns and the iteration's late rank (:mod:`scopebench.profiler.ledger`),
         from every rank's record (one gather, outside the clock)."""
         from scopebench.profiler.collectives import recorder
-        from scopebench.profiler.ledger import RankRecord, ledger_metrics
+        from scopebench.profiler.ledger import TIMELINE_ITERATIONS, RankRecord, ledger_metrics, ledger_timeline
 
         offset, error, _how = self._ledger
         calls, waits = recorder.take()
@@ -440,8 +445,12 @@ class Profiler:
             self._t0 - offset,
         )
         records = gather_objects(mine)
+        self.ledger_records = records
         out = ledger_metrics(records, self.rank)
         out["clock_align_error_sec"] = error
+        if self._timelines < TIMELINE_ITERATIONS:
+            self._timelines += 1
+            out["ledger_timeline"] = ledger_timeline(records)
         return out
 
     def _start_sampler(self) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 
 from scopebench import stats
 
-__all__ = ["RankRecord", "busbw_factor", "ledger_metrics", "union"]
+__all__ = ["TIMELINE_ITERATIONS", "RankRecord", "busbw_factor", "ledger_metrics", "ledger_timeline", "union"]
 
 
 @dataclass
@@ -192,6 +192,49 @@ def _operations(rec: RankRecord, latest: dict, blocked: list[tuple[float, float]
         if moved and transfer > 0:
             out[f"comm_{op}_busbw_gb_per_sec"] = moved / transfer / 1e9
     return out
+
+
+#: The first recorded iterations whose rows carry ``ledger_timeline`` (the report's per-rank
+#: swimlanes: a few steps are enough to see the pattern, and the column stays small).
+TIMELINE_ITERATIONS = 3
+
+
+def ledger_timeline(records: list[RankRecord]) -> str:
+    """Every rank's iteration as a JSON string (the ``ledger_timeline`` column): times in seconds
+    from the earliest step start over the ranks, on rank 0's clock.
+
+    ``{"ranks": [{"rank", "start", "end", "regions": [[name, start, end], ...],
+    "collectives": [[op, group, seq, nbytes, issue, done], ...], "waits": [[start, end], ...]}]}``
+    (``done``, ``start``, ``end`` may be null).
+
+    :Examples:
+        >>> import json
+        >>> rec = RankRecord(0, [("bwd", 1.0, 1.5)], [("g", 0, "all_reduce", 2, 8, 1.2, 1.4)], [(1.3, 1.4, [0])], 1.5, 1.0)
+        >>> json.loads(ledger_timeline([rec]))["ranks"][0]["collectives"]
+        [['all_reduce', 'g', 0, 8, 0.2, 0.4]]
+    """
+    import json
+
+    starts = [t for rec in records for t in ([rec.start] if rec.start is not None else [s for _, s, _ in rec.regions])]
+    zero = min(starts) if starts else 0.0
+
+    def at(t: float | None) -> float | None:
+        return None if t is None else round(t - zero, 7)
+
+    ranks = [
+        {
+            "rank": rec.rank,
+            "start": at(rec.start),
+            "end": at(rec.end),
+            "regions": [[name, at(s), at(e)] for name, s, e in rec.regions],
+            "collectives": [
+                [op, group, seq, nbytes, at(issue), at(done)] for group, seq, op, _n, nbytes, issue, done in rec.calls
+            ],
+            "waits": [[at(s), at(e)] for s, e, _calls in rec.waits],
+        }
+        for rec in records
+    ]
+    return json.dumps({"ranks": ranks}, separators=(",", ":"))
 
 
 #: ``late_rank_wait_region`` when the others waited for the late rank after their step ended
