@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from scopebench.imaging.inference.run import PnPRun, reconstruct
+from scopebench.report.ledger import late_rank_summary
 
 pytestmark = pytest.mark.slow
 
@@ -92,3 +93,11 @@ def test_a_slowed_rank_shows_as_skew_and_an_even_run_does_not(worker_path, monke
     assert median(even, "denoise_time_sec") < delay
     assert lag(even, "denoise_rank_skew_pct", "denoise_time_sec") < delay / 2, even
     assert lag(even, "rank_skew_pct", "total_time_sec") < delay / 2, even
+    # The ledger names rank 1, late by about the delay, its time gone in denoise; rank 0 meets
+    # it after its own step (no collective of PnP's step follows denoise).
+    late = late_rank_summary(slowed)
+    assert late is not None and late.rank == 1 and late.region == "denoise", late
+    assert late.delay_sec == pytest.approx(delay, rel=0.25) and late.wait_region == "step_end", late
+    assert late.work_excess_sec == pytest.approx(delay, rel=0.25), late
+    found = late_rank_summary(even)
+    assert found is None or found.delay_sec < delay / 2, found

@@ -167,3 +167,9 @@ def test_two_ranks_reproduce_the_single_process_trajectory(tmp_path):
         assert abs(a - b) <= 1e-4 * abs(a), (single, double)
     assert "rank_skew_pct" in metrics  # rank 0's row is the reduction over both ranks
     assert single[-1] < single[0]
+    # The ledger on DDP-free deepinv distribution too: each region split, the collectives seen.
+    for region in ("forward", "backward", "optimizer_step"):
+        parts = [metrics[f"{region}_{p}_sec"] for p in ("work", "comm_wait_peer", "comm_transfer", "comm_hidden")]
+        assert min(parts) >= 0, (region, parts)
+    moved = {k: v for k, v in metrics.items() if k.startswith("comm_") and k.endswith("_bytes")}
+    assert moved and all(v > 0 for v in moved.values()), moved

@@ -32,13 +32,23 @@ def param_bytes(layers: int, width: int = WIDTH) -> int:
 _runs: dict[tuple, dict] = {}
 
 
-def profile(tmp_path_factory, capsys, backend: str, factory: str = "stalled", **args) -> dict:
-    """profile-step's JSON of a 2-rank run of ``factory`` (cached per arguments)."""
-    key = (backend, factory, *sorted(args.items()))
+def profile(tmp_path_factory, capsys, backend: str, factory: str = "stalled", mode: str = "custom", **args) -> dict:
+    """profile-step's JSON of a 2-rank run of ``factory`` under profiler ``mode`` (cached per arguments)."""
+    key = (backend, factory, mode, *sorted(args.items()))
     if key not in _runs:
         out = tmp_path_factory.mktemp("late_rank") / "report.json"
         argv = ["profile-step", "--config", TINY, "--policy", f"{POLICY}:{factory}", "--nproc-per-node", "2"]
-        argv += ["--steps", str(STEPS), "--warmup", "2", f"--backend={backend}", "--json", str(out)]
+        argv += [
+            "--steps",
+            str(STEPS),
+            "--warmup",
+            "2",
+            f"--backend={backend}",
+            "--profiler-mode",
+            mode,
+            "--json",
+            str(out),
+        ]
         for name, value in {"work_ms": WORK_MS, **args}.items():
             argv += ["--policy-arg", f"{name}={value}"]
         code = main(argv)
@@ -69,10 +79,10 @@ def test_a_rank_stalled_in_backward_is_named_with_its_delay(tmp_path_factory, ca
 
 
 #: The even runs, one per backend (each also carries a bytes check): DDP's is the hooked model
-#: with idle hooks (the hook test's baseline); ZeRO-3's has 512-wide layers, above DeepSpeed's
+#: with idle hooks under the torch profiler (the hook test's baseline); ZeRO-3's has 512-wide layers, above DeepSpeed's
 #: persistence threshold, so that it partitions them.
 EVEN = {
-    "ddp": ("hooked", {"hooks": 20, "hook_ms": 0}),
+    "ddp": ("hooked", {"hooks": 20, "hook_ms": 0, "mode": "torch"}),
     "fsdp2": ("stalled", {"delay_ms": 0}),
     "zero2": ("stalled", {"delay_ms": 0}),
     "zero3": ("stalled", {"delay_ms": 0, "width": 512, "layers": 2}),
@@ -92,8 +102,9 @@ def test_an_even_run_names_no_late_rank(tmp_path_factory, capsys, backend):
 
 
 def test_the_ledger_adds_up_to_each_phase_on_every_rank(tmp_path_factory, capsys):
-    for backend in ("ddp", "fsdp2"):
-        report = profile(tmp_path_factory, capsys, backend, rank=1, delay_ms=200)
+    reports = [profile(tmp_path_factory, capsys, backend, rank=1, delay_ms=200) for backend in ("ddp", "fsdp2")]
+    reports += [even(tmp_path_factory, capsys, backend) for backend in EVEN]  # the torch profiler on ddp
+    for report in reports:
         for per_rank in report["per_rank"]:
             samples = per_rank["samples"]
             for phase in ("forward", "bwd", "optim_step"):
@@ -101,17 +112,24 @@ def test_the_ledger_adds_up_to_each_phase_on_every_rank(tmp_path_factory, capsys
                     parts = sum(
                         samples[f"{phase}_{k}"][i] for k in ("work_sec", "comm_wait_peer_sec", "comm_transfer_sec")
                     )
-                    assert parts == pytest.approx(time, rel=0.05, abs=1e-4), (backend, phase, i)
+                    assert parts == pytest.approx(time, rel=0.05, abs=1e-4), (report["backend"], phase, i)
+                    if f"{phase}_compute_sec" in samples:  # torch: operators run while not blocked
+                        compute, work = samples[f"{phase}_compute_sec"][i], samples[f"{phase}_work_sec"][i]
+                        assert compute <= work * 1.05 + 1e-3, (phase, i, compute, work)
+                        host = samples[f"{phase}_host_overhead_sec"][i]
+                        assert host == pytest.approx(max(work - compute, 0.0), abs=1e-9), (phase, i)
 
 
-def test_busy_gradient_hooks_are_work_not_communication(tmp_path_factory, capsys):
-    """20 hooks x 1 ms on every rank: bwd's work grows by 20 ms (within 25 %), its
-    communication columns do not."""
+def test_busy_gradient_hooks_are_host_overhead_not_communication(tmp_path_factory, capsys):
+    """20 hooks x 1 ms on every rank, under the torch profiler (which separates the operators):
+    bwd's host overhead grows by 20 ms (within 25 %), its communication columns do not."""
     base = even(tmp_path_factory, capsys, "ddp")
-    hooked = profile(tmp_path_factory, capsys, "ddp", "hooked", hooks=20, hook_ms=1)
+    hooked = profile(tmp_path_factory, capsys, "ddp", "hooked", "torch", hooks=20, hook_ms=1)
     for rank in (0, 1):
-        grown = median(hooked, rank, "bwd_work_sec") - median(base, rank, "bwd_work_sec")
+        grown = median(hooked, rank, "bwd_host_overhead_sec") - median(base, rank, "bwd_host_overhead_sec")
         assert grown == pytest.approx(0.020, rel=0.25), (rank, grown)
+        computed = median(hooked, rank, "bwd_compute_sec") - median(base, rank, "bwd_compute_sec")
+        assert abs(computed) < 0.005, (rank, computed)
         for column in ("bwd_comm_wait_peer_sec", "bwd_comm_transfer_sec"):
             assert median(hooked, rank, column) - median(base, rank, column) < 0.005, (rank, column)
 

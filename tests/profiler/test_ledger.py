@@ -178,3 +178,17 @@ def test_sequence_numbers_restart_for_a_new_run_in_the_same_process(one_rank):
     dist.all_reduce(torch.ones(1))
     rec.stop()
     assert [c.seq for c in rec.take()[0]] == [0]
+
+
+def test_with_operator_time_the_work_splits_into_compute_and_host_overhead_and_names_the_cause():
+    records = _two_ranks(0.2)
+    records[0].compute = {"bwd": 0.05}
+    records[1].compute = {"bwd": 0.06}  # rank 1's 0.2 s more work is not operators: host overhead
+    r0, r1 = ledger_metrics(records, 0), ledger_metrics(records, 1)
+    assert r0["bwd_host_overhead_sec"] == pytest.approx(0.08 - 0.05)
+    assert r1["bwd_host_overhead_sec"] == pytest.approx(0.28 - 0.06)
+    assert r0["late_rank_cause"] == "host_overhead"
+    records[1].compute = {"bwd": 0.26}  # now its operators took the time
+    assert ledger_metrics(records, 0)["late_rank_cause"] == "compute"
+    records[1].compute = {}
+    assert ledger_metrics(records, 0)["late_rank_cause"] == "work"

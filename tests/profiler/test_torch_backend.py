@@ -11,7 +11,7 @@ import torch
 
 from scopebench.profiler import create_profiler
 from scopebench.profiler.torch_backend import KEPT_TRACES
-from scopebench.profiler.torch_events import _union_length
+from scopebench.profiler.ledger import length, union
 
 
 def _matmuls(prof, n=3):
@@ -129,8 +129,8 @@ def test_trace_dir_with_per_step_is_refused(tmp_path):
 
 
 def test_union_length_does_not_double_count_nested_events():
-    assert _union_length([(0, 10), (2, 5), (20, 25)]) == 15
-    assert _union_length([]) == 0
+    assert length(union([(0, 10), (2, 5), (20, 25)])) == 15
+    assert length(union([])) == 0
 
 
 @pytest.mark.parametrize("save_file", [False, True])

@@ -18,7 +18,8 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from scopebench.profiler.device import MB
-from scopebench.profiler.torch_events import _union_length, analyse_events, is_comm_event, kineto_events
+from scopebench.profiler.ledger import length, union
+from scopebench.profiler.torch_events import analyse_events, is_comm_event, kineto_events
 
 _US = 1e-6
 
@@ -74,14 +75,16 @@ def reference_analysis(events, regions, iteration, rank=0, on_cuda=False):
     for name in cpu_sec:
         metrics[f"{name}_cpu_sec"] = cpu_sec[name]
         metrics[f"{name}_cuda_sec"] = cuda_sec.get(name, 0.0)
-        metrics[f"{name}_comm_sec"] = _union_length(comm.get(name, [])) * _US
+        metrics[f"{name}_comm_sec"] = length(union(comm.get(name, []))) * _US
     metrics["comm_cuda_sec"] = sum(metrics[f"{n}_comm_sec"] for n in cpu_sec)
-    metrics["comm_sync_sec"] = _union_length(comm.get(None, [])) * _US
+    metrics["comm_sync_sec"] = length(union(comm.get(None, []))) * _US
     return metrics, list(ops.values())
 
 
 def _assert_same(ours, reference):
     (metrics, rows), (ref_metrics, ref_rows) = ours, reference
+    # <region>_compute_sec has no prof.events() counterpart: test_compute_is_the_operators_time checks it
+    metrics = {k: v for k, v in metrics.items() if not k.endswith("_compute_sec")}
     assert metrics.keys() == ref_metrics.keys()
     for key, value in ref_metrics.items():
         assert metrics[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
@@ -231,3 +234,25 @@ def test_synthetic_cuda_trace_matches_torchs_parser():
     assert rows[("fwd", "aten::linear")]["self_cuda_sec"] == 0.0
     assert rows[("fwd", "aten::linear")]["mem_mb"] == pytest.approx(4.0)
     assert rows[("untracked", "[memory]")]["mem_mb"] == pytest.approx(-1.0)
+
+
+def test_compute_is_the_operators_time_not_the_python_around_them():
+    """A region that runs matrix products, then busy-waits in Python: its compute is the
+    operators' time (within the region's), and the busy-wait is not in it."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    a = torch.randn(200, 200)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("work"):
+            begin = time.perf_counter()
+            for _ in range(20):
+                a = torch.tanh(a @ a)
+            ops_sec = time.perf_counter() - begin
+            end = time.perf_counter() + 0.03
+            while time.perf_counter() < end:
+                pass
+    metrics, _ = analyse_events(kineto_events(prof), {"work"}, with_ops=False)
+    assert 0 < metrics["work_compute_sec"] <= ops_sec * 1.05
+    assert metrics["work_cpu_sec"] - metrics["work_compute_sec"] >= 0.03 * 0.95

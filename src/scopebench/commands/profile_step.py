@@ -50,7 +50,9 @@ cost the measured steps, :func:`scopebench.report.cost.measured_cost`; null with
 ``phases``, per phase ``time_sec``, ``work_sec``, ``wait_peer_sec``, ``transfer_sec``,
 ``hidden_sec``, ``pct``), ``collectives`` (``per_op``, ``per_phase``) and
 ``clock_align_error_sec`` (all null on one rank), and each rank's ``samples`` carry
-``<phase>_work_sec``, ``_comm_wait_peer_sec``, ``_comm_transfer_sec``, ``_comm_hidden_sec``.
+``<phase>_work_sec``, ``_comm_wait_peer_sec``, ``_comm_transfer_sec``, ``_comm_hidden_sec``
+(and with ``--profiler-mode torch`` ``_compute_sec`` and ``_host_overhead_sec``); ``profiler_mode``
+says which backend timed the steps (``custom``, or ``torch``: phases are its regions' CPU ranges).
 The text prints the ledger per rank, the collectives and ``late rank: ...`` after the phase
 table. The text ends with ``line``: ``CONTENDED: ...`` when other
 processes or steal took more than ``scopebench summary`` allows, else ``host load: ...``
@@ -98,6 +100,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--accelerate-config", "--accelerate_config", dest="accelerate_config", default=None,
         help="accelerate config file: the backend (configs/accelerate/ddp.yaml, deepspeed_zero2.yaml, deepspeed_zero3.yaml, fsdp2.yaml, hsdp.yaml)",
     )  # fmt: skip
+    parser.add_argument(
+        "--profiler-mode", "--profiler_mode", dest="profiler_mode", choices=["custom", "torch"], default="custom",
+        help="custom (wall clock, the default) or torch (torch.profiler per step: the ledger also splits each "
+        "phase's work into compute and host overhead; tens of ms per step, outside the step's clock)",
+    )  # fmt: skip
 
 
 def _flag(text: str | None) -> bool | None:
@@ -137,13 +144,13 @@ def run(args: argparse.Namespace) -> int:
     json_path = args.json or os.environ.get("PROFILE_STEP_JSON") or None
     check_json_path("--json" if args.json else "PROFILE_STEP_JSON", json_path)
     try:
-        return _profile(config, warmup=args.warmup, steps=steps, json_path=json_path)
+        return _profile(config, warmup=args.warmup, steps=steps, json_path=json_path, mode=args.profiler_mode)
     except RankFailure as err:  # rank 0 names the rank that died, stopped or hung (as scopebench train)
         print(f"scopebench profile-step: the run failed:\n{err}", file=sys.stderr, flush=True)
         return 1
 
 
-def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
+def _profile(config, *, warmup: int, steps: int, json_path: str | None, mode: str = "custom") -> int:
     import time
 
     from scopebench.distributed import writes_reports
@@ -156,7 +163,7 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
         config.train,
         dataset_root=root,
         chunk_size=config.dataset.chunk_size,
-        profiler=ProfilerConfig(mode="custom", warmup=warmup, active=steps),
+        profiler=ProfilerConfig(mode=mode, warmup=warmup, active=steps),
         name="profile_step",
         keep_rows=True,
     )
@@ -170,13 +177,26 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None) -> int:
             wall = time.perf_counter() - start
         if not writes_reports():
             return 0
-        report = build_report(run, [m for m in per_step if "total_time_sec" in m], warmup, steps, wall)
+        recorded = [_wall_times(m) for m in per_step if "total_time_sec" in m]
+        run.rank_rows = [[_wall_times(row) for row in rows] for rows in run.rank_rows]
+        report = build_report(run, recorded, warmup, steps, wall)
     report["nonfinite_loss"] = _nonfinite(run.work.nonfinite, warmup)
     finish(format_report(report), {**report, "config": config.source}, json_path)
     if report["nonfinite_loss"] is None:
         return 0
     print(f"scopebench profile-step: {report['nonfinite_loss']['message']}", file=sys.stderr, flush=True)
     return 1
+
+
+def _wall_times(row: dict) -> dict:
+    """``row`` with each phase's wall time as ``<phase>_time_sec``: the torch backend names it
+    ``<phase>_cpu_sec`` (its region's CPU range), the custom one ``<phase>_time_sec``."""
+    extra = {
+        k[: -len("_cpu_sec")] + "_time_sec": v
+        for k, v in row.items()
+        if k.endswith("_cpu_sec") and k[: -len("_cpu_sec")] + "_time_sec" not in row
+    }
+    return {**row, **extra} if extra else row
 
 
 def _nonfinite(found, warmup: int) -> dict | None:
@@ -223,6 +243,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
     peak = last.get("peak_flops_per_sec")
     return {
         "tool": "profile-step",
+        "profiler_mode": run.profiler_config.mode,
         "settings": settings_dict(s),
         "warmup": warmup,
         "measured": len(per_step),
@@ -268,7 +289,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
 
 
 #: The ledger's columns per phase that the JSON's per-rank samples carry (``<phase>_<part>_sec``).
-LEDGER_PARTS = ("work", "comm_wait_peer", "comm_transfer", "comm_hidden")
+LEDGER_PARTS = ("work", "comm_wait_peer", "comm_transfer", "comm_hidden", "compute", "host_overhead")
 
 
 def ledger_report(rank_rows: list[list[dict]], per_step: list[dict]) -> dict:
@@ -341,6 +362,8 @@ def format_ledger(report: dict) -> list[str]:
 def _parts(row: dict) -> list[tuple[str, float]]:
     names = {
         "work_sec": "work",
+        "compute_sec": "compute",
+        "host_overhead_sec": "host overhead",
         "wait_peer_sec": "waiting for peers",
         "transfer_sec": "transfer",
         "hidden_sec": "hidden",

@@ -273,7 +273,7 @@ class Profiler:
         metrics = {"total_time_sec": total, "step_time_sec": total - self._callback_sec}
         metrics.update(self._iteration_metrics(i, total))
         if self._ledger is not None:
-            metrics.update(self._ledger_metrics(stop))
+            metrics.update(self._ledger_metrics(stop, metrics))
         if self.sampler is not None:
             metrics.update(self.sampler.window(self._sample_mark, total))
         if self._memory is not None:
@@ -424,7 +424,7 @@ class Profiler:
             return False
         return self.reports_overhead and not self.ops.is_cuda and world()[1] > 1
 
-    def _ledger_metrics(self, stop: float) -> dict[str, Any]:
+    def _ledger_metrics(self, stop: float, metrics: dict[str, Any]) -> dict[str, Any]:
         """This rank's ledger columns and the iteration's late rank (:mod:`scopebench.profiler.ledger`),
         from every rank's record (one gather, outside the clock)."""
         from scopebench.profiler.collectives import recorder
@@ -443,6 +443,7 @@ class Profiler:
             [(w.start - offset, w.end - offset, w.calls) for w in waits],
             stop - offset,
             self._t0 - offset,
+            {k[: -len("_compute_sec")]: v for k, v in metrics.items() if k.endswith("_compute_sec")},
         )
         records = gather_objects(mine)
         self.ledger_records = records

@@ -36,7 +36,16 @@ from typing import Any
 
 from scopebench import stats
 
-__all__ = ["TIMELINE_ITERATIONS", "RankRecord", "busbw_factor", "ledger_metrics", "ledger_timeline", "union"]
+__all__ = [
+    "TIMELINE_ITERATIONS",
+    "RankRecord",
+    "busbw_factor",
+    "ledger_metrics",
+    "intersect",
+    "ledger_timeline",
+    "length",
+    "union",
+]
 
 
 @dataclass
@@ -54,6 +63,8 @@ class RankRecord:
     end: float | None = None
     #: When its step's clock started (``None``: not known).
     start: float | None = None
+    #: Its regions' operator time (``<region>_compute_sec``, torch backend), else empty.
+    compute: dict[str, float] = field(default_factory=dict)
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -72,11 +83,12 @@ def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _length(intervals: list[tuple[float, float]]) -> float:
+def length(intervals: list[tuple[float, float]]) -> float:
+    """Total length of disjoint intervals."""
     return sum(e - s for s, e in intervals)
 
 
-def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Intersection of two disjoint sorted interval lists."""
     out, i, j = [], 0, 0
     while i < len(a) and j < len(b):
@@ -143,23 +155,25 @@ def _rank_ledger(rec: RankRecord, latest: dict) -> tuple[dict[str, Any], dict[in
             peer.append((s, cut, who))
     blocked = union(blocked)
     inflight = union([(c[5], c[6]) for c in rec.calls if c[6] is not None])
-    hidden_all = _length(inflight) - _length(_intersect(inflight, blocked))
+    hidden_all = length(inflight) - length(intersect(inflight, blocked))
     out: dict[str, Any] = {}
     waited: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for name, region in spans.items():
-        total = _length(region)
-        in_blocked = _length(_intersect(region, blocked))
+        total = length(region)
+        in_blocked = length(intersect(region, blocked))
         wait_peer = 0.0
         for s, e, who in peer:
-            part = _length(_intersect(region, [(s, e)]))
+            part = length(intersect(region, [(s, e)]))
             wait_peer += part
             waited[who][name] += part
-        flight = _intersect(region, inflight)
-        hidden = _length(flight) - _length(_intersect(flight, blocked))
+        flight = intersect(region, inflight)
+        hidden = length(flight) - length(intersect(flight, blocked))
         out[f"{name}_comm_wait_peer_sec"] = wait_peer
         out[f"{name}_comm_transfer_sec"] = max(in_blocked - wait_peer, 0.0)
         out[f"{name}_comm_hidden_sec"] = hidden
         out[f"{name}_work_sec"] = max(total - in_blocked, 0.0)
+        if name in rec.compute:
+            out[f"{name}_host_overhead_sec"] = max(out[f"{name}_work_sec"] - rec.compute[name], 0.0)
     out["comm_hidden_sec"] = hidden_all
     out.update(_operations(rec, latest, blocked))
     for call in rec.calls:  # where each collective was issued: per region and operation
@@ -180,8 +194,8 @@ def _operations(rec: RankRecord, latest: dict, blocked: list[tuple[float, float]
         flight = union([(c[5], c[6]) for c in calls if c[6] is not None])
         out[f"comm_{op}_bytes"] = sum(c[4] for c in calls)
         out[f"comm_{op}_calls"] = len(calls)
-        out[f"comm_{op}_sec"] = _length(flight)
-        out[f"comm_{op}_exposed_sec"] = _length(_intersect(flight, blocked))
+        out[f"comm_{op}_sec"] = length(flight)
+        out[f"comm_{op}_exposed_sec"] = length(intersect(flight, blocked))
         moved, transfer = 0.0, 0.0
         for group, seq, _op, size, nbytes, _issue, done in calls:
             factor = busbw_factor(op, size)
@@ -237,6 +251,18 @@ def ledger_timeline(records: list[RankRecord]) -> str:
     return json.dumps({"ranks": ranks}, separators=(",", ":"))
 
 
+def _cause(records: list[RankRecord], ledgers: list, late: int, region: str) -> str:
+    """``compute`` or ``host_overhead``: which of the late rank's two parts of its work in ``region``
+    exceeds the other ranks' median more (torch backend); ``work`` when they are not separated."""
+    if not all(region in rec.compute for rec in records):
+        return "work"
+    others = [i for i in range(len(records)) if i != late]
+    key = f"{region}_host_overhead_sec"
+    compute = records[late].compute[region] - stats.median([records[i].compute[region] for i in others])
+    host = ledgers[late][0].get(key, 0.0) - stats.median([ledgers[i][0].get(key, 0.0) for i in others])
+    return "compute" if compute >= host else "host_overhead"
+
+
 #: ``late_rank_wait_region`` when the others waited for the late rank after their step ended
 #: (its delay fell after its last collective: they meet it at the next one, outside this step).
 STEP_END = "step_end"
@@ -285,7 +311,7 @@ def ledger_metrics(records: list[RankRecord], rank: int) -> dict[str, Any]:
     out["late_rank_region"] = region if excess.get(region, 0.0) > 0 else wait_region
     out["late_rank_wait_region"] = wait_region
     out["late_rank_work_excess_sec"] = excess.get(out["late_rank_region"], 0.0)
-    out["late_rank_cause"] = "work"
+    out["late_rank_cause"] = _cause(records, ledgers, ranks.index(who), out["late_rank_region"])
     starts = {rec.rank: rec.start for rec in records if rec.start is not None}
     if len(starts) == len(records) and who in starts:
         others = [t for r, t in starts.items() if r != who]

@@ -25,6 +25,7 @@ from itertools import accumulate
 from typing import Any
 
 from scopebench.profiler.device import MB
+from scopebench.profiler.ledger import intersect, length, union
 
 __all__ = ["STEP_MARKER", "analyse_events", "is_comm_event", "kineto_events"]
 
@@ -59,9 +60,9 @@ def _region_totals(
     for name in cpu_ns:
         metrics[f"{name}_cpu_sec"] = cpu_ns[name] * _NS
         metrics[f"{name}_cuda_sec"] = cuda_ns.get(name, 0) * _NS
-        metrics[f"{name}_comm_sec"] = _union_length(comm.get(name, [])) * _NS
+        metrics[f"{name}_comm_sec"] = length(union(comm.get(name, []))) * _NS
     metrics["comm_cuda_sec"] = sum(metrics[f"{name}_comm_sec"] for name in cpu_ns)
-    metrics["comm_sync_sec"] = _union_length(comm.get(None, [])) * _NS
+    metrics["comm_sync_sec"] = length(union(comm.get(None, []))) * _NS
     return metrics
 
 
@@ -113,6 +114,36 @@ def _region_metrics_cpu(events: Any, regions: set[str]) -> dict[str, float] | No
     return _region_totals(cpu_ns, {}, comm)
 
 
+def _compute_cpu(events: Any, regions: set[str]) -> dict[str, float]:
+    """``<region>_compute_sec`` of a CPU trace: the time the region's thread ran operators.
+
+    The union of the ``aten::`` ranges on each region range's thread, clipped to the region,
+    less the part that overlaps a communication range (the copies and allocations a
+    collective makes are its own). Python, autograd's engine between nodes and framework
+    hooks are not operators: the ledger's ``<region>_host_overhead_sec`` is the region's work
+    minus this (:mod:`scopebench.profiler.ledger`).
+    """
+    spans: dict[int, list[tuple[int, int, str]]] = {}
+    ops: dict[int, list[tuple[int, int]]] = {}
+    comm: list[tuple[int, int]] = []
+    for event in events:
+        name = event.name()
+        if name in regions:
+            spans.setdefault(event.start_thread_id(), []).append((event.start_ns(), event.end_ns(), name))
+        elif name.startswith("aten::"):
+            ops.setdefault(event.start_thread_id(), []).append((event.start_ns(), event.end_ns()))
+        elif name[:1] in _COMM_INITIALS and is_comm_event(name):
+            comm.append((event.start_ns(), event.end_ns()))
+    comm_union = union(comm)
+    out: dict[str, float] = {name: 0.0 for ranges in spans.values() for _, _, name in ranges}
+    for thread, ranges in spans.items():
+        busy = union(ops.get(thread, []))
+        for lo, hi, name in ranges:
+            inside = intersect(busy, [(lo, hi)])
+            out[name] += (length(inside) - length(intersect(inside, comm_union))) * _NS
+    return {f"{name}_compute_sec": sec for name, sec in out.items()}
+
+
 def is_comm_event(name: str) -> bool:
     """Whether a profiler event name is a communication operator.
 
@@ -121,24 +152,6 @@ def is_comm_event(name: str) -> bool:
         (True, True, False)
     """
     return name.lower().startswith(_COMM_PREFIXES)
-
-
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    """Total length covered by possibly overlapping intervals.
-
-    :Examples:
-        >>> _union_length([(0, 2), (1, 3), (5, 6)])
-        4
-    """
-    total, end = 0, None
-    for lo, hi in sorted(intervals):
-        if end is None or lo > end:
-            total += hi - lo
-            end = hi
-        elif hi > end:
-            total += hi - end
-            end = hi
-    return total
 
 
 def kineto_events(prof: Any) -> list[Any]:
@@ -561,16 +574,17 @@ def analyse_events(
         region is its innermost enclosing region on its thread (communication outside
         every region's range: the innermost region whose time range holds its start).
     """
+    compute = _compute_cpu(events, regions) if region_metrics and not on_cuda else {}
     if region_metrics and not with_ops and not on_cuda:
         metrics = _region_metrics_cpu(events, regions)
         if metrics is not None:
-            return metrics, []
+            return {**metrics, **compute}, []
     trace = _read_events(events, on_cuda, with_ops)
     _attach_launches(trace, on_cuda)
     _nest(trace)
     _merge_duplicates(trace)
     _attribute_regions(trace, regions)
-    metrics = _region_metrics_full(trace) if region_metrics else {}
+    metrics = {**_region_metrics_full(trace), **compute} if region_metrics else {}
     if not with_ops:
         return metrics, []
     return metrics, _operator_rows(trace, iteration, rank)

@@ -633,7 +633,8 @@ class PolicyTrainRun(RankRun):
             out["batches_per_sec"] = None if step_sec is None else 1.0 / step_sec
             return out
         out["steps_per_sec"] = None if step_sec is None else 1.0 / step_sec
-        regions = [metrics.get(f"{p}_time_sec") for p in BACKWARD_STEP_PHASES]
+        # wall time of each phase: the custom backend's _time_sec, the torch backend's _cpu_sec
+        regions = [metrics.get(f"{p}_time_sec", metrics.get(f"{p}_cpu_sec")) for p in BACKWARD_STEP_PHASES]
         if all(r is not None for r in regions):
             out["backward_step_time_sec"] = sum(regions)
         achieved = None if step_sec is None else self.flops_per_sample * batch / step_sec
