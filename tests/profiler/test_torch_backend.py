@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from scopebench.profiler import create_profiler
-from scopebench.profiler.torch_backend import KEPT_TRACES
 from scopebench.profiler.ledger import length, union
+from scopebench.profiler.torch_backend import KEPT_TRACES
 
 
 def _matmuls(prof, n=3):
