@@ -1,15 +1,18 @@
-"""The per-rank timeline of the first recorded steps (``ledger_timeline``): its data."""
+"""The per-rank timeline of the first recorded steps (``ledger_timeline``): its data, PNG and HTML section."""
 
 from __future__ import annotations
 
 import pytest
 
+from scopebench.cli import main
 from scopebench.profiler.ledger import RankRecord, ledger_timeline
-from scopebench.report.build import read
+from scopebench.report.build import build_report, read
 from scopebench.report.figures import TIMELINE_GAP_SHARE, rank_timeline
 
+from .browser import console_errors, remote_sources, render
 from .helpers import config_rows, write
 
+PLOTLY_BANNER = "plotly.js v"
 #: Where the steps start on rank 0's clock: the timeline counts from the earliest start.
 CLOCK = 1000.0
 
@@ -100,3 +103,54 @@ def test_a_value_that_is_not_the_ledger_s_json_gives_no_timeline(tmp_path):
         if row.get("objective_ledger_timeline") is not None:
             row["objective_ledger_timeline"] = "{not json"
     assert _timeline(tmp_path, rows) is None
+
+
+@pytest.fixture(scope="module")
+def timeline_report(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("timeline_report")
+    stalled = _rows(backend="ddp")
+    without = _rows(with_timeline=False, backend="zero2")
+    return build_report([write(folder / "r.parquet", stalled, without)], folder / "out")
+
+
+def test_report_writes_one_timeline_png_per_configuration_that_has_one(timeline_report):
+    names = [p.name for p in timeline_report.pngs if "_timeline" in p.name]
+    assert names == ["pi05_policy_timeline_pi05train_backend_ddp.png"]
+    png = timeline_report.html.parent / names[0]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_the_html_has_the_timeline_section_with_a_lane_per_rank(timeline_report):
+    text = timeline_report.html.read_text()
+    assert text.count("<h3 id='pi05_policy-timeline'>Per-rank timeline</h3>") == 1
+    section = text[text.index("Per-rank timeline</h3>") : text.index("<h3>Phase tables</h3>")]
+    assert section.count('class="plotly-graph-div"') == 1  # the configuration without the column has none
+    assert "per-rank timeline of Pi05Train[backend=ddp]" in section and "backend=zero2" not in section
+    assert '"ticktext":["rank 0","\\u003cspan style=' in section and "rank 1 (late)" in section
+    assert "rank 1 arrives 200.0 ms late per step in bwd" in section
+    assert all(f"iteration {k}" in section for k in (1, 2, 3))
+    assert remote_sources(text) == [] and text.count(PLOTLY_BANNER) == 1
+
+
+def test_results_without_the_column_give_no_timeline_and_no_error(tmp_path, capsys):
+    path = write(tmp_path / "r.parquet", _rows(with_timeline=False))
+    assert main(["report", path, "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "png: " in out and "_timeline" not in out
+    assert "Per-rank timeline" not in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_the_report_command_lists_the_timeline_png(tmp_path, capsys):
+    assert main(["report", write(tmp_path / "r.parquet", _rows()), "-o", str(tmp_path / "out")]) == 0
+    assert f"png: {tmp_path / 'out' / 'pi05_policy_timeline_pi05train.png'}" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_timeline_renders_in_a_browser_without_network(timeline_report):
+    dom, log = render(timeline_report.html)
+    figures = timeline_report.html.read_text().count('class="plotly-graph-div"')
+    assert dom.count('class="main-svg"') >= figures
+    assert console_errors(log) == [], console_errors(log)
+    section = dom[dom.index("Per-rank timeline</h3>") :]
+    assert ">rank 0<" in section and ">rank 1 (late)<" in section  # one lane per rank, drawn
+    assert ">iteration 3<" in section
