@@ -7,7 +7,9 @@ the results hold them: scaling against processes with the ideal line, latency hi
 and CDF, the ``L(N) = F + N·s`` fit over ``num_steps``, peak memory against batch or image
 size; with ``profiler_memory`` columns: the step's peak by category stacked per configuration
 and rank, and the step peak against batch size with its line, the ``--memory-gb`` limit and
-the largest batch read off it), and ``report.html``: plotly figures with plotly.js inlined once, tables and
+the largest batch read off it; with the ledger's ``ledger_timeline``: each rank's regions,
+blocked intervals and collectives over the first recorded iterations, one lane per rank, one
+``<benchmark>_timeline_<configuration>.png`` per configuration), and ``report.html``: plotly figures with plotly.js inlined once, tables and
 diagnosis, no CDN and no network access, so it opens on an air-gapped login node.
 
 Run: ``scopebench report outputs/ [benchmark_inference/outputs/x.parquet ...] [-o DIR] [--memory-gb 80]``.

@@ -11,23 +11,31 @@ Each function takes the configurations of one benchmark and returns plain lists 
 * :func:`scaling_groups`: throughput speed-up and parallel efficiency against processes
   for configurations that differ only in their number of processes;
 * :func:`latency_series` and :func:`latency_fits` (``L(N) = F + N·s`` over ``num_steps``);
-* :func:`memory_groups`: peak memory against ``batch_size`` or the dataset's ``image_size``.
+* :func:`memory_groups`: peak memory against ``batch_size`` or the dataset's ``image_size``;
+* :func:`rank_timelines`: per multi-rank configuration, every rank's regions, collectives and
+  blocked intervals over the first recorded iterations (``ledger_timeline``), side by side.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from scopebench import stats
+from scopebench.report.ledger import config_late_rank
 from scopebench.report.results import LAYOUT_PARAMS, Configuration, short_labels
 from scopebench.report.tables import config_kind, throughput
 
 __all__ = [
     "QUALITY_WORDS",
+    "TIMELINE_COLORS",
+    "TIMELINE_GAP_SHARE",
     "latency_fits",
     "latency_series",
     "memory_groups",
     "metric_series",
+    "rank_timeline",
+    "rank_timelines",
     "scaling_groups",
     "stacked_regions",
     "step_series",
@@ -272,3 +280,119 @@ def memory_groups(configs: list[Configuration]) -> list[dict[str, Any]]:
                 }
             )
     return out
+
+
+#: One colour per region name of a timeline, in order of first appearance (matplotlib's tab10
+#: without its grey and red, kept for blocked intervals and the late rank): the PNG and the HTML agree.
+TIMELINE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+#: The gap between consecutive iterations of a timeline, as a share of the longest one.
+TIMELINE_GAP_SHARE = 0.05
+
+
+def _timeline_ranks(value: Any) -> list[dict[str, Any]] | None:
+    """The ``ranks`` of one ``ledger_timeline`` value; ``None`` when absent or not the profiler's JSON
+    (a figure from a value that is not the ledger's would mislead: docs/style.md rule 11)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        ranks = json.loads(value)["ranks"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(ranks, list) or not all(isinstance(r, dict) and "rank" in r for r in ranks):
+        return None
+    return ranks or None
+
+
+def _known(*times: Any) -> list[float]:
+    return [float(t) for t in times if t is not None]
+
+
+def _timeline_length(ranks: list[dict[str, Any]]) -> float:
+    """Seconds from the earliest step start to the last time any rank recorded (its step's end,
+    a region's end, a collective's completion or a blocked interval's end)."""
+    times = [0.0]
+    for r in ranks:
+        times += _known(r.get("end"))
+        times += _known(*(span[2] for span in r.get("regions", [])))
+        times += _known(*(c[4] for c in r.get("collectives", [])), *(c[5] for c in r.get("collectives", [])))
+        times += _known(*(w[1] for w in r.get("waits", [])))
+    return max(times)
+
+
+def rank_timeline(config: Configuration) -> dict[str, Any] | None:
+    """Every rank's lane over the recorded iterations that carry ``ledger_timeline`` (the profiler
+    writes it on the first three of a multi-rank run: :mod:`scopebench.profiler.ledger`); ``None``
+    without one.
+
+    Each iteration's times start at its own earliest step start over the ranks; the iterations
+    are laid out one after the other, iteration ``j`` at ``offset_ms`` = the lengths of those
+    before it plus ``j`` gaps of :data:`TIMELINE_GAP_SHARE` of the longest. Only the first
+    repetition (``idx_rep``) that has a timeline is drawn. Every ``*_ms`` below is on that axis.
+
+    Returns:
+        ``{"label", "ranks": [lanes, rank 0 first], "late_rank", "subtitle", "regions", "colors":
+        {region: colour}, "iterations": [{"iteration", "offset_ms", "length_ms"}], "spans":
+        [{"rank", "iteration", "region", "start_ms", "end_ms"}], "collectives": [{"rank",
+        "iteration", "op", "nbytes", "issue_ms", "done_ms"}] (``done_ms`` None: not seen to
+        complete), "waits": [{"rank", "iteration", "start_ms", "end_ms"}] (blocked), "end_ms"}``;
+        ``late_rank`` / ``subtitle`` name the configuration's consistent late rank
+        (:func:`~scopebench.report.ledger.config_late_rank`), else ``None``.
+    """
+    column = "objective_ledger_timeline"
+    if column not in config.recorded.columns:
+        return None
+    rows = config.recorded[config.recorded[column].notna()]
+    if "idx_rep" in rows.columns and not rows.empty:
+        rows = rows[rows["idx_rep"] == rows["idx_rep"].iloc[0]]
+    parsed = [
+        (int(stop) - 1, ranks)
+        for stop, value in zip(rows["stop_val"], rows[column])
+        if (ranks := _timeline_ranks(value)) is not None
+    ]
+    if not parsed:
+        return None
+    lengths = [_timeline_length(ranks) * 1e3 for _, ranks in parsed]
+    gap = TIMELINE_GAP_SHARE * max(lengths)
+    out: dict[str, Any] = {"label": config.label, "iterations": [], "spans": [], "collectives": [], "waits": []}
+    offset = 0.0
+    for (iteration, ranks), length in zip(parsed, lengths):
+        out["iterations"].append({"iteration": iteration, "offset_ms": offset, "length_ms": length})
+        for r in ranks:
+            _add_lane(out, r, iteration, offset)
+        offset += length + gap
+    regions = list(dict.fromkeys(span["region"] for span in out["spans"]))
+    late = config_late_rank(config)
+    out.update(
+        ranks=sorted({int(r["rank"]) for _, ranks in parsed for r in ranks}),
+        late_rank=late.rank if late is not None else None,
+        subtitle=late.headline if late is not None else None,
+        regions=regions,
+        colors={name: TIMELINE_COLORS[k % len(TIMELINE_COLORS)] for k, name in enumerate(regions)},
+        end_ms=offset - gap,
+    )
+    return out
+
+
+def _add_lane(out: dict[str, Any], lane: dict[str, Any], iteration: int, offset: float) -> None:
+    """One rank's regions, collectives and blocked intervals of one iteration into ``out``, in ms
+    from ``offset`` (entries without a start or an end are not drawn)."""
+
+    def at(t: float) -> float:
+        return offset + float(t) * 1e3
+
+    where = {"rank": int(lane["rank"]), "iteration": iteration}
+    for name, start, end in lane.get("regions", []):
+        if start is not None and end is not None:
+            out["spans"].append({**where, "region": name, "start_ms": at(start), "end_ms": at(end)})
+    for op, _group, _seq, nbytes, issue, done in lane.get("collectives", []):
+        if issue is not None:
+            done_ms = None if done is None else at(done)
+            out["collectives"].append({**where, "op": op, "nbytes": nbytes, "issue_ms": at(issue), "done_ms": done_ms})
+    for start, end in lane.get("waits", []):
+        if start is not None and end is not None:
+            out["waits"].append({**where, "start_ms": at(start), "end_ms": at(end)})
+
+
+def rank_timelines(configs: list[Configuration]) -> list[dict[str, Any]]:
+    """:func:`rank_timeline` of each configuration that has one."""
+    return [t for c in configs if (t := rank_timeline(c)) is not None]

@@ -14,7 +14,7 @@ from typing import Any
 
 from scopebench.report import figures, memory_figures
 from scopebench.report.backend_comparison import BackendComparison
-from scopebench.report.plots import slug
+from scopebench.report.plots import COLLECTIVE_COLOR, LATE_COLOR, slug
 from scopebench.report.results import Configuration
 from scopebench.report.tables import format_config, phase_rows
 
@@ -247,6 +247,83 @@ def _memory(groups: list[dict[str, Any]], title: str) -> dict[str, Any]:
     return {"data": traces, "layout": layout}
 
 
+def _timeline_bars(items: list[dict[str, Any]], lanes: dict[int, int], start: str, end: str, **trace: Any):
+    """One horizontal bar trace over every lane: a bar per item from ``item[start]`` to ``item[end]``."""
+    return {
+        "type": "bar",
+        "orientation": "h",
+        "y": [lanes[i["rank"]] for i in items],
+        "base": [i[start] for i in items],
+        "x": [i[end] - i[start] for i in items],
+        "hoverinfo": "text",
+        **trace,
+    }
+
+
+def _timeline(data: dict[str, Any], title: str) -> dict[str, Any]:
+    """:func:`figures.rank_timeline` as swimlanes, drawn as :func:`~scopebench.report.plots.timeline_figure` draws them."""
+    ranks = data["ranks"]
+    lanes = {r: k for k, r in enumerate(ranks)}
+    region_lane = {"width": 0.5, "offset": -0.4}
+    traces = []
+    for region in data["regions"]:
+        spans = [s for s in data["spans"] if s["region"] == region]
+        hover = [f"rank {s['rank']}, iteration {s['iteration']}: {region} {s['start_ms']:.1f}-{s['end_ms']:.1f} ms"
+                 for s in spans]  # fmt: skip
+        traces.append(_timeline_bars(spans, lanes, "start_ms", "end_ms", name=region, hovertext=hover,
+                                     marker={"color": data["colors"][region]}, **region_lane))  # fmt: skip
+    if data["waits"]:
+        hover = [f"rank {w['rank']} blocked {w['end_ms'] - w['start_ms']:.1f} ms" for w in data["waits"]]
+        pattern = {"shape": "/", "fgcolor": "black", "bgcolor": "rgba(0,0,0,0)", "solidity": 0.3}
+        traces.append(_timeline_bars(data["waits"], lanes, "start_ms", "end_ms", name="blocked in a collective",
+                                     hovertext=hover, marker={"color": "rgba(0,0,0,0)", "pattern": pattern},
+                                     **region_lane))  # fmt: skip
+    done = [c for c in data["collectives"] if c["done_ms"] is not None]
+    if done:
+        hover = [f"rank {c['rank']}: {c['op']} {c['nbytes']} B, {c['done_ms'] - c['issue_ms']:.1f} ms" for c in done]
+        traces.append(_timeline_bars(done, lanes, "issue_ms", "done_ms", name="collective: issue to completion",
+                                     hovertext=hover, marker={"color": COLLECTIVE_COLOR}, opacity=0.7, width=0.2,
+                                     offset=0.15))  # fmt: skip
+    pending = [c for c in data["collectives"] if c["done_ms"] is None]
+    if pending:
+        traces.append({"type": "scatter", "mode": "markers", "x": [c["issue_ms"] for c in pending],
+                       "y": [lanes[c["rank"]] + 0.25 for c in pending], "name": "collective: completion unseen",
+                       "marker": {"symbol": "line-ns-open", "color": COLLECTIVE_COLOR, "size": 10},
+                       "hovertext": [f"rank {c['rank']}: {c['op']}" for c in pending], "hoverinfo": "text"})  # fmt: skip
+    labels = [f"rank {r}" + (" (late)" if r == data["late_rank"] else "") for r in ranks]
+    labels = [f"<span style='color:{LATE_COLOR}'>{t}</span>" if r == data["late_rank"] else t
+              for r, t in zip(ranks, labels)]  # fmt: skip
+    heading = f"{title}: per-rank timeline of {data['label']}"
+    layout = {
+        "title": {"text": heading + (f"<br><sub>{data['subtitle']}</sub>" if data["subtitle"] else "")},
+        "barmode": "overlay",
+        "xaxis": {"title": {"text": "time (ms): each iteration from its earliest rank's step start"},
+                  "range": [0, data["end_ms"] * 1.01 or 1.0]},  # fmt: skip
+        "yaxis": {"tickvals": list(range(len(ranks))), "ticktext": labels, "range": [len(ranks) - 0.5, -1.0]},
+        "annotations": [
+            {"text": f"iteration {it['iteration']}", "x": it["offset_ms"] + it["length_ms"] / 2, "y": -0.7,
+             "xref": "x", "yref": "y", "showarrow": False}  # fmt: skip
+            for it in data["iterations"]
+        ],
+        "height": 220 + 80 * len(ranks),
+    }
+    return {"data": traces, "layout": layout}
+
+
+def _timelines_html(configs: list[Configuration], title: str, to_html: _Figures) -> list[str]:
+    """The per-rank timeline section: one figure per configuration with ``ledger_timeline``."""
+    timelines = figures.rank_timelines(configs)
+    if not timelines:
+        return []
+    intro = (
+        "<p><small>The first recorded iterations of each multi-rank configuration, every rank on one "
+        "clock: its regions, the intervals it was blocked in a collective (hatched) and its collectives "
+        "from issue to completion (thin bars); docs/profiler.md, the ledger.</small></p>"
+    )
+    parts = [f"<h3 id='{slug(title)}-timeline'>Per-rank timeline</h3>", intro]
+    return parts + [to_html(_timeline(t, title)) for t in timelines]
+
+
 def _figures_html(
     configs: list[Configuration], title: str, to_html: _Figures, memory_limit_mb: float | None = None
 ) -> list[str]:
@@ -363,6 +440,7 @@ def render_html(
             out.append(_comparison_table(comparison))
         out.append("<h3>Figures</h3>")
         out.extend(_figures_html(configs, title, to_html, memory_limit_mb))
+        out.extend(_timelines_html(configs, title, to_html))
         out.append("<h3>Phase tables</h3>")
         for c in configs:
             out.append(f"<h4>{html.escape(c.label)}</h4><p><small>{html.escape(c.solver)}</small></p>{_table(c)}")

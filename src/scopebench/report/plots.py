@@ -16,7 +16,7 @@ from scopebench.report import figures, memory_figures
 from scopebench.report.drawing import pyplot, short_label
 from scopebench.report.results import Configuration
 
-__all__ = ["PICTURES", "figure_to_rgb", "save_png", "stacked_figure", "write_pngs"]
+__all__ = ["PICTURES", "figure_to_rgb", "save_png", "stacked_figure", "timeline_figure", "write_pngs"]
 
 #: Picture name -> what it shows (the PNG is ``<benchmark>_<name>.png``).
 PICTURES = {
@@ -29,7 +29,13 @@ PICTURES = {
     "memory": "peak memory against batch size or image size",
     "memory_categories": "profiler_memory: the step's peak by category, stacked, per configuration and rank",
     "memory_batch": "profiler_memory: step peak against batch size, its line, the device limit and the largest batch",
+    "timeline": "several ranks: each rank's regions, collectives and blocked intervals over the first recorded "
+    "iterations, one PNG per configuration (``<benchmark>_timeline_<configuration>.png``)",
 }
+#: Colours of a timeline's collectives and of its late rank's lane name (the regions':
+#: :data:`figures.TIMELINE_COLORS`), in the PNG and the HTML.
+COLLECTIVE_COLOR = "#333333"
+LATE_COLOR = "#d62728"
 
 
 def slug(name: str) -> str:
@@ -184,6 +190,50 @@ def _memory_figure(groups: list[dict[str, Any]], title: str):
     return fig
 
 
+def timeline_figure(data: dict[str, Any], title: str):
+    """Swimlanes of :func:`figures.rank_timeline`: one lane per rank (rank 0 on top), its region
+    spans as coloured bars, its blocked intervals hatched over them, its collectives (issue to
+    completion) as thin bars beneath, the iterations side by side."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    plt = pyplot()
+    ranks = data["ranks"]
+    lane = {r: k for k, r in enumerate(ranks)}
+    fig, ax = plt.subplots(figsize=(12, 1.8 + 0.8 * len(ranks)), layout="constrained")
+    for rank in ranks:
+        y = lane[rank]
+        for region in data["regions"]:
+            bars = [(s["start_ms"], s["end_ms"] - s["start_ms"]) for s in data["spans"]
+                    if s["rank"] == rank and s["region"] == region]  # fmt: skip
+            ax.broken_barh(bars, (y - 0.4, 0.5), facecolors=data["colors"][region])
+        waits = [(w["start_ms"], w["end_ms"] - w["start_ms"]) for w in data["waits"] if w["rank"] == rank]
+        ax.broken_barh(waits, (y - 0.4, 0.5), facecolors="none", edgecolors="black", hatch="////", linewidth=0)
+        mine = [c for c in data["collectives"] if c["rank"] == rank]
+        done = [(c["issue_ms"], c["done_ms"] - c["issue_ms"]) for c in mine if c["done_ms"] is not None]
+        ax.broken_barh(done, (y + 0.15, 0.2), facecolors=COLLECTIVE_COLOR, alpha=0.7)
+        pending = [c["issue_ms"] for c in mine if c["done_ms"] is None]
+        ax.plot(pending, [y + 0.25] * len(pending), "|", color=COLLECTIVE_COLOR, ms=8)
+    for it in data["iterations"]:
+        ax.text(it["offset_ms"] + it["length_ms"] / 2, -0.7, f"iteration {it['iteration']}", ha="center", fontsize=8)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" + (" (late)" if r == data["late_rank"] else "") for r in ranks])
+    for tick, rank in zip(ax.get_yticklabels(), ranks):
+        if rank == data["late_rank"]:
+            tick.set_color(LATE_COLOR)
+    ax.set_ylim(len(ranks) - 0.5, -1.0)
+    ax.set_xlim(0, data["end_ms"] * 1.01 or 1.0)
+    ax.set_xlabel("time (ms): each iteration from its earliest rank's step start, iterations side by side")
+    heading = f"{title}: per-rank timeline of {short_label(data['label'])}"
+    ax.set_title(heading + (f"\n{data['subtitle']}" if data["subtitle"] else ""), fontsize=10)
+    handles = [Patch(facecolor=data["colors"][r], label=r) for r in data["regions"]]
+    handles += [Patch(facecolor="none", edgecolor="black", hatch="////", label="blocked in a collective"),
+                Patch(facecolor=COLLECTIVE_COLOR, alpha=0.7, label="collective: issue to completion")]  # fmt: skip
+    if any(c["done_ms"] is None for c in data["collectives"]):
+        handles.append(Line2D([], [], ls="", marker="|", color=COLLECTIVE_COLOR, label="collective: completion unseen"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    return fig
+
+
 def benchmark_figures(configs: list[Configuration], title: str, memory_limit_mb: float | None = None) -> dict[str, Any]:
     """Picture name -> matplotlib figure, for the pictures that apply to these configurations
     (``memory_limit_mb``: the device limit drawn on memory against batch size)."""
@@ -213,6 +263,12 @@ def benchmark_figures(configs: list[Configuration], title: str, memory_limit_mb:
     fits = memory_figures.batch_fits(configs, memory_limit_mb)
     if fits:
         out["memory_batch"] = memory_figures.batch_figure(fits, title)
+    for timeline in figures.rank_timelines(configs):
+        name = base = f"timeline_{slug(timeline['label'])}"
+        k = 2
+        while name in out:  # two labels with the same slug
+            name, k = f"{base}_{k}", k + 1
+        out[name] = timeline_figure(timeline, title)
     return out
 
 
