@@ -200,3 +200,11 @@ def test_lateness_brought_from_before_the_step_is_not_counted():
         row["late_rank_start_lag_sec"] = -0.001  # started first: nothing to take off
     found = late_rank_summary(late)
     assert found is not None and found.delay_sec == pytest.approx(0.032)
+
+
+def test_a_delay_within_the_clock_alignment_error_is_not_a_late_rank():
+    late = rows([1] * 4, delay=0.005, step=0.02)
+    assert late_rank_summary(late) is not None
+    for row in late:
+        row["clock_align_error_sec"] = 0.006  # ranks on two machines, clocks known to 6 ms
+    assert late_rank_summary(late) is None

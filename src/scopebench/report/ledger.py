@@ -59,10 +59,13 @@ __all__ = [
 #: scheduler hiccup), and with two ranks a coin toss gives 50 %.
 LATE_RANK_CONSISTENT_PCT = 75.0
 #: ... and its median ``late_rank_delay_sec`` is at least this share (%) of the median step
-#: (``step_time_sec``): below it, removing the wait would not change the step measurably.
+#: (``step_time_sec``): below it, a busy machine's scheduling moves even ranks as far apart (ranks
+#: of an even 2-rank run on this 2-core machine arrive 1-6 ms apart, either one first).
 LATE_RANK_MIN_PCT = 10.0
-#: ... and at least this many seconds (1 ms): below it, clock alignment and timer resolution
-#: (``clock_align_error_sec`` is tens to hundreds of µs) make the delay itself uncertain.
+#: ... and at least this many seconds (1 ms), or the ranks' clock alignment error
+#: (``clock_align_error_sec``) when larger: below it timers, and across machines the clocks'
+#: alignment (0.15-7.8 ms measured between two nodes on a busy machine), make the delay itself
+#: uncertain.
 LATE_RANK_MIN_SEC = 1e-3
 
 #: The ledger's parts of a region, in the order lines show them: (suffix, name in prose).
@@ -175,7 +178,8 @@ def late_rank_summary(rows: Iterable[Mapping[str, Any]]) -> LateRank | None:
     ``late_rank_delay_sec`` over the iterations naming it, less how much later its step began
     (``late_rank_start_lag_sec``, when positive), is at least
     :data:`LATE_RANK_MIN_PCT` of the median ``step_time_sec`` of all ``rows`` and at least
-    :data:`LATE_RANK_MIN_SEC`. Rows without a step time leave nothing to compare with: ``None``.
+    :data:`LATE_RANK_MIN_SEC` (or the largest ``clock_align_error_sec``, when larger). Rows without a
+    step time leave nothing to compare with: ``None``.
 
     Args:
         rows: one mapping per recorded iteration, keys as the profiler writes them (no
@@ -209,7 +213,8 @@ def late_rank_summary(rows: Iterable[Mapping[str, Any]]) -> LateRank | None:
     if not delays or not steps:
         return None
     delay, step = stats.median(delays), stats.median(steps)
-    if delay < LATE_RANK_MIN_SEC or delay * 100.0 < LATE_RANK_MIN_PCT * step:
+    errors = [e for row in rows if (e := _number(row, "clock_align_error_sec")) is not None]
+    if delay < max([LATE_RANK_MIN_SEC, *errors]) or delay * 100.0 < LATE_RANK_MIN_PCT * step:
         return None
     excess = [e for row in mine if (e := _number(row, "late_rank_work_excess_sec")) is not None]
     return LateRank(
