@@ -31,8 +31,8 @@ ledger's times are ``time.perf_counter`` (CLOCK_MONOTONIC) minus the rank's offs
 clock. After each iteration :func:`ledger_iteration` reads ``time.time_ns() -
 time.perf_counter_ns()`` (:func:`clock_offset_ns`: the pair read closest together of five), so
 ``ts = (t + offset + wall_minus_monotonic - baseTimeNanoseconds) / 1000``. Measured against
-``aten`` operators bracketed by ``perf_counter`` reads (``perf/trace_timebase.py``), the mapping
-is off by at most a few microseconds (docs/profiler.md, "Opening a trace").
+``aten`` operators bracketed by ``perf_counter`` reads (``perf/trace_timebase.py``), the mapping's
+error lies within ±0.5 µs (docs/profiler.md, "Opening a trace").
 
 The events join the trace as it is copied into its file (:func:`scopebench.profiler.files.write_exported`'s
 ``rewrite``): spliced in right after ``"traceEvents": [`` without parsing the rest of the JSON,
