@@ -1,5 +1,6 @@
 """torch scheduled mode's traces: one gzipped Chrome trace per rank in one folder per run and
-cycle, ``ProfilerStep#N`` per recorded iteration, loadable by Holistic Trace Analysis (HTA)."""
+cycle, ``ProfilerStep#N`` per recorded iteration, loadable by Holistic Trace Analysis (HTA); with
+several ranks each trace carries its rank's ledger (collectives, blocked intervals, late rank)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from scopebench.distributed import DistSession
 from scopebench.profiler import create_profiler
 from scopebench.profiler.files import run_name, shared_run_name
+from scopebench.profiler.trace_ledger import CATEGORY, LEDGER_PID, PROCESS_NAME
 
 
 def _matmuls(prof, n):
@@ -54,6 +56,54 @@ def _steps(trace):
     return steps
 
 
+def _ledger(trace):
+    """The trace's ledger events (:mod:`scopebench.profiler.trace_ledger`), metadata and ``X``."""
+    return [e for e in trace["traceEvents"] if e.get("pid") == LEDGER_PID or e.get("cat") == CATEGORY]
+
+
+def _inside(event, step):
+    """Whether ``event`` lies within the ``ProfilerStep`` range ``step`` (µs)."""
+    return step["ts"] <= event["ts"] and event["ts"] + event["dur"] <= step["ts"] + step["dur"]
+
+
+def _check_ledger(trace, rank, iterations, seen):
+    """Rank ``rank``'s ledger events in its trace (``comm_loop``: one all-reduce per iteration in
+    region ``sync``), against the metrics rank 0 reported (``seen[i]``); returns
+    ``{iteration: (name, seq, waited for the other rank)}`` of its collectives, to compare across
+    ranks."""
+    ledger = _ledger(trace)
+    names = {e["name"]: e["args"] for e in ledger if e["ph"] == "M"}
+    assert names["process_name"] == {"name": PROCESS_NAME}, names
+    events = [e for e in ledger if e["ph"] == "X"]
+    assert {e["cat"] for e in events} == {CATEGORY} and {e["args"]["rank"] for e in events} == {rank}
+    steps = _steps(trace)
+    for e in events:  # the timebase: every event inside its iteration's ProfilerStep
+        step = steps[e["args"]["iteration"]]
+        assert _inside(e, step), (e, step)
+    calls = {}
+    for i in iterations:
+        mine = [e for e in events if e["args"]["iteration"] == i]
+        (summary,) = [e for e in mine if e["name"].startswith(f"iteration {i}:")]
+        # The iteration's ledger summary is the metrics' (the same on every rank).
+        assert summary["args"].get("late_rank") == seen[i].get("late_rank"), (summary, seen[i])
+        if "late_rank" in seen[i]:
+            assert summary["args"]["late_rank_delay_ms"] == pytest.approx(seen[i]["late_rank_delay_sec"] * 1e3)
+        (call,) = [e for e in mine if e["name"].startswith("all_reduce #")]
+        args = call["args"]
+        assert call["name"] == f"all_reduce #{args['seq']}" and args["op"] == "all_reduce", call
+        assert (args["bytes"], args["group_size"], args["completed"]) == (4000, 2, True), call
+        blocked = [e for e in mine if e["name"].startswith("blocked (")]
+        assert blocked and all(e["args"]["collectives"] == [call["name"]] for e in blocked), blocked
+        # The call's split is that of its blocked events, and the region's metrics (µs, rounding).
+        peer = sum(e["dur"] for e in blocked if e["name"] == f"blocked (waiting for rank {1 - rank})")
+        transfer = sum(e["dur"] for e in blocked if e["name"] == "blocked (transfer)")
+        assert 1 <= len(blocked) <= 2, blocked
+        assert abs(args["wait_peer_ms"] * 1e3 - peer) < 0.01 and abs(args["transfer_ms"] * 1e3 - transfer) < 0.01
+        assert abs(summary["args"]["sync_comm_wait_peer_ms"] * 1e3 - peer) < 0.01, (summary, blocked)
+        calls[i] = (call["name"], args["seq"], peer > 0)
+    return calls
+
+
 def test_two_cycles_make_two_cycle_folders_each_with_its_steps(tmp_path):
     trace_dir = tmp_path / "traces"
     prof = create_profiler(
@@ -82,6 +132,7 @@ def test_two_cycles_make_two_cycle_folders_each_with_its_steps(tmp_path):
         trace = _load(trace_dir / run / f"cycle{cycle}" / name)
         steps = _steps(trace)
         assert sorted(steps) == iterations, (cycle, sorted(steps))
+        assert _ledger(trace) == []  # one rank: the ledger is off
         regions = [e for e in trace["traceEvents"] if e.get("name") in ("forward", "update")]
         assert len(regions) == 2 * len(iterations)
         for i in iterations:
@@ -116,7 +167,8 @@ def test_two_gloo_ranks_share_a_cycle_folder_that_hta_loads(tmp_path, worker_pat
 
     trace_dir = tmp_path / "traces"
     profiler_kwargs = dict(warmup=1, active=2, repeat=2, per_step=False, trace_dir=str(trace_dir))
-    kwargs = dict(mode="torch", iterations=5, profiler_kwargs=profiler_kwargs)
+    # Rank 1 computes 30 ms longer: rank 0 waits for it in the all-reduce (the ledger's events).
+    kwargs = dict(mode="torch", iterations=5, profiler_kwargs=profiler_kwargs, slow_rank=1, extra_sec=0.03)
     seen = []
     with DistSession(2, worker="profiler.workloads:comm_loop", worker_kwargs=kwargs, timeout_sec=120):
         prof = comm_loop(seen=seen, **kwargs)
@@ -128,12 +180,23 @@ def test_two_gloo_ranks_share_a_cycle_folder_that_hta_loads(tmp_path, worker_pat
         folder = run / cycle
         names = sorted(p.name for p in folder.iterdir())
         assert names == [f"{run_name('comm_test', prof._run_id, r)}.pt.trace.json.gz" for r in (0, 1)]
+        calls = []
         for rank, name in enumerate(names):
             trace = _load(folder / name)
             assert sorted(_steps(trace)) == iterations, (cycle, rank)
             # torch's own record of the rank, the world and the backend (canary for HTA's rank)
             info = trace["distributedInfo"]
             assert (info["rank"], info["world_size"], info["backend"]) == (rank, 2, "gloo"), info
+            calls.append(_check_ledger(trace, rank, iterations, seen))
+        # One collective per iteration, the same sequence numbers in both ranks' files; the rank
+        # that arrived first waited for the other (mostly rank 0 for rank 1, but a loaded machine
+        # may start one rank's step later).
+        assert sorted(calls[0]) == sorted(calls[1]) == iterations, calls
+        for i in iterations:
+            assert calls[0][i][:2] == calls[1][i][:2], (i, calls)
+            assert calls[0][i][2] or calls[1][i][2], (i, calls)
+        seqs = [calls[0][i][1] for i in iterations]
+        assert seqs == sorted(set(seqs)), seqs
 
     folder = str(run / "cycle1")
     # Our last step is complete (it closes when its iteration ends): keep it.
@@ -142,6 +205,14 @@ def test_two_gloo_ranks_share_a_cycle_folder_that_hta_loads(tmp_path, worker_pat
     assert [int(s) for s in analyzer.get_profiler_steps()] == [3, 4]
     for rank in (0, 1):
         assert [int(i) for i in analyzer.t.get_iterations(rank)] == [3, 4], rank
+    # HTA reads the ledger's events and puts each in its step.
+    analyzer.t.decode_symbol_ids()
+    for rank in (0, 1):
+        events = analyzer.t.get_trace(rank)
+        ledger = events[events["pid"] == LEDGER_PID]
+        calls = ledger[ledger["s_name"].str.startswith("all_reduce #")]
+        assert sorted(int(i) for i in calls["iteration"]) == [3, 4], ledger
+        assert (ledger["iteration"] >= 3).all(), ledger[["s_name", "iteration"]]
     steps = extract_iteration_info(analyzer.t)
     assert sorted(zip(steps["rank"], steps["iter"])) == [(0, 3), (0, 4), (1, 3), (1, 4)]
     assert (steps["dur"] > 0).all()

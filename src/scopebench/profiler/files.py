@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from scopebench.atomic import atomic_write
 
@@ -84,7 +84,9 @@ def write_csv(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
     return path
 
 
-def write_exported(path: Path, export: Callable[[str], Any]) -> Path:
+def write_exported(
+    path: Path, export: Callable[[str], Any], rewrite: Callable[[BinaryIO, BinaryIO], Any] | None = None
+) -> Path:
     """Atomically write the file that ``export(filename)`` produces (a Chrome trace).
 
     Exporters that only take a file name write into a private folder (``mkdtemp``: mode
@@ -93,6 +95,9 @@ def write_exported(path: Path, export: Callable[[str], Any]) -> Path:
     reader never sees half a file. A ``path`` ending in ``.gz`` is gzipped on that copy
     (level :data:`TRACE_GZIP_LEVEL`), the exporter writing plain text: torch's own ``.gz``
     export would write one more temporary copy, in the system's temporary folder.
+    ``rewrite(src, dst)``, when given, makes that copy itself (the exported bytes from ``src``,
+    edited, to ``dst``, before gzip): the ledger's events join a trace that way
+    (:mod:`scopebench.profiler.trace_ledger`), with no second copy on disk.
 
     :Examples:
         >>> import gzip, pathlib, tempfile
@@ -109,12 +114,13 @@ def write_exported(path: Path, export: Callable[[str], Any]) -> Path:
         compress = path.name.endswith(".gz")
         scratch = Path(private) / (path.name[: -len(".gz")] if compress else path.name)
         export(str(scratch))
+        copy = rewrite or (lambda src, dst: shutil.copyfileobj(src, dst, 1 << 20))
         with open(scratch, "rb") as src, atomic_write(path, "wb") as dst:
             if compress:  # the header names the final file, not the temporary one
                 with gzip.GzipFile(path.name, "wb", TRACE_GZIP_LEVEL, dst) as zipped:
-                    shutil.copyfileobj(src, zipped, 1 << 20)
+                    copy(src, zipped)
             else:
-                shutil.copyfileobj(src, dst, 1 << 20)
+                copy(src, dst)
     finally:
         shutil.rmtree(private, ignore_errors=True)
     return path

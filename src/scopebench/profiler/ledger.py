@@ -32,16 +32,19 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from scopebench import stats
 
 __all__ = [
     "TIMELINE_ITERATIONS",
+    "Blocked",
     "RankRecord",
+    "blocked_intervals",
     "busbw_factor",
-    "ledger_metrics",
     "intersect",
+    "last_arrivals",
+    "ledger_metrics",
     "ledger_timeline",
     "length",
     "union",
@@ -120,8 +123,15 @@ def busbw_factor(op: str, size: int) -> float | None:
     return None
 
 
-def _latest(records: list[RankRecord]) -> dict[tuple[str, int], tuple[float, int]]:
-    """Each collective's last arrival over every rank: ``(time, rank)``."""
+def last_arrivals(records: list[RankRecord]) -> dict[tuple[str, int], tuple[float, int]]:
+    """Each collective's last arrival over every rank: ``(time, rank)`` by ``(group, seq)``.
+
+    :Examples:
+        >>> a = RankRecord(0, calls=[("g", 0, "all_reduce", 2, 8, 1.0, 1.5)])
+        >>> b = RankRecord(1, calls=[("g", 0, "all_reduce", 2, 8, 1.2, 1.5)])
+        >>> last_arrivals([a, b])
+        {('g', 0): (1.2, 1)}
+    """
     latest: dict[tuple[str, int], tuple[float, int]] = {}
     for rec in records:
         for group, seq, _op, _size, _nbytes, issue, _done in rec.calls:
@@ -129,6 +139,51 @@ def _latest(records: list[RankRecord]) -> dict[tuple[str, int], tuple[float, int
             if key not in latest or issue > latest[key][0]:
                 latest[key] = (issue, rec.rank)
     return latest
+
+
+class Blocked(NamedTuple):
+    """One interval a rank was blocked, split at the last arrival of what it waited for:
+    ``[start, cut]`` waiting for rank ``peer``, ``[cut, end]`` the transfer."""
+
+    start: float
+    #: The last arrival over every rank of the collectives it waited for, inside ``[start, end]``;
+    #: ``start`` when it waited for no peer (``peer`` is ``None``).
+    cut: float
+    end: float
+    #: The rank that arrived last (never the blocked rank itself), ``None``: none waited for.
+    peer: int | None
+    #: Indices into the rank's ``calls`` of the collectives it waited for.
+    calls: list[int]
+
+
+def blocked_intervals(rec: RankRecord, latest: dict[tuple[str, int], tuple[float, int]]) -> list[Blocked]:
+    """Rank ``rec``'s blocked intervals in time order, each split at the last arrival ``A`` (by
+    rank ``q``, from :func:`last_arrivals`) of the collectives it waited for: ``comm_wait_peer`` is
+    ``[s, clamp(A, s, e)]`` when ``q`` is another rank, ``comm_transfer`` the rest. Waits that
+    overlap (one thread blocks once) are cut so that each instant counts once.
+
+    :Examples:
+        >>> a = RankRecord(0, calls=[("g", 0, "all_reduce", 2, 8, 1.0, 1.5)], waits=[(1.0, 1.5, [0])])
+        >>> b = RankRecord(1, calls=[("g", 0, "all_reduce", 2, 8, 1.2, 1.5)], waits=[(1.2, 1.5, [0])])
+        >>> blocked_intervals(a, last_arrivals([a, b]))
+        [Blocked(start=1.0, cut=1.2, end=1.5, peer=1, calls=[0])]
+    """
+    out: list[Blocked] = []
+    covered = float("-inf")
+    for s, e, members in sorted(rec.waits, key=lambda w: w[0]):
+        s = max(s, covered)
+        if e <= s:
+            continue
+        covered = e
+        arrivals = [latest[(rec.calls[i][0], rec.calls[i][1])] for i in members if i < len(rec.calls)]
+        peer, cut = None, s
+        if arrivals:
+            last, who = max(arrivals)
+            at = min(max(last, s), e)
+            if at > s and who != rec.rank:
+                peer, cut = who, at
+        out.append(Blocked(s, cut, e, peer, list(members)))
+    return out
 
 
 def _rank_ledger(rec: RankRecord, latest: dict) -> tuple[dict[str, Any], dict[int, dict[str, float]]]:
@@ -139,20 +194,10 @@ def _rank_ledger(rec: RankRecord, latest: dict) -> tuple[dict[str, Any], dict[in
     spans = {name: union(v) for name, v in spans.items()}
     peer: list[tuple[float, float, int | None]] = []  # blocked before the last arrival, and for whom
     blocked: list[tuple[float, float]] = []
-    covered = float("-inf")  # waits that overlap (one thread blocks once): each instant counts once
-    for s, e, members in sorted(rec.waits, key=lambda w: w[0]):
-        s = max(s, covered)
-        if e <= s:
-            continue
-        covered = e
-        blocked.append((s, e))
-        arrivals = [latest[(rec.calls[i][0], rec.calls[i][1])] for i in members if i < len(rec.calls)]
-        if not arrivals:
-            continue
-        last, who = max(arrivals)
-        cut = min(max(last, s), e)
-        if cut > s and who != rec.rank:
-            peer.append((s, cut, who))
+    for interval in blocked_intervals(rec, latest):
+        blocked.append((interval.start, interval.end))
+        if interval.peer is not None:
+            peer.append((interval.start, interval.cut, interval.peer))
     blocked = union(blocked)
     inflight = union([(c[5], c[6]) for c in rec.calls if c[6] is not None])
     hidden_all = length(inflight) - length(intersect(inflight, blocked))
@@ -281,7 +326,7 @@ def ledger_metrics(records: list[RankRecord], rank: int) -> dict[str, Any]:
     (lateness it brought from before the step: the loop's own synchronisation, the previous
     step's end), which :func:`scopebench.report.ledger.late_rank_summary` takes off the delay.
     """
-    latest = _latest(records)
+    latest = last_arrivals(records)
     ledgers = [_rank_ledger(rec, latest) for rec in records]
     ranks = [r.rank for r in records]
     out = dict(ledgers[ranks.index(rank)][0])

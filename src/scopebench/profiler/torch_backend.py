@@ -20,7 +20,10 @@ file, and is what Holistic Trace Analysis loads (``TraceAnalysis(trace_dir=<cycl
 or Perfetto opens (docs/profiler.md, "Opening a trace"). torch writes the rank, world size and
 backend into each trace (``distributedInfo``). With ``repeat=0`` only the last
 :data:`KEPT_TRACES` cycles are kept: each rank removes its older files, and the last rank to
-leave a cycle folder removes the folder.
+leave a cycle folder removes the folder. With the ledger on (several CPU ranks), each rank's trace
+also carries its own ledger of each iteration of the cycle, its collectives (``<op> #<seq>``), the
+intervals it was blocked and the iteration's late rank, in a track of their own
+(:mod:`scopebench.profiler.trace_ledger`).
 
 Each recorded iteration ``i`` of scheduled mode is a ``ProfilerStep#<i>`` range in the trace
 (``i`` the profiler's iteration index, 0-based, as in the window): HTA groups events by
@@ -50,6 +53,7 @@ from typing import Any
 from scopebench.profiler.base import Profiler
 from scopebench.profiler.files import OPS_FILE, TRACE_FILE, run_name, shared_run_name, write_csv, write_exported
 from scopebench.profiler.torch_events import STEP_MARKER, analyse_events, kineto_events
+from scopebench.profiler.trace_ledger import ledger_iteration, ledger_rewriter
 
 __all__ = ["KEPT_TRACES", "STEP_MARKER", "TRACE_FILE", "TorchProfiler"]
 
@@ -70,6 +74,10 @@ class TorchProfiler(Profiler):
         self._cycle = 0
         self._regions: set[str] = set()
         self._traces: list[Path] = []
+        #: A stopped cycle's profiler and number whose trace is not written yet, and the ledger of
+        #: that cycle's iterations on this rank, which its trace carries.
+        self._unwritten: tuple[Any, int] | None = None
+        self._trace_ledger: list[Any] = []
         #: The open ``ProfilerStep#N`` range of the current iteration (scheduled mode).
         self._step_marker: Any = None
         #: Operator rows only exist to be written (``save_file``).
@@ -156,32 +164,51 @@ class TorchProfiler(Profiler):
         metrics: dict[str, Any] = {"max_gpu_mb": self.ops.max_memory_mb()}
         if not self.config.per_step:
             if self._cycle_ends_at(i):
-                self._end_cycle()
+                # The ledger of iteration i comes after this hook: its trace waits for it.
+                self._end_cycle(ledger_pending=self._ledger is not None)
             return metrics
         prof = self._close()
         metrics["callback_time_sec"] = self._callback_sec
         metrics.update(self._analyse(prof, iteration=i))
         return metrics
 
-    def _end_cycle(self) -> None:
+    def _end_cycle(self, ledger_pending: bool = False) -> None:
         prof = self._close()
         if prof is None:
             return
         self._analyse(prof, iteration="agg", region_metrics=False)
         if self.config.trace_dir is not None:
-            self._write_trace(prof)
+            self._unwritten = (prof, self._cycle)
+            if not ledger_pending:
+                self._write_trace()
         self._cycle += 1
 
-    def _write_trace(self, prof) -> None:
-        """This cycle's gzipped Chrome trace in its cycle folder; with ``repeat=0`` only the last
-        :data:`KEPT_TRACES` cycles stay."""
+    def _ledger_metrics(self, stop: float, metrics: dict[str, Any]) -> dict[str, Any]:
+        out = super()._ledger_metrics(stop, metrics)
+        if self.config.trace_dir is not None and not self.config.per_step:
+            # end_iteration counted the iteration already: it is self.iteration - 1
+            item = ledger_iteration(self.iteration - 1, self.ledger_records, self.rank, out, self._ledger[0])
+            self._trace_ledger.append(item)
+            self._write_trace()
+        return out
+
+    def _write_trace(self) -> None:
+        """The stopped cycle's gzipped Chrome trace in its cycle folder, with this rank's ledger of
+        its iterations; with ``repeat=0`` only the last :data:`KEPT_TRACES` cycles stay."""
+        if self._unwritten is None:
+            return
+        (prof, cycle), self._unwritten = self._unwritten, None
+        ledger, self._trace_ledger = self._trace_ledger, []
         name = TRACE_FILE.format(
             shared_run_name=shared_run_name(self.name, self._run_id),
-            cycle=self._cycle,
+            cycle=cycle,
             run_name=run_name(self.name, self._run_id, self.rank),
         )
         path = Path(self.config.trace_dir) / name
-        if not self._try_write("profiler_trace_dir", path, lambda: write_exported(path, prof.export_chrome_trace)):
+        rewrite = ledger_rewriter(ledger) if ledger else None
+        if not self._try_write(
+            "profiler_trace_dir", path, lambda: write_exported(path, prof.export_chrome_trace, rewrite)
+        ):
             return
         self.files.append(path)
         self._traces.append(path)
@@ -197,6 +224,7 @@ class TorchProfiler(Profiler):
 
     def _finish(self) -> None:
         if not self.config.per_step:
+            self._write_trace()  # a cycle whose last ledger never came (an error after it stopped)
             self._end_cycle()
         else:
             self._close()
