@@ -34,6 +34,20 @@ class _Stall(torch.autograd.Function):
         return grad, None
 
 
+class _Tick(torch.autograd.Function):
+    """Counts backward passes (its backward runs first: it is applied to the output)."""
+
+    @staticmethod
+    def forward(ctx, x, counter):
+        ctx.counter = counter
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.counter[0] += 1
+        return grad, None
+
+
 class _Model(torch.nn.Module):
     def __init__(self, width, layers, seconds, work=0.0):
         super().__init__()
@@ -43,10 +57,13 @@ class _Model(torch.nn.Module):
             *(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh()) for _ in range(layers))
         )
         self.seconds = seconds
+        #: Backward passes so far (``hooked``'s alternation).
+        self.backwards = [0]
 
     def forward(self, x):
         _spin(self.work)
         x = self.layers(x)
+        x = _Tick.apply(x, self.backwards)
         return _Stall.apply(x, self.seconds) if self.seconds > 0 else x
 
 
@@ -75,10 +92,20 @@ def stalled(
     return _policy(_Model(width, layers, seconds, work_ms / 1e3), width)
 
 
-def hooked(hooks: int = 20, hook_ms: float = 1.0, width: int = 32, work_ms: float = 0.0) -> UserPolicy:
-    """``hooks`` parameters each with a gradient hook that busy-waits ``hook_ms``, on every rank."""
+def hooked(
+    hooks: int = 20, hook_ms: float = 1.0, width: int = 32, work_ms: float = 0.0, alternate: bool = False
+) -> UserPolicy:
+    """``hooks`` parameters each with a gradient hook that busy-waits ``hook_ms``, on every rank;
+    ``alternate``: only in odd-numbered backward passes (the 1st, 3rd...), so that one run holds
+    steps with and without, side by side under the same load."""
     model = _Model(width, hooks // 2, 0.0, work_ms / 1e3)
     params = [p for p in model.parameters()][:hooks]
+
+    def hook(grad):
+        if not alternate or model.backwards[0] % 2 == 1:
+            _spin(hook_ms / 1e3)
+        return grad
+
     for p in params:
-        p.register_hook(lambda grad: (_spin(hook_ms / 1e3), grad)[1])
+        p.register_hook(hook)
     return _policy(model, width)

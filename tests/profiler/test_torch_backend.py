@@ -9,33 +9,15 @@ import json
 import pytest
 import torch
 
+from profiler.workloads import matmuls
 from scopebench.profiler import create_profiler
 from scopebench.profiler.ledger import length, union
 from scopebench.profiler.torch_backend import KEPT_TRACES
 
 
-def _matmuls(prof, n=3):
-    calls = {"n": 0}
-    seen = []
-
-    def callback():
-        if calls["n"]:
-            seen.append(prof.get_current_metrics())
-        calls["n"] += 1
-        return calls["n"] <= n
-
-    a = torch.randn(128, 128)
-    for _ in prof.iterate(callback):
-        with prof.track_step("forward"):
-            b = a @ a
-        with prof.track_step("update"):
-            a = torch.tanh(b)
-    return seen
-
-
 def test_per_step_reports_region_cpu_time(tmp_path):
     prof = create_profiler("torch", "cpu", "ts", save_file=True, output_dir=tmp_path)
-    seen = _matmuls(prof)
+    seen = matmuls(prof)
     files = prof.finalize()
     assert len(seen) == 3
     for m in seen:
@@ -76,7 +58,7 @@ def test_scheduled_mode_writes_chrome_trace_with_regions(tmp_path):
         save_file=True,
         output_dir=tmp_path,
     )
-    seen = _matmuls(prof, n=5)
+    seen = matmuls(prof, n=5)
     prof.finalize()
     assert [bool(m) for m in seen] == [False, True, True, False, False]
     assert set(seen[1]) >= {"total_time_sec", "max_gpu_mb"}
@@ -93,7 +75,7 @@ def test_scheduled_mode_writes_chrome_trace_with_regions(tmp_path):
 
 def test_scheduled_repeat_makes_one_trace_per_cycle(tmp_path):
     prof = create_profiler("torch", "cpu", "rep", active=1, repeat=2, per_step=False, trace_dir=tmp_path)
-    seen = _matmuls(prof, n=4)
+    seen = matmuls(prof, n=4)
     prof.finalize()
     assert [bool(m) for m in seen] == [True, True, False, False]
     run = f"rep_{prof._run_id}"
@@ -104,7 +86,7 @@ def test_scheduled_repeat_makes_one_trace_per_cycle(tmp_path):
 def test_traces_of_two_runs_started_together_do_not_overwrite_each_other(tmp_path):
     profs = [create_profiler("torch", "cpu", "same", active=1, per_step=False, trace_dir=tmp_path) for _ in range(2)]
     for prof in profs:
-        _matmuls(prof, n=1)
+        matmuls(prof, n=1)
         prof.finalize()
     paths = set(tmp_path.glob("*/cycle0/*.pt.trace.json.gz"))
     assert len(paths) == 2 and {p.files[0] for p in profs} == paths
@@ -113,7 +95,7 @@ def test_traces_of_two_runs_started_together_do_not_overwrite_each_other(tmp_pat
 
 def test_unbounded_repeat_keeps_only_the_last_traces(tmp_path):
     prof = create_profiler("torch", "cpu", "forever", active=1, repeat=0, per_step=False, trace_dir=tmp_path)
-    _matmuls(prof, n=KEPT_TRACES + 3)
+    matmuls(prof, n=KEPT_TRACES + 3)
     files = prof.finalize()
     run = f"forever_{prof._run_id}"
     kept = [f"{run}/cycle{k}/{run}_rank0.pt.trace.json.gz" for k in range(3, KEPT_TRACES + 3)]

@@ -9,32 +9,12 @@ import gzip
 import json
 
 import pytest
-import torch
 
+from profiler.workloads import matmuls
 from scopebench.distributed import DistSession
 from scopebench.profiler import create_profiler
 from scopebench.profiler.files import run_name, shared_run_name
 from scopebench.profiler.trace_ledger import CATEGORY, LEDGER_PID, PROCESS_NAME
-
-
-def _matmuls(prof, n):
-    """``n`` iterations of two regions; returns what each callback saw."""
-    calls = {"n": 0}
-    seen = []
-
-    def callback():
-        if calls["n"]:
-            seen.append(prof.get_current_metrics())
-        calls["n"] += 1
-        return calls["n"] <= n
-
-    a = torch.randn(64, 64)
-    for _ in prof.iterate(callback):
-        with prof.track_step("forward"):
-            b = a @ a
-        with prof.track_step("update"):
-            a = torch.tanh(b)
-    return seen
 
 
 def _load(path):
@@ -118,7 +98,7 @@ def test_two_cycles_make_two_cycle_folders_each_with_its_steps(tmp_path):
         save_file=True,
         output_dir=tmp_path,
     )
-    seen = _matmuls(prof, n=6)
+    seen = matmuls(prof, size=64, n=6)
     files = prof.finalize()
     assert [bool(m) for m in seen] == [False, True, True, True, True, False]
     run = shared_run_name("sched", prof._run_id)
@@ -151,7 +131,7 @@ def test_two_cycles_make_two_cycle_folders_each_with_its_steps(tmp_path):
 
 def test_per_step_mode_has_no_step_markers(tmp_path):
     prof = create_profiler("torch", "cpu", "ps", save_file=True, output_dir=tmp_path)
-    _matmuls(prof, n=2)
+    matmuls(prof, size=64, n=2)
     assert prof._step_marker is None
     prof.finalize()
 
@@ -236,7 +216,7 @@ def test_unbounded_repeat_leaves_a_cycle_folder_to_the_rank_still_in_it(tmp_path
     other = run / "cycle0" / f"{run_name('forever', prof._run_id, 1)}.pt.trace.json.gz"
     other.parent.mkdir(parents=True)
     other.write_bytes(b"")  # another rank's trace of cycle 0, not yet pruned by that rank
-    _matmuls(prof, n=5)
+    matmuls(prof, size=64, n=5)
     prof.finalize()
     assert sorted(p.name for p in run.iterdir()) == ["cycle0", "cycle2", "cycle3", "cycle4"]
     assert list((run / "cycle0").iterdir()) == [other]

@@ -49,3 +49,24 @@ def comm_loop(
                 value = torch.ones(1000)
                 dist.all_reduce(value)
     return prof
+
+
+def matmuls(prof, n: int = 3, size: int = 128) -> list[dict]:
+    """``n`` iterations of two regions (``forward``: a product, ``update``: a tanh) under ``prof``;
+    returns what each callback saw (the previous iteration's metrics)."""
+    calls = {"n": 0}
+    seen = []
+
+    def callback():
+        if calls["n"]:
+            seen.append(prof.get_current_metrics())
+        calls["n"] += 1
+        return calls["n"] <= n
+
+    a = torch.randn(size, size)
+    for _ in prof.iterate(callback):
+        with prof.track_step("forward"):
+            b = a @ a
+        with prof.track_step("update"):
+            a = torch.tanh(b)
+    return seen
