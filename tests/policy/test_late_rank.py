@@ -124,26 +124,38 @@ def test_the_ledger_adds_up_to_each_phase_on_every_rank(tmp_path_factory, capsys
 
 def test_busy_gradient_hooks_are_host_overhead_not_communication(tmp_path_factory, capsys):
     """20 hooks x 1 ms on every rank in every other step, under the torch profiler (which separates
-    the operators): those steps' bwd host overhead is 20 ms higher (within 25 %), their compute and
-    communication columns are not. Steps with and without alternate in one run, so that a busy
-    machine's load weighs on both alike."""
-    report = profile(tmp_path_factory, capsys, "ddp", "hooked", "torch", hooks=20, hook_ms=1, alternate="true")
-    # Which half spins depends on how many backward passes ran before the first measured step
-    # (the tool may run passes of its own before its warm-up): the two halves' difference counts.
+    the operators): those steps' bwd host overhead grows by the hooks' own time (within 25 %),
+    their compute and communication columns do not. Steps with and without alternate in one run,
+    so that a busy machine's load weighs on both alike; the hooks' time is what they logged (on a
+    loaded machine a 1 ms busy-wait that loses the CPU ends when it gets it back: 20 x 1 ms took
+    45-56 ms per step under two busy-loop hogs)."""
+    log = tmp_path_factory.mktemp("hook_log")
+    report = profile(tmp_path_factory, capsys, "ddp", "hooked", "torch", hooks=20, hook_ms=1, alternate="true", log=log)
     for rank in (0, 1):
+        per_pass: dict[int, float] = {}
+        for line in (log / f"rank{rank}.txt").read_text().splitlines():
+            backward, seconds = line.split()
+            per_pass[int(backward)] = per_pass.get(int(backward), 0.0) + float(seconds)
+        hooks = [per_pass[k] for k in sorted(per_pass)][-STEPS:]  # the measured steps are the last passes
         samples = report["per_rank"][rank]["samples"]
+        spun = [i for i, t in enumerate(hooks) if t > 0.010]
+        idle = [i for i in range(STEPS) if i not in spun]
+        assert len(spun) == len(idle) == STEPS // 2, (rank, hooks)
 
         def grown(column):
             values = samples[column]
-            return abs(statistics.median(values[0::2]) - statistics.median(values[1::2]))
+            return statistics.median(values[i] for i in spun) - statistics.median(values[i] for i in idle)
 
-        assert grown("bwd_host_overhead_sec") == pytest.approx(0.020, rel=0.25), (
+        took = statistics.median(hooks[i] for i in spun) - statistics.median(hooks[i] for i in idle)
+        assert took >= 0.020  # 20 busy-waits of at least 1 ms each
+        assert grown("bwd_host_overhead_sec") == pytest.approx(took, rel=0.25), (
             rank,
+            took,
             samples["bwd_host_overhead_sec"],
         )
-        assert grown("bwd_compute_sec") < 0.005, (rank, samples["bwd_compute_sec"])
+        assert abs(grown("bwd_compute_sec")) < 0.25 * took, (rank, samples["bwd_compute_sec"])
         for column in ("bwd_comm_wait_peer_sec", "bwd_comm_transfer_sec"):
-            assert grown(column) < 0.005, (rank, column, samples[column])
+            assert abs(grown(column)) < 0.25 * took, (rank, column, samples[column])
 
 
 def _bytes(report: dict, phase: str, op: str) -> int:

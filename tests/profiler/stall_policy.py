@@ -10,6 +10,7 @@ A busy-wait, not a sleep: the rank's thread is working, as a slow rank's is.
 """
 
 import time
+from pathlib import Path
 
 import torch
 
@@ -93,17 +94,29 @@ def stalled(
 
 
 def hooked(
-    hooks: int = 20, hook_ms: float = 1.0, width: int = 32, work_ms: float = 0.0, alternate: bool = False
+    hooks: int = 20,
+    hook_ms: float = 1.0,
+    width: int = 32,
+    work_ms: float = 0.0,
+    alternate: bool = False,
+    log: str = "",
 ) -> UserPolicy:
     """``hooks`` parameters each with a gradient hook that busy-waits ``hook_ms``, on every rank;
     ``alternate``: only in odd-numbered backward passes (the 1st, 3rd...), so that one run holds
-    steps with and without, side by side under the same load."""
+    steps with and without, side by side under the same load. ``log``: a folder where each rank
+    appends, per hook call, ``<backward pass> <seconds the hook took>`` to ``rank<r>.txt``: on a
+    busy machine a 1 ms busy-wait that loses the CPU ends when it gets it back, so the hooks' real
+    time is this, not ``hooks x hook_ms``."""
     model = _Model(width, hooks // 2, 0.0, work_ms / 1e3)
     params = [p for p in model.parameters()][:hooks]
+    out = open(Path(log) / f"rank{_rank()}.txt", "a", buffering=1) if log else None  # noqa: SIM115
 
     def hook(grad):
+        begin = time.perf_counter()
         if not alternate or model.backwards[0] % 2 == 1:
             _spin(hook_ms / 1e3)
+        if out is not None:
+            out.write(f"{model.backwards[0]} {time.perf_counter() - begin}\n")
         return grad
 
     for p in params:
