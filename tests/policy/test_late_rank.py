@@ -39,6 +39,8 @@ def profile(tmp_path_factory, capsys, backend: str, factory: str = "stalled", mo
     key = (backend, factory, mode, *sorted(args.items()))
     if key not in _runs:
         out = tmp_path_factory.mktemp("late_rank") / "report.json"
+        log = out.parent / "log"  # the policy's own record of its stalls and hooks
+        log.mkdir()
         argv = ["profile-step", "--config", TINY, "--policy", f"{POLICY}:{factory}", "--nproc-per-node", "2"]
         argv += [
             "--steps",
@@ -51,12 +53,12 @@ def profile(tmp_path_factory, capsys, backend: str, factory: str = "stalled", mo
             "--json",
             str(out),
         ]
-        for name, value in {"work_ms": WORK_MS, **args}.items():
+        for name, value in {"work_ms": WORK_MS, "log": log, **args}.items():
             argv += ["--policy-arg", f"{name}={value}"]
         code = main(argv)
         text = capsys.readouterr().out
         assert code == 0, text
-        _runs[key] = {**json.loads(out.read_text()), "text": text}
+        _runs[key] = {**json.loads(out.read_text()), "text": text, "log": log}
     return _runs[key]
 
 
@@ -68,16 +70,22 @@ def median(report: dict, rank: int, key: str) -> float:
     "backend, rank, delay_ms", [("ddp", 1, 200), ("ddp", 0, 50), ("fsdp2", 0, 200), ("fsdp2", 1, 50)]
 )
 def test_a_rank_stalled_in_backward_is_named_with_its_delay(tmp_path_factory, capsys, backend, rank, delay_ms):
+    """The delay is checked against the stall's real duration, which the policy logs: on a loaded
+    machine a busy-wait that loses the CPU ends late (a 50 ms stall took up to 63 ms under two
+    busy-loop hogs)."""
     report = profile(tmp_path_factory, capsys, backend, rank=rank, delay_ms=delay_ms)
+    stalls = [float(x) for x in (report["log"] / f"rank{rank}.txt").read_text().split()][-STEPS:]  # the measured steps
+    stall = statistics.median(stalls)
+    assert stall >= delay_ms / 1e3, stalls
     late = report["late_rank"]
     assert late is not None, report["text"]
     assert late["rank"] == rank and late["region"] == "bwd", late
-    assert late["delay_sec"] == pytest.approx(delay_ms / 1e3, rel=0.25), late
+    assert late["delay_sec"] == pytest.approx(stall, rel=0.25), (late, stalls)
     assert f"late rank: rank {rank}" in report["text"]
     # The other rank waited for it in bwd; the stalled rank did the work.
     other = 1 - rank
-    assert median(report, other, "bwd_comm_wait_peer_sec") == pytest.approx(delay_ms / 1e3, rel=0.25)
-    assert median(report, rank, "bwd_work_sec") > delay_ms / 1e3 * 0.75
+    assert median(report, other, "bwd_comm_wait_peer_sec") == pytest.approx(stall, rel=0.25)
+    assert median(report, rank, "bwd_work_sec") > stall * 0.75
 
 
 #: The even runs, one per backend (each also carries a bytes check): DDP's is the hooked model
@@ -125,12 +133,12 @@ def test_the_ledger_adds_up_to_each_phase_on_every_rank(tmp_path_factory, capsys
 def test_busy_gradient_hooks_are_host_overhead_not_communication(tmp_path_factory, capsys):
     """20 hooks x 1 ms on every rank in every other step, under the torch profiler (which separates
     the operators): those steps' bwd host overhead grows by the hooks' own time (within 25 %),
-    their compute and communication columns do not. Steps with and without alternate in one run,
+    their compute and communication columns do not grow. Steps with and without alternate in one run,
     so that a busy machine's load weighs on both alike; the hooks' time is what they logged (on a
     loaded machine a 1 ms busy-wait that loses the CPU ends when it gets it back: 20 x 1 ms took
     45-56 ms per step under two busy-loop hogs)."""
-    log = tmp_path_factory.mktemp("hook_log")
-    report = profile(tmp_path_factory, capsys, "ddp", "hooked", "torch", hooks=20, hook_ms=1, alternate="true", log=log)
+    report = profile(tmp_path_factory, capsys, "ddp", "hooked", "torch", hooks=20, hook_ms=1, alternate="true")
+    log = report["log"]
     for rank in (0, 1):
         per_pass: dict[int, float] = {}
         for line in (log / f"rank{rank}.txt").read_text().splitlines():
@@ -153,9 +161,10 @@ def test_busy_gradient_hooks_are_host_overhead_not_communication(tmp_path_factor
             took,
             samples["bwd_host_overhead_sec"],
         )
-        assert abs(grown("bwd_compute_sec")) < 0.25 * took, (rank, samples["bwd_compute_sec"])
-        for column in ("bwd_comm_wait_peer_sec", "bwd_comm_transfer_sec"):
-            assert abs(grown(column)) < 0.25 * took, (rank, column, samples[column])
+        # They do not grow (a loaded machine moves them by up to ~10 ms either way from step to
+        # step; a hook's time is never counted in them).
+        for column in ("bwd_compute_sec", "bwd_comm_wait_peer_sec", "bwd_comm_transfer_sec"):
+            assert grown(column) < 0.25 * took, (rank, column, samples[column])
 
 
 def _bytes(report: dict, phase: str, op: str) -> int:

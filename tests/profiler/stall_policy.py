@@ -25,14 +25,17 @@ def _spin(seconds):
 
 class _Stall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, seconds):
-        ctx.seconds = seconds
+    def forward(ctx, x, seconds, out):
+        ctx.seconds, ctx.out = seconds, out
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
+        begin = time.perf_counter()
         _spin(ctx.seconds)
-        return grad, None
+        if ctx.out is not None:
+            ctx.out.write(f"{time.perf_counter() - begin}\n")
+        return grad, None, None
 
 
 class _Tick(torch.autograd.Function):
@@ -50,8 +53,9 @@ class _Tick(torch.autograd.Function):
 
 
 class _Model(torch.nn.Module):
-    def __init__(self, width, layers, seconds, work=0.0):
+    def __init__(self, width, layers, seconds, work=0.0, out=None):
         super().__init__()
+        self.out = out
         self.work = work
         # a Sequential (a module with a forward): FSDP2 shards it as a unit
         self.layers = torch.nn.Sequential(
@@ -65,7 +69,7 @@ class _Model(torch.nn.Module):
         _spin(self.work)
         x = self.layers(x)
         x = _Tick.apply(x, self.backwards)
-        return _Stall.apply(x, self.seconds) if self.seconds > 0 else x
+        return _Stall.apply(x, self.seconds, self.out) if self.seconds > 0 else x
 
 
 def _rank():
@@ -86,11 +90,14 @@ def _policy(model, width, size=64):
 
 
 def stalled(
-    rank: int = 1, delay_ms: float = 200.0, width: int = 32, layers: int = 4, work_ms: float = 0.0
+    rank: int = 1, delay_ms: float = 200.0, width: int = 32, layers: int = 4, work_ms: float = 0.0, log: str = ""
 ) -> UserPolicy:
-    """Rank ``rank``'s backward stalls ``delay_ms`` (every step) before its gradients exist."""
+    """Rank ``rank``'s backward stalls ``delay_ms`` (every step) before its gradients exist.
+    ``log``: a folder where the stalled rank appends each stall's real duration to
+    ``rank<r>.txt`` (a busy-wait that loses the CPU on a loaded machine ends late)."""
     seconds = delay_ms / 1e3 if _rank() == rank else 0.0
-    return _policy(_Model(width, layers, seconds, work_ms / 1e3), width)
+    out = open(Path(log) / f"rank{_rank()}.txt", "a", buffering=1) if log and seconds else None  # noqa: SIM115
+    return _policy(_Model(width, layers, seconds, work_ms / 1e3, out), width)
 
 
 def hooked(
