@@ -173,7 +173,11 @@ def test_sequence_numbers_restart_for_a_new_run_in_the_same_process(one_rank):
     dist.all_reduce(torch.ones(1))
     rec.stop()
     rec.take()
+    rec.start()  # left on by a run that failed
+    dist.all_reduce(torch.ones(1))
     rec.restart_sequences()  # a second run (a new group) in this process: numbered like its peers
+    assert not rec.active
+    dist.all_gather_object([None], 1)  # its start-up (align_clocks' gathers): not counted
     rec.start()
     dist.all_reduce(torch.ones(1))
     rec.stop()

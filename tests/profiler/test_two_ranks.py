@@ -53,6 +53,20 @@ def test_rank_skew_shows_the_slow_rank(tmp_path, worker_path):
         assert "rank_skew_pct" in m and "sync_rank_skew_pct" in m
 
 
+def test_a_run_that_fails_inside_an_iteration_switches_the_ledger_recorder_off(tmp_path, worker_path):
+    # Left on, the recorder counted the next run's start-up collectives in this process and
+    # that run's sequence numbers no longer matched its peers' (CI: test_trace_export after
+    # test_fsdp2's killed rank on one pytest worker).
+    from profiler.workloads import comm_loop
+    from scopebench.profiler.collectives import recorder
+
+    kwargs = dict(mode="custom", iterations=4, raise_at=1)
+    with pytest.raises(RuntimeError, match="raised in iteration 1"):
+        with DistSession(2, worker="profiler.workloads:comm_loop", worker_kwargs=kwargs, timeout_sec=120):
+            comm_loop(**kwargs)
+    assert recorder._installed and not recorder.active
+
+
 def test_per_rank_csvs_do_not_overwrite_each_other(tmp_path, worker_path):
     _, prof = _run_two_ranks("custom", tmp_path)
     files = sorted(tmp_path.glob("comm_test_*_gpu_metrics.csv"))

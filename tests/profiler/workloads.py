@@ -21,8 +21,10 @@ def comm_loop(
     output_dir: str = "outputs",
     seen: list | None = None,
     profiler_kwargs: dict | None = None,
+    raise_at: int = -1,
 ):
-    """Two regions: ``compute`` sleeps (longer on ``slow_rank``), ``sync`` all-reduces.
+    """Two regions: ``compute`` sleeps (longer on ``slow_rank``), ``sync`` all-reduces; every
+    rank raises ``RuntimeError`` inside iteration ``raise_at``, after its all-reduce.
 
     Rank 0 stops after ``iterations`` iterations and the other ranks follow the
     broadcast decision; rank 0 appends the metrics each callback sees to ``seen``.
@@ -48,6 +50,8 @@ def comm_loop(
             with prof.track_step("sync"):
                 value = torch.ones(1000)
                 dist.all_reduce(value)
+            if prof.iteration == raise_at:
+                raise RuntimeError(f"raised in iteration {raise_at}")
     return prof
 
 

@@ -389,8 +389,8 @@ class Profiler:
                         from scopebench.profiler.collectives import align_clocks, recorder
 
                         recorder.install()
-                        recorder.restart_sequences()
                         self._ledger = align_clocks()
+                        recorder.restart_sequences()  # after align_clocks' own collectives
             self._region_wall = {}
             self._inside_sec = 0.0
             start = time.perf_counter()
@@ -477,6 +477,10 @@ class Profiler:
     def _abandon_iteration(self) -> None:
         """The loop stopped before the body ran: discard the begun iteration."""
         if self._begun and self._recording:
+            if self._ledger is not None:
+                from scopebench.profiler.collectives import recorder
+
+                recorder.stop()  # a recorder left on would count other runs' collectives
             self._discard_iteration(self.iteration)
             if self._memory is not None:
                 self._memory.stop()
