@@ -235,6 +235,12 @@ def test_a_collective_s_error_in_the_forward_passes_as_it_is_for_the_rank_failur
     raising = "def wait():\n    raise RuntimeError('Timed out waiting 30000ms for send operation to complete')\n"
     exec(compile(raising, "/venv/lib/torch/distributed/distributed_c10d.py", "exec"), space)  # noqa: S102
     exec(compile(raising, "/home/user/mypolicy.py", "exec"), ours := {})  # noqa: S102
+    # The ledger wraps Work.wait: the error then comes from its wrapper, called by c10d.
+    exec(compile(raising, "/repo/src/scopebench/profiler/collectives.py", "exec"), wrapper := {})  # noqa: S102
+    calling = "def wait():\n    inner()\n"
+    exec(
+        compile(calling, "/venv/lib/torch/distributed/distributed_c10d.py", "exec"), c10d := {"inner": wrapper["wait"]}
+    )  # noqa: S102
 
     class Net(torch.nn.Module):
         def __init__(self, wait):
@@ -246,7 +252,7 @@ def test_a_collective_s_error_in_the_forward_passes_as_it_is_for_the_rank_failur
             self.wait()
             return self.lin(x).sum()
 
-    for wait, passes in ((space["wait"], True), (ours["wait"], False)):
+    for wait, passes in ((space["wait"], True), (ours["wait"], False), (c10d["wait"], True), (wrapper["wait"], False)):
         model = Net(wait)
         policy = UserPolicy(model=model, loss=lambda m, batch: m(batch), dataset=[1])
         with pytest.raises((RuntimeError, ValueError)) as raised:

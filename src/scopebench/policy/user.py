@@ -332,13 +332,15 @@ def _passes(err: BaseException) -> bool:
 
 
 def _raised_in_collective(err: BaseException) -> bool:
-    """Whether ``err`` was raised by a frame of ``torch/distributed/distributed_c10d.py``."""
-    tb = err.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
+    """Whether ``err`` was raised by a frame of ``torch/distributed/distributed_c10d.py``, or by
+    the ledger's wrapper of a collective or ``Work.wait`` called from one."""
+    tb, files = err.__traceback__, []
+    while tb is not None:
+        files.append(Path(tb.tb_frame.f_code.co_filename).parts[-3:])
         tb = tb.tb_next
-    return Path(tb.tb_frame.f_code.co_filename).parts[-3:] == ("torch", "distributed", "distributed_c10d.py")
+    while files and files[-1] == ("scopebench", "profiler", "collectives.py"):
+        files.pop()
+    return bool(files) and files[-1] == ("torch", "distributed", "distributed_c10d.py")
 
 
 def _loss_phase(err: BaseException, model: nn.Module) -> str:
