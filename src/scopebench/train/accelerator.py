@@ -179,7 +179,7 @@ def build_accelerator(settings: AcceleratorSettings, info: Any, device: Any):
 
 
 def release_accelerator() -> None:
-    """Forget accelerate's and DeepSpeed's process-wide state and restore the launcher
+    """Forget accelerate's and DeepSpeed's process-wide state (ZeRO-3's linear included) and restore the launcher
     variables (the group itself belongs to DistSession)."""
     from accelerate.state import AcceleratorState, GradientState
 
@@ -198,6 +198,16 @@ def release_accelerator() -> None:
     unset = getattr(hf_deepspeed, "unset_hf_deepspeed_config", None)
     if unset is not None:
         unset()
+    # ZeRO-3 replaces torch.nn.functional.linear with its memory-efficient version for the rest
+    # of the process ("This will persist unless manually reset"): a later run (benchopt's next
+    # solver, estimate-memory's fake forward) would save other activations through it.
+    partition = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
+    original = getattr(getattr(partition, "InsertPostInitMethodToModuleSubClasses", None), "linear_bk", None)
+    if original is not None:
+        import torch.nn.functional as F
+
+        if F.linear is getattr(partition, "zero3_linear_wrap", None):
+            F.linear = original
     saved, _SAVED_ENV = _SAVED_ENV, None
     for key, value in (saved or {}).items():
         if value is None:
