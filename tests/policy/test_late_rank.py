@@ -210,6 +210,67 @@ def test_a_zero3_run_gives_torch_s_linear_back(tmp_path_factory, capsys):
 
 
 @pytest.fixture(scope="module")
+def pi05_bytes(robot_data, tmp_path_factory):
+    """The pi05 ``tiny`` model (built as the run builds it) and profile-step's collectives per
+    phase on 2 ranks, by backend: ``(policy, {backend: {phase: {op: bytes per step}}})``."""
+    from scopebench.policy.run.train import run_policy
+    from scopebench.policy.settings import load_run_config
+
+    settings, root = robot_data
+    config = load_run_config(TINY, [("dataset.cache_dir", settings.cache_dir)])
+    policy = run_policy(config.train, dataset_root=root, chunk_size=config.dataset.chunk_size)
+    seen = {}
+    for backend in ("ddp", "fsdp2", "zero2", "zero3"):
+        out = tmp_path_factory.mktemp("pi05_bytes") / "report.json"
+        argv = ["profile-step", "--config", TINY, f"--dataset.cache_dir={settings.cache_dir}", "--nproc-per-node"]
+        argv += ["2", "--steps", "2", "--warmup", "1", f"--backend={backend}", "--json", str(out)]
+        assert main(argv) == 0, backend
+        per_phase = json.loads(out.read_text())["collectives"]["per_phase"]
+        seen[backend] = {ph: {op: v["bytes_per_step"] for op, v in ops.items()} for ph, ops in per_phase.items()}
+    return policy, seen
+
+
+def test_collective_bytes_on_tiny_pi05_are_what_each_backend_must_move(pi05_bytes):
+    """The ground truths from the model itself (fp32, 2 ranks): DDP and ZeRO-2 all-reduce every
+    gradient once in bwd; ZeRO-2 gathers the updated flat partition (padded to the world size)
+    after the step; FSDP2 gathers each parameter (dim 0 padded to the world size) in forward,
+    again in bwd for every unit but the root (which the suite keeps gathered), and
+    reduce-scatters each gradient once; ZeRO-3 reduce-scatters each gradient (padded to the world
+    size) once and gathers each parameter once a step: in forward above
+    ``stage3_param_persistence_threshold`` elements, after the step at or below it (tiny's
+    largest parameter is under the default 1e5: every one is gathered after the step)."""
+    import math
+
+    from scopebench.train.backends import get_backend
+
+    policy, seen = pi05_bytes
+    ws, fp32 = 2, 4
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    in_units = {id(p) for m in policy.shard_modules for p in m.parameters()}
+
+    def dim0(ps):
+        return sum(math.ceil(p.shape[0] / ws) * ws * math.prod(p.shape[1:]) for p in ps) * fp32
+
+    def padded(ps):
+        return sum(math.ceil(p.numel() / ws) * ws for p in ps) * fp32
+
+    grads = sum(p.numel() for p in params) * fp32
+    threshold = get_backend("zero3").zero_knobs()["stage3_param_persistence_threshold"]
+    partitioned = [p for p in params if p.numel() > threshold]
+    persistent = [p for p in params if p.numel() <= threshold]
+    ddp, fsdp2, zero2, zero3 = (seen[b] for b in ("ddp", "fsdp2", "zero2", "zero3"))
+    assert ddp["bwd"] == {"all_reduce": grads}
+    assert zero2["bwd"] == {"all_reduce": grads}
+    assert zero2["optim_step"]["all_gather"] == math.ceil(grads / fp32 / ws) * ws * fp32
+    assert fsdp2["forward"] == {"all_gather": dim0(params)}
+    assert fsdp2["bwd"] == {"all_gather": dim0(p for p in params if id(p) in in_units), "reduce_scatter": dim0(params)}
+    assert 0 < len(in_units) < len(params)  # a root with parameters of its own: the two differ
+    assert zero3["bwd"] == {"reduce_scatter": padded(params)}
+    assert zero3.get("forward", {}).get("all_gather", 0) == padded(partitioned)
+    assert zero3["optim_step"]["all_gather"] == padded(persistent)
+
+
+@pytest.fixture(scope="module")
 def under_benchopt(tmp_path_factory):
     """``Pi05Train`` under benchopt, 2 local ranks, rank 1 stalled 200 ms in backward: DDP under the
     custom and the torch profiler, FSDP2 under the custom one."""
