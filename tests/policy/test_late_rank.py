@@ -35,14 +35,16 @@ def param_bytes(layers: int, width: int = WIDTH) -> int:
 _runs: dict[tuple, dict] = {}
 
 
-def profile(tmp_path_factory, capsys, backend: str, factory: str = "stalled", mode: str = "custom", **args) -> dict:
-    """profile-step's JSON of a 2-rank run of ``factory`` under profiler ``mode`` (cached per arguments)."""
-    key = (backend, factory, mode, *sorted(args.items()))
+def profile(
+    tmp_path_factory, capsys, backend: str, factory: str = "stalled", mode: str = "custom", nproc: int = 2, **args
+) -> dict:
+    """profile-step's JSON of an ``nproc``-rank run of ``factory`` under profiler ``mode`` (cached per arguments)."""
+    key = (backend, factory, mode, nproc, *sorted(args.items()))
     if key not in _runs:
         out = tmp_path_factory.mktemp("late_rank") / "report.json"
         log = out.parent / "log"  # the policy's own record of its stalls and hooks
         log.mkdir()
-        argv = ["profile-step", "--config", TINY, "--policy", f"{POLICY}:{factory}", "--nproc-per-node", "2"]
+        argv = ["profile-step", "--config", TINY, "--policy", f"{POLICY}:{factory}", "--nproc-per-node", str(nproc)]
         argv += [
             "--steps",
             str(STEPS),
@@ -115,7 +117,14 @@ def test_an_even_run_names_no_late_rank(tmp_path_factory, capsys, backend):
 def test_the_ledger_adds_up_to_each_phase_on_every_rank(tmp_path_factory, capsys):
     reports = [profile(tmp_path_factory, capsys, backend, rank=1, delay_ms=200) for backend in ("ddp", "fsdp2")]
     reports += [even(tmp_path_factory, capsys, backend) for backend in EVEN]  # the torch profiler on ddp
-    for report in reports:
+    # One rank: FSDP2 makes a group of one and keeps the ledger (under torch: compute and host
+    # overhead); no rank is late. One-rank DDP has no group: nothing to wait for, no ledger.
+    alone = profile(tmp_path_factory, capsys, "fsdp2", "stalled", "torch", nproc=1, delay_ms=0)
+    assert alone["ledger"] is not None and alone["late_rank"] is None
+    assert "late rank" not in alone["text"] and "bwd_host_overhead_sec" in alone["per_rank"][0]["samples"]
+    ddp_alone = profile(tmp_path_factory, capsys, "ddp", "stalled", nproc=1, delay_ms=0)
+    assert ddp_alone["ledger"] is None and "bwd_work_sec" not in ddp_alone["per_rank"][0]["samples"]
+    for report in [*reports, alone]:
         for per_rank in report["per_rank"]:
             samples = per_rank["samples"]
             for phase in ("forward", "bwd", "optim_step"):

@@ -42,14 +42,15 @@ sampler's other-process share and steal per measured step, null where it gave no
 sampler off), ``profiler_cost`` (``per_step_sec``, ``share_pct``, ``inside_sec``,
 ``outside_sec``, ``startup_sec``, ``sampler_cpu_sec``, ``steps``, ``line``: what the profiler
 cost the measured steps, :func:`scopebench.report.cost.measured_cost`; null without
-``profiler_overhead_sec``), ``environment``; with several ranks the ledger (docs/profiler.md, "Why a distributed step is slow"):
+``profiler_overhead_sec``), ``environment``; with a process group (several ranks, or FSDP2 alone) the ledger
+(docs/profiler.md, "Why a distributed step is slow"):
 ``late_rank`` (``rank``, ``delay_sec``, ``region``, ``wait_region``, ``work_excess_sec``,
 ``start_lag_sec``, ``cause``, ``share_pct``, ``iterations``, ``counted``, ``step_sec``,
 ``delay_pct``, ``line``; null when no rank is consistently late,
 :func:`scopebench.report.ledger.late_rank_summary`), ``ledger`` (``per_rank``: ``rank`` and
 ``phases``, per phase ``time_sec``, ``work_sec``, ``wait_peer_sec``, ``transfer_sec``,
 ``hidden_sec``, ``pct``), ``collectives`` (``per_op``, ``per_phase``) and
-``clock_align_error_sec`` (all null on one rank), and each rank's ``samples`` carry
+``clock_align_error_sec`` (all null without a group: one-rank DDP; ``late_rank`` null on one rank), and each rank's ``samples`` carry
 ``<phase>_work_sec``, ``_comm_wait_peer_sec``, ``_comm_transfer_sec``, ``_comm_hidden_sec``
 (and with ``--profiler-mode torch`` ``_compute_sec`` and ``_host_overhead_sec``); ``profiler_mode``
 says which backend timed the steps (``custom``, or ``torch``: phases are its regions' CPU ranges).
@@ -332,12 +333,17 @@ def format_ledger(report: dict) -> list[str]:
 
     if report["ledger"] is None:
         return []
-    lines = ["", "where each rank's phase time went (mean per step; hidden: communication overlapped with work):"]
+    lines = []
     for rank in report["ledger"]["per_rank"]:
         for phase, row in rank["phases"].items():
             if row["wait_peer_sec"] or row["transfer_sec"] or row["hidden_sec"]:
                 cells = [f"{name} {v * 1e3:.1f} ms ({row['pct'][name]:.0f}%)" for name, v in _parts(row)]
                 lines.append(f"  rank {rank['rank']} {phase:<15} {row['time_sec'] * 1e3:8.1f} ms: " + ", ".join(cells))
+    if lines:
+        lines[:0] = [
+            "",
+            "where each rank's phase time went (mean per step; hidden: communication overlapped with work):",
+        ]
     per_op = report["collectives"]["per_op"]
     if per_op:
         lines.append("collectives (rank 0, per step, medians):")
@@ -351,7 +357,7 @@ def format_ledger(report: dict) -> list[str]:
     late = report["late_rank"]
     if late is not None:
         lines.append(late["line"])
-    else:
+    elif len(report["ledger"]["per_rank"]) > 1:  # one rank waits for no one
         lines.append(
             f"late rank: none (no rank kept the others waiting in {LATE_RANK_CONSISTENT_PCT:g}% of the steps "
             f"for {LATE_RANK_MIN_PCT:g}% of the step or more)"

@@ -385,12 +385,12 @@ class Profiler:
                     ids = gather_objects((self._run_id, socket.gethostname(), os.getpgrp()))
                     self._run_id = ids[0][0]
                     self._rank_pgids = {pgid for _, host, pgid in ids if host == socket.gethostname()}
-                    if self._ledger_possible():
-                        from scopebench.profiler.collectives import align_clocks, recorder
+                if self._ledger_possible():
+                    from scopebench.profiler.collectives import align_clocks, recorder
 
-                        recorder.install()
-                        self._ledger = align_clocks()
-                        recorder.restart_sequences()  # after align_clocks' own collectives
+                    recorder.install()
+                    self._ledger = align_clocks() if self._world[1] > 1 else (0.0, 0.0, "shared")
+                    recorder.restart_sequences()  # after align_clocks' own collectives
             self._region_wall = {}
             self._inside_sec = 0.0
             start = time.perf_counter()
@@ -416,13 +416,19 @@ class Profiler:
             self.sampler.stop()  # the window is over
 
     def _ledger_possible(self) -> bool:
-        """The ledger runs with several ranks on CPU under a backend that reports its own cost
-        (``custom``, ``torch``). On CUDA a collective's call returns before its kernels run, so
-        host-side intervals do not say when a rank waited: not measured there yet.
-        ``SCOPEBENCH_LEDGER=0`` turns it off (``perf/ledger_cost.py`` measures it against that)."""
+        """The ledger runs on CPU under a backend that reports its own cost (``custom``,
+        ``torch``) wherever a process group exists: several ranks, or one rank of a backend that
+        communicates on its own (ZeRO and FSDP2 alone). A process without a group (one-rank DDP,
+        the imaging benchmarks alone) has nothing to wait for or transfer, and pays nothing. On
+        CUDA a collective's call returns before its kernels run, so host-side intervals do not
+        say when a rank waited: not measured there yet. ``SCOPEBENCH_LEDGER=0`` turns it off
+        (``perf/ledger_cost.py`` measures it against that)."""
+        import torch.distributed as dist
+
         if os.environ.get("SCOPEBENCH_LEDGER", "1") == "0":
             return False
-        return self.reports_overhead and not self.ops.is_cuda and world()[1] > 1
+        grouped = dist.is_available() and dist.is_initialized()
+        return self.reports_overhead and not self.ops.is_cuda and grouped
 
     def _ledger_metrics(self, stop: float, metrics: dict[str, Any]) -> dict[str, Any]:
         """This rank's ledger columns and the iteration's late rank (:mod:`scopebench.profiler.ledger`),
@@ -449,7 +455,7 @@ class Profiler:
         self.ledger_records = records
         out = ledger_metrics(records, self.rank)
         out["clock_align_error_sec"] = error
-        if self._timelines < TIMELINE_ITERATIONS:
+        if self._timelines < TIMELINE_ITERATIONS and len(records) > 1:  # one rank: no lanes to compare
             self._timelines += 1
             out["ledger_timeline"] = ledger_timeline(records)
         return out
