@@ -196,6 +196,7 @@ class Profiler:
         #: The ledger's clock alignment ``(offset, error, how)`` once it is on (several CPU ranks,
         #: a backend that reports its overhead), and the recorded iteration's region spans.
         self._ledger: tuple[float, float, str] | None = None
+        self._trains = False  # track_communication was called: the ledger also on one rank
         self._spans: list[tuple[str, float, float]] | None = None
         #: Every rank's ledger record of the last recorded iteration (:class:`~scopebench.profiler.ledger.RankRecord`,
         #: on rank 0's clock), for a backend that writes them out; and how many iterations carried
@@ -240,7 +241,10 @@ class Profiler:
     def track_communication(self, model: Any) -> None:
         """What the step trains, for the ledger (called once, after building, before the first
         backward): a DDP-wrapped model gets the all-reduce hook that shows its buckets to the
-        ledger (:mod:`scopebench.profiler.collectives`). A no-op where the ledger is off."""
+        ledger (:mod:`scopebench.profiler.collectives`). A step that trains keeps the ledger on
+        one rank without a group too (one-rank DDP: every phase is work, split into compute and
+        host overhead under torch). A no-op where the ledger is off."""
+        self._trains = True
         if not self._ledger_possible():
             return
         from torch.nn.parallel import DistributedDataParallel
@@ -417,18 +421,18 @@ class Profiler:
 
     def _ledger_possible(self) -> bool:
         """The ledger runs on CPU under a backend that reports its own cost (``custom``,
-        ``torch``) wherever a process group exists: several ranks, or one rank of a backend that
-        communicates on its own (ZeRO and FSDP2 alone). A process without a group (one-rank DDP,
-        the imaging benchmarks alone) has nothing to wait for or transfer, and pays nothing. On
-        CUDA a collective's call returns before its kernels run, so host-side intervals do not
-        say when a rank waited: not measured there yet. ``SCOPEBENCH_LEDGER=0`` turns it off
-        (``perf/ledger_cost.py`` measures it against that)."""
+        ``torch``) wherever a process group exists (several ranks, or FSDP2 alone, a group of
+        one) or a training step was named (:meth:`track_communication`: one-rank DDP). Any other
+        process without a group (the imaging benchmarks alone) has nothing to wait for or
+        transfer, and pays nothing. On CUDA a collective's call returns before its kernels run,
+        so host-side intervals do not say when a rank waited: not measured there yet.
+        ``SCOPEBENCH_LEDGER=0`` turns it off (``perf/ledger_cost.py`` measures it against that)."""
         import torch.distributed as dist
 
         if os.environ.get("SCOPEBENCH_LEDGER", "1") == "0":
             return False
         grouped = dist.is_available() and dist.is_initialized()
-        return self.reports_overhead and not self.ops.is_cuda and grouped
+        return self.reports_overhead and not self.ops.is_cuda and (grouped or self._trains)
 
     def _ledger_metrics(self, stop: float, metrics: dict[str, Any]) -> dict[str, Any]:
         """This rank's ledger columns and the iteration's late rank (:mod:`scopebench.profiler.ledger`),
