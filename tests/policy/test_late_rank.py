@@ -207,13 +207,16 @@ def test_collective_bytes_are_what_each_backend_must_move(tmp_path_factory, caps
     assert _bytes(zero3, "bwd", "reduce_scatter") == weights + biases == param_bytes(2, 512)
 
 
-def test_a_zero3_run_gives_torch_s_linear_back(tmp_path_factory, capsys):
-    """ZeRO-3 swaps ``torch.nn.functional.linear`` for its own for the rest of the process: a
-    later run in it (benchopt's next solver, estimate-memory's fake forward: 36.4 GiB instead of
-    41.6 in CI) saved other activations. Closing the run gives torch's back."""
+def test_a_second_zero3_run_in_one_process_runs_and_gives_torch_s_linear_back(tmp_path_factory, capsys):
+    """ZeRO-3 leaves process-wide state behind, which closing a run now forgets: it swaps
+    ``torch.nn.functional.linear`` for its own (a later run, estimate-memory's fake forward,
+    saved other activations: 36.4 GiB instead of 41.6 in CI), and it numbers parameters and
+    modules with process-wide counters it checks across ranks (a second run's rank 0 counted on
+    from the first while its spawned rank 1 counted from 0: "disagreement on list contents")."""
     import torch.nn.functional as F
 
-    even(tmp_path_factory, capsys, "zero3")
+    even(tmp_path_factory, capsys, "zero3")  # profile() asserts each run exits 0
+    profile(tmp_path_factory, capsys, "zero3", "stalled", delay_ms=0, width=256, layers=2)
     assert F.linear is torch._C._nn.linear
 
 

@@ -208,6 +208,18 @@ def release_accelerator() -> None:
 
         if F.linear is getattr(partition, "zero3_linear_wrap", None):
             F.linear = original
+    # ZeRO-3 numbers parameters and modules with process-wide counters (Init.param_id, and a
+    # mutable default of DeepSpeedZeRoOffload._register_deepspeed_module) and checks the numbers
+    # agree across ranks: in a second run of this process, rank 0 counted on from the first
+    # while freshly spawned ranks counted from 0 ("disagreement on list contents").
+    init = getattr(partition, "Init", None)
+    if init is not None:
+        init.param_id = 0
+    offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
+    register = getattr(getattr(offload, "DeepSpeedZeRoOffload", None), "_register_deepspeed_module", None)
+    defaults = getattr(register, "__defaults__", None)
+    if defaults and isinstance(defaults[0], list) and defaults[0]:
+        defaults[0][0] = 0
     saved, _SAVED_ENV = _SAVED_ENV, None
     for key, value in (saved or {}).items():
         if value is None:
