@@ -294,26 +294,15 @@ LEDGER_PARTS = ("work", "comm_wait_peer", "comm_transfer", "comm_hidden", "compu
 
 def ledger_report(rank_rows: list[list[dict]], per_step: list[dict]) -> dict:
     """The JSON's ``late_rank``, ``ledger``, ``collectives`` and ``clock_align_error_sec``
-    (:mod:`scopebench.report.ledger`; null without the ledger: one rank, or turned off)."""
-    from scopebench import stats
+    (:mod:`scopebench.report.ledger`; null without the ledger: turned off, or on CUDA)."""
     from scopebench.policy.phases import TRAIN_PHASES
-    from scopebench.report.ledger import collective_table, late_rank_summary, ledger_table
+    from scopebench.report.ledger import collective_table, late_rank_summary, ledger_table, phase_collectives
 
     if not rank_rows or not any("late_rank_delay_sec" in row or "bwd_work_sec" in row for row in rank_rows[0]):
         return {"late_rank": None, "ledger": None, "collectives": None, "clock_align_error_sec": None}
     late = late_rank_summary(per_step)
     own = rank_rows[0]  # rank 0's own rows: the bytes every rank moves
-    per_phase: dict[str, dict] = {}
-    for phase in TRAIN_PHASES:
-        prefix = f"{phase}_comm_"
-        ops = {
-            k[len(prefix) : -len("_bytes")] for row in own for k in row if k.startswith(prefix) and k.endswith("_bytes")
-        }
-        for op in sorted(ops):
-            per_phase.setdefault(phase, {})[op] = {
-                f"{what}_per_step": stats.median([row.get(f"{prefix}{op}_{what}", 0) for row in own])
-                for what in ("bytes", "calls")
-            }
+    per_phase = phase_collectives(own, TRAIN_PHASES)
     return {
         "late_rank": None if late is None else late.as_dict(),
         "ledger": {

@@ -50,6 +50,7 @@ __all__ = [
     "config_late_rank",
     "ledger_regions",
     "ledger_rows",
+    "phase_collectives",
     "ledger_table",
     "late_rank_summary",
 ]
@@ -412,6 +413,34 @@ def collective_table(rows: Iterable[Mapping[str, Any]]) -> CollectiveTable:
             medians.append(stats.median(values) if values else None)
         out.append(CollectiveLedger(op, *medians, iterations=len(have)))
     return CollectiveTable(tuple(out))
+
+
+def phase_collectives(rows: Iterable[Mapping[str, Any]], phases: Iterable[str]) -> dict[str, dict[str, dict]]:
+    """Per phase and collective op (``<phase>_comm_<op>_bytes`` in a row), the medians over
+    ``rows`` of its ``bytes_per_step`` and ``calls_per_step`` (0 in a row without the op);
+    phases that ran none are left out.
+
+    :Examples:
+        >>> rows = [{"bwd_comm_all_reduce_bytes": 8, "bwd_comm_all_reduce_calls": 1}, {"bwd_comm_all_reduce_bytes": 8}]
+        >>> phase_collectives(rows, ["forward", "bwd"])
+        {'bwd': {'all_reduce': {'bytes_per_step': 8.0, 'calls_per_step': 0.5}}}
+    """
+    rows = list(rows)
+    out: dict[str, dict[str, dict]] = {}
+    for phase in phases:
+        prefix = f"{phase}_comm_"
+        ops = {
+            k[len(prefix) : -len("_bytes")]
+            for row in rows
+            for k in row
+            if k.startswith(prefix) and k.endswith("_bytes")
+        }
+        for op in sorted(ops):
+            out.setdefault(phase, {})[op] = {
+                f"{what}_per_step": float(stats.median([row.get(f"{prefix}{op}_{what}", 0) for row in rows]))
+                for what in ("bytes", "calls")
+            }
+    return out
 
 
 def ledger_rows(config: Configuration) -> list[dict[str, Any]]:
