@@ -1,7 +1,7 @@
 """What the per-rank ledger costs a distributed step (docs/performance.md, "The ledger's cost").
 
-What it measures: ``scopebench profile-step`` on two local gloo ranks (DDP, the ``tiny`` pi05
-config), with the ledger on and off (``SCOPEBENCH_LEDGER=0``), alternating on, off, on, off over
+What it measures: ``scopebench profile-step`` on ``--nproc`` local gloo ranks (2 by default; 1:
+the one-rank ledger of a training step), DDP, the ``tiny`` pi05 config, with the ledger on and off (``SCOPEBENCH_LEDGER=0``), alternating on, off, on, off over
 ``--rounds``, each run in its own processes. Per run: the median step (``phases.total``), the
 median ``bwd``, and the profiler's reported cost per step (``profiler_cost.per_step_sec``: its
 time inside the clock, the region bookkeeping and the collective wrappers, plus outside it, where
@@ -11,10 +11,10 @@ difference of the profiler cost; then their medians and spread (min-max) over th
 Why: the ledger wraps every collective and gathers every rank's record each iteration; the step
 it measures must not change by more than the machine's noise, and its cost must be stated.
 
-Run: ``.venv/bin/python perf/ledger_cost.py [--rounds 4 --steps 20 --backend ddp]``.
+Run: ``.venv/bin/python perf/ledger_cost.py [--rounds 4 --steps 20 --backend ddp --nproc 2]``.
 Output: human-readable lines, then one JSON object on the last line::
 
-    {"rounds": int, "steps": int, "backend": str,
+    {"rounds": int, "steps": int, "backend": str, "nproc": int,
      "on": {"step_ms": [...], "bwd_ms": [...], "profiler_cost_us": [...]}, "off": {...},
      "step_ratio_median": float, "step_ratio_min": float, "step_ratio_max": float,
      "cost_delta_us_median": float, "cost_delta_us_min": float, "cost_delta_us_max": float}
@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def one_run(ledger: bool, steps: int, backend: str) -> dict:
+def one_run(ledger: bool, steps: int, backend: str, nproc: int = 2) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "step.json"
         env = {**os.environ, "SCOPEBENCH_LEDGER": "1" if ledger else "0"}
@@ -48,7 +48,7 @@ def one_run(ledger: bool, steps: int, backend: str) -> dict:
         ]
         cmd += [
             "--nproc-per-node",
-            "2",
+            str(nproc),
             "--steps",
             str(steps),
             "--warmup",
@@ -72,11 +72,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--backend", default="ddp")
+    parser.add_argument("--nproc", type=int, default=2, help="local ranks (1: the one-rank ledger)")
     args = parser.parse_args()
     runs: dict[str, list[dict]] = {"on": [], "off": []}
     for i in range(args.rounds):
         for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
-            run = one_run(mode == "on", args.steps, args.backend)
+            run = one_run(mode == "on", args.steps, args.backend, args.nproc)
             assert run["ledger_columns"] == (mode == "on"), "SCOPEBENCH_LEDGER did not switch the ledger"
             runs[mode].append(run)
             print(
@@ -90,6 +91,7 @@ def main() -> None:
         "rounds": args.rounds,
         "steps": args.steps,
         "backend": args.backend,
+        "nproc": args.nproc,
         **{
             mode: {k: [r[k] for r in rs] for k in ("step_ms", "bwd_ms", "profiler_cost_us")}
             for mode, rs in runs.items()
