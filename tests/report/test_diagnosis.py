@@ -363,6 +363,10 @@ def test_host_overhead_names_the_backend_s_hooks(tmp_path):
     assert "FSDP2's pre/post forward and backward hooks" in fsdp2.advice
     (ddp,) = of_rule(tmp_path, "dp", [train(params={"backend": "ddp"}, extra=extra)], "host-overhead")
     assert "DDP's reducer hooks" in ddp.advice and "bucket_cap_mb" in ddp.advice
+    # One rank under DDP runs no wrapper (the ledger still splits a training step): no DDP hooks to blame
+    alone = {"world_size": 1, "bwd_work_sec": 0.02, "bwd_host_overhead_sec": 0.008}
+    (one,) = of_rule(tmp_path, "dp1", [train(params={"backend": "ddp"}, extra=alone)], "host-overhead")
+    assert "DDP" not in one.advice and "fewer small parameters" in one.advice
     # Imaging inference is no training step: its host overhead is not this rule's
     assert of_rule(tmp_path, "pnp", [pnp({"gradient_host_overhead_sec": 0.008})], "host-overhead") == []
 

@@ -199,7 +199,7 @@ def host_overhead(config: Configuration, others: list[Configuration]) -> list[Fi
     if workload(config) not in ("policy", "unrolled"):
         return []
     backend = _backend(config)
-    if backend is not None:
+    if backend is not None and (config.ranks() > 1 or backend.fully_shards):  # one-rank DDP: no wrapper
         advice = f"under {backend.title} every step runs {backend.host_hooks}: try {backend.host_hooks_advice}"
     else:
         advice = (
