@@ -193,8 +193,8 @@ class Profiler:
         self._rank_pgids: set[int] | None = None
         #: ``profiler_memory``'s per-region breakdown, once :meth:`track_memory` was called.
         self._memory: Any = None
-        #: The ledger's clock alignment ``(offset, error, how)`` once it is on (several CPU ranks,
-        #: a backend that reports its overhead), and the recorded iteration's region spans.
+        #: The ledger's clock alignment ``(offset, error, how)`` once it is on (:meth:`_ledger_possible`),
+        #: and the recorded iteration's region spans.
         self._ledger: tuple[float, float, str] | None = None
         self._trains = False  # track_communication was called: the ledger also on one rank
         self._spans: list[tuple[str, float, float]] | None = None
