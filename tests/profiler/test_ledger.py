@@ -196,3 +196,22 @@ def test_with_operator_time_the_work_splits_into_compute_and_host_overhead_and_n
     assert ledger_metrics(records, 0)["late_rank_cause"] == "compute"
     records[1].compute = {}
     assert ledger_metrics(records, 0)["late_rank_cause"] == "work"
+
+
+def test_the_work_is_the_reported_region_time_less_the_blocked_time():
+    """Under torch a region's time is its operator-event range, read on another clock than the
+    ledger's spans: a thread descheduled between the reads (CI: 4 ms under two busy loops) left
+    the columns short of it. The work is now the reported time less the blocked time."""
+    from types import SimpleNamespace
+
+    from scopebench.profiler.base import Profiler
+
+    prof = SimpleNamespace(region_time_key="{}_cpu_sec")
+    out = {"bwd_work_sec": 0.0204, "bwd_comm_wait_peer_sec": 0.001, "bwd_comm_transfer_sec": 0.002,
+           "bwd_host_overhead_sec": 0.0104}  # fmt: skip
+    metrics = {"bwd_cpu_sec": 0.0274, "bwd_compute_sec": 0.010}
+    Profiler._work_from_region_time(prof, out, metrics)
+    assert out["bwd_work_sec"] == pytest.approx(0.0244)
+    assert out["bwd_host_overhead_sec"] == pytest.approx(0.0144)
+    parts = out["bwd_work_sec"] + out["bwd_comm_wait_peer_sec"] + out["bwd_comm_transfer_sec"]
+    assert parts == pytest.approx(metrics["bwd_cpu_sec"])

@@ -458,11 +458,31 @@ class Profiler:
         records = gather_objects(mine)
         self.ledger_records = records
         out = ledger_metrics(records, self.rank)
+        self._work_from_region_time(out, metrics)
         out["clock_align_error_sec"] = error
         if self._timelines < TIMELINE_ITERATIONS and len(records) > 1:  # one rank: no lanes to compare
             self._timelines += 1
             out["ledger_timeline"] = ledger_timeline(records)
         return out
+
+    def _work_from_region_time(self, out: dict[str, Any], metrics: dict[str, Any]) -> None:
+        """Each region's work as its reported time (``region_time_key``) less its blocked time,
+        so that the ledger's columns add up to the time the run reports. The torch backend
+        reports a region's operator-event range, read on another clock than the ledger's spans
+        (``perf_counter`` just inside it): a thread descheduled between the two reads (a few ms
+        on a loaded machine) would otherwise leave the columns short of the region's time."""
+        if not self.region_time_key:
+            return
+        for key in [k for k in out if k.endswith("_work_sec")]:
+            region = key[: -len("_work_sec")]
+            time_sec = metrics.get(self.region_time_key.format(region))
+            if not isinstance(time_sec, (int, float)):
+                continue
+            blocked = out.get(f"{region}_comm_wait_peer_sec", 0.0) + out.get(f"{region}_comm_transfer_sec", 0.0)
+            out[key] = max(time_sec - blocked, 0.0)
+            compute = metrics.get(f"{region}_compute_sec")
+            if f"{region}_host_overhead_sec" in out and isinstance(compute, (int, float)):
+                out[f"{region}_host_overhead_sec"] = max(out[key] - compute, 0.0)
 
     def _start_sampler(self) -> None:
         """Start the host sampler when the window begins (off: ``SCOPEBENCH_SAMPLER_PERIOD_SEC=0``)."""
