@@ -201,17 +201,14 @@ def test_with_operator_time_the_work_splits_into_compute_and_host_overhead_and_n
 def test_the_work_is_the_reported_region_time_less_the_blocked_time():
     """Under torch a region's time is its operator-event range, read on another clock than the
     ledger's spans: a thread descheduled between the reads (CI: 4 ms under two busy loops) left
-    the columns short of it. The work is now the reported time less the blocked time."""
-    from types import SimpleNamespace
-
-    from scopebench.profiler.base import Profiler
-
-    prof = SimpleNamespace(region_time_key="{}_cpu_sec")
-    out = {"bwd_work_sec": 0.0204, "bwd_comm_wait_peer_sec": 0.001, "bwd_comm_transfer_sec": 0.002,
-           "bwd_host_overhead_sec": 0.0104}  # fmt: skip
-    metrics = {"bwd_cpu_sec": 0.0274, "bwd_compute_sec": 0.010}
-    Profiler._work_from_region_time(prof, out, metrics)
-    assert out["bwd_work_sec"] == pytest.approx(0.0244)
-    assert out["bwd_host_overhead_sec"] == pytest.approx(0.0144)
-    parts = out["bwd_work_sec"] + out["bwd_comm_wait_peer_sec"] + out["bwd_comm_transfer_sec"]
-    assert parts == pytest.approx(metrics["bwd_cpu_sec"])
+    the columns short of it. The work is the reported time less the blocked time."""
+    rec = RankRecord(0, [("bwd", 0.0, 0.0204)], [("g", 0, "all_reduce", 1, 8, 0.010, 0.013)], [(0.010, 0.013, [0])])
+    rec.compute, rec.times = {"bwd": 0.010}, {"bwd": 0.0244}
+    row = ledger_metrics([rec], 0)
+    assert row["bwd_comm_transfer_sec"] == pytest.approx(0.003)
+    assert row["bwd_work_sec"] == pytest.approx(0.0214)
+    assert row["bwd_host_overhead_sec"] == pytest.approx(0.0114)
+    parts = row["bwd_work_sec"] + row["bwd_comm_wait_peer_sec"] + row["bwd_comm_transfer_sec"]
+    assert parts == pytest.approx(rec.times["bwd"])
+    rec.times = {}  # no reported time: the spans' length
+    assert ledger_metrics([rec], 0)["bwd_work_sec"] == pytest.approx(0.0174)

@@ -454,35 +454,25 @@ class Profiler:
             stop - offset,
             self._t0 - offset,
             {k[: -len("_compute_sec")]: v for k, v in metrics.items() if k.endswith("_compute_sec")},
+            self._region_times(metrics, {name for name, _s, _e in spans}),
         )
         records = gather_objects(mine)
         self.ledger_records = records
         out = ledger_metrics(records, self.rank)
-        self._work_from_region_time(out, metrics)
         out["clock_align_error_sec"] = error
         if self._timelines < TIMELINE_ITERATIONS and len(records) > 1:  # one rank: no lanes to compare
             self._timelines += 1
             out["ledger_timeline"] = ledger_timeline(records)
         return out
 
-    def _work_from_region_time(self, out: dict[str, Any], metrics: dict[str, Any]) -> None:
-        """Each region's work as its reported time (``region_time_key``) less its blocked time,
-        so that the ledger's columns add up to the time the run reports. The torch backend
-        reports a region's operator-event range, read on another clock than the ledger's spans
-        (``perf_counter`` just inside it): a thread descheduled between the two reads (a few ms
-        on a loaded machine) would otherwise leave the columns short of the region's time."""
+    def _region_times(self, metrics: dict[str, Any], regions: set[str]) -> dict[str, float]:
+        """The regions' time as this backend reports it (``region_time_key``), for the ledger's
+        work (:attr:`~scopebench.profiler.ledger.RankRecord.times`): its columns then add up to
+        the time the run reports, on whichever clock the backend read it."""
         if not self.region_time_key:
-            return
-        for key in [k for k in out if k.endswith("_work_sec")]:
-            region = key[: -len("_work_sec")]
-            time_sec = metrics.get(self.region_time_key.format(region))
-            if not isinstance(time_sec, (int, float)):
-                continue
-            blocked = out.get(f"{region}_comm_wait_peer_sec", 0.0) + out.get(f"{region}_comm_transfer_sec", 0.0)
-            out[key] = max(time_sec - blocked, 0.0)
-            compute = metrics.get(f"{region}_compute_sec")
-            if f"{region}_host_overhead_sec" in out and isinstance(compute, (int, float)):
-                out[f"{region}_host_overhead_sec"] = max(out[key] - compute, 0.0)
+            return {}
+        times = {name: metrics.get(self.region_time_key.format(name)) for name in regions}
+        return {name: float(t) for name, t in times.items() if isinstance(t, (int, float))}
 
     def _start_sampler(self) -> None:
         """Start the host sampler when the window begins (off: ``SCOPEBENCH_SAMPLER_PERIOD_SEC=0``)."""

@@ -68,6 +68,10 @@ class RankRecord:
     start: float | None = None
     #: Its regions' operator time (``<region>_compute_sec``, torch backend), else empty.
     compute: dict[str, float] = field(default_factory=dict)
+    #: Its regions' time as the run reports it, where that is not the spans' length (the torch
+    #: backend's operator-event ranges, read on another clock: a thread descheduled between the
+    #: two reads loses the difference); a region's work is this less its blocked time.
+    times: dict[str, float] = field(default_factory=dict)
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -204,7 +208,7 @@ def _rank_ledger(rec: RankRecord, latest: dict) -> tuple[dict[str, Any], dict[in
     out: dict[str, Any] = {}
     waited: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for name, region in spans.items():
-        total = length(region)
+        total = rec.times.get(name, length(region))
         in_blocked = length(intersect(region, blocked))
         wait_peer = 0.0
         for s, e, who in peer:
