@@ -1,7 +1,8 @@
 """What the per-rank ledger costs a distributed step (docs/performance.md, "The ledger's cost").
 
 What it measures: ``scopebench profile-step`` on ``--nproc`` local gloo ranks (2 by default; 1:
-the one-rank ledger of a training step), DDP, the ``tiny`` pi05 config, with the ledger on and off (``SCOPEBENCH_LEDGER=0``), alternating on, off, on, off over
+the one-rank ledger of a training step), DDP, the ``tiny`` pi05 config, with the ledger on and
+off (``SCOPEBENCH_LEDGER=0``), alternating on, off, on, off over
 ``--rounds``, each run in its own processes. Per run: the median step (``phases.total``), the
 median ``bwd``, and the profiler's reported cost per step (``profiler_cost.per_step_sec``: its
 time inside the clock, the region bookkeeping and the collective wrappers, plus outside it, where

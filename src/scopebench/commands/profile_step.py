@@ -42,14 +42,16 @@ sampler's other-process share and steal per measured step, null where it gave no
 sampler off), ``profiler_cost`` (``per_step_sec``, ``share_pct``, ``inside_sec``,
 ``outside_sec``, ``startup_sec``, ``sampler_cpu_sec``, ``steps``, ``line``: what the profiler
 cost the measured steps, :func:`scopebench.report.cost.measured_cost`; null without
-``profiler_overhead_sec``), ``environment``; the ledger (docs/profiler.md, "Why a distributed step is slow"):
+``profiler_overhead_sec``), ``environment``; the ledger (docs/profiler.md, "Why a distributed
+step is slow"):
 ``late_rank`` (``rank``, ``delay_sec``, ``region``, ``wait_region``, ``work_excess_sec``,
 ``start_lag_sec``, ``cause``, ``share_pct``, ``iterations``, ``counted``, ``step_sec``,
 ``delay_pct``, ``line``; null when no rank is consistently late,
 :func:`scopebench.report.ledger.late_rank_summary`), ``ledger`` (``per_rank``: ``rank`` and
 ``phases``, per phase ``time_sec``, ``work_sec``, ``wait_peer_sec``, ``transfer_sec``,
 ``hidden_sec``, ``pct``), ``collectives`` (``per_op``, ``per_phase``) and
-``clock_align_error_sec`` (``late_rank`` null on one rank; all null with ``SCOPEBENCH_LEDGER=0``), and each rank's ``samples`` carry
+``clock_align_error_sec`` (``late_rank`` null on one rank; all null with
+``SCOPEBENCH_LEDGER=0``), and each rank's ``samples`` carry
 ``<phase>_work_sec``, ``_comm_wait_peer_sec``, ``_comm_transfer_sec``, ``_comm_hidden_sec``
 (and with ``--profiler-mode torch`` ``_compute_sec`` and ``_host_overhead_sec``); ``profiler_mode``
 says which backend timed the steps (``custom``, or ``torch``: phases are its regions' CPU ranges).

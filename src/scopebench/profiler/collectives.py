@@ -125,9 +125,10 @@ class CommRecorder:
 
     # -- recording window ---------------------------------------------------------------
     def restart_sequences(self) -> None:
-        """Count every group's collectives from 0 again, recording off: every rank calls this at the same point
-        (a profiler's first recorded iteration), so the numbers match across ranks even when this
-        process ran other groups before (a tool run twice in one process, a test session)."""
+        """Count every group's collectives from 0 again, recording off: every rank calls this at
+        the same point (a profiler's first recorded iteration), so the numbers match across ranks
+        even when this process ran other groups before (a tool run twice in one process, a test
+        session)."""
         with self._lock:
             self.active = False
             self._seq = {}

@@ -179,8 +179,8 @@ def build_accelerator(settings: AcceleratorSettings, info: Any, device: Any):
 
 
 def release_accelerator() -> None:
-    """Forget accelerate's and DeepSpeed's process-wide state (ZeRO-3's linear included) and restore the launcher
-    variables (the group itself belongs to DistSession)."""
+    """Forget accelerate's and DeepSpeed's process-wide state (ZeRO-3's linear and counters
+    included) and restore the launcher variables (the group itself belongs to DistSession)."""
     from accelerate.state import AcceleratorState, GradientState
 
     global _SAVED_ENV
