@@ -9,7 +9,16 @@ import torch
 import torch.distributed as dist
 
 from scopebench.profiler.collectives import CommRecorder
-from scopebench.profiler.ledger import RankRecord, busbw_factor, ledger_metrics, union
+from scopebench.profiler.ledger import (
+    RankRecord,
+    busbw_factor,
+    host_hooks,
+    intersect,
+    ledger_metrics,
+    length,
+    subtract,
+    union,
+)
 
 
 def _two_ranks(late: float = 0.2) -> list[RankRecord]:
@@ -109,6 +118,32 @@ def one_rank(tmp_path):
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+def test_subtract_keeps_exactly_the_points_outside_on_random_intervals():
+    rng = random.Random(3)
+    for _ in range(300):
+        a = union([(x, x + rng.randint(1, 6)) for x in rng.sample(range(40), rng.randint(0, 6))])
+        b = union([(x, x + rng.randint(1, 6)) for x in rng.sample(range(40), rng.randint(0, 6))])
+        out = subtract(a, b)
+        inside = {t for s, e in a for t in range(s, e)} - {t for s, e in b for t in range(s, e)}
+        assert {t for s, e in out for t in range(s, e)} == inside, (a, b, out)
+        assert out == union(out) and intersect(out, b) == []  # disjoint, sorted, nothing of b
+        assert length(out) + length(intersect(a, b)) == length(a)
+
+
+def test_framework_hooks_are_their_time_outside_blocked_waits_at_most_the_host_overhead():
+    rec = RankRecord(0, [("fwd", 0.0, 1.0), ("bwd", 1.0, 2.0)], waits=[(1.2, 1.5, [0]), (1.4, 1.6, [0])])
+    hooks = {"fwd": [(0.1, 0.3), (0.2, 0.4)], "bwd": [(1.1, 1.3), (1.55, 1.7)], "opt": [(2.1, 2.2)]}
+    columns = {"fwd_host_overhead_sec": 0.25, "bwd_host_overhead_sec": 0.1}
+    out = host_hooks(rec, hooks, columns)
+    # fwd: the overlapping hooks count once (0.3); at most its host overhead (0.25). bwd: less the
+    # two waits' union [1.2, 1.6] leaves 0.1 + 0.1, capped at 0.1; opt has no host overhead.
+    assert out == {"fwd_host_hooks_sec": 0.25, "bwd_host_hooks_sec": 0.1}
+    assert host_hooks(rec, hooks, {"fwd_host_overhead_sec": 1.0, "bwd_host_overhead_sec": 1.0}) == {
+        "fwd_host_hooks_sec": pytest.approx(0.3),
+        "bwd_host_hooks_sec": pytest.approx(0.2),
+    }
 
 
 def test_the_recorder_sees_blocking_and_asynchronous_calls_once_and_only_while_active(one_rank):

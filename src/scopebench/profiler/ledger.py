@@ -42,11 +42,13 @@ __all__ = [
     "RankRecord",
     "blocked_intervals",
     "busbw_factor",
+    "host_hooks",
     "intersect",
     "last_arrivals",
     "ledger_metrics",
     "ledger_timeline",
     "length",
+    "subtract",
     "union",
 ]
 
@@ -106,6 +108,28 @@ def intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> lis
             i += 1
         else:
             j += 1
+    return out
+
+
+def subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of disjoint sorted intervals ``a`` outside disjoint sorted intervals ``b``.
+
+    :Examples:
+        >>> subtract([(0, 10), (12, 14)], [(2, 3), (9, 13)])
+        [(0, 2), (3, 9), (13, 14)]
+    """
+    out, j = [], 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > s:
+                out.append((s, b[k][0]))
+            s = max(s, b[k][1])
+            k += 1
+        if e > s:
+            out.append((s, e))
     return out
 
 
@@ -254,6 +278,31 @@ def _operations(rec: RankRecord, latest: dict, blocked: list[tuple[float, float]
             transfer += max(done - latest[(group, seq)][0], 0.0)
         if moved and transfer > 0:
             out[f"comm_{op}_busbw_gb_per_sec"] = moved / transfer / 1e9
+    return out
+
+
+def host_hooks(
+    rec: RankRecord, hooks: dict[str, list[tuple[float, float]]], columns: dict[str, Any]
+) -> dict[str, float]:
+    """``<region>_host_hooks_sec``: per region, the time the training framework's own hooks ran on
+    its thread outside operators (``hooks``: intervals on rank 0's clock, from
+    :func:`scopebench.profiler.torch_events.analyse_events`) less the time ``rec``'s rank was
+    blocked, at most the region's ``<region>_host_overhead_sec`` in ``columns``: the part of the
+    host overhead a framework's events name. Regions without a host overhead are left out.
+
+    :Examples:
+        >>> rec = RankRecord(0, [("bwd", 0.0, 1.0)], waits=[(0.5, 0.7, [])])
+        >>> host_hooks(rec, {"bwd": [(0.1, 0.2), (0.4, 0.8)]}, {"bwd_host_overhead_sec": 0.5})
+        {'bwd_host_hooks_sec': 0.3}
+    """
+    blocked = union([(s, e) for s, e, _calls in rec.waits])
+    out: dict[str, float] = {}
+    for region, intervals in hooks.items():
+        host = columns.get(f"{region}_host_overhead_sec")
+        if host is None:
+            continue
+        ran = subtract(union(intervals), blocked)
+        out[f"{region}_host_hooks_sec"] = round(min(length(ran), host), 9)
     return out
 
 
