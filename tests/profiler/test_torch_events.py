@@ -256,3 +256,51 @@ def test_compute_is_the_operators_time_not_the_python_around_them():
     metrics, _ = analyse_events(kineto_events(prof), {"work"}, with_ops=False)
     assert 0 < metrics["work_compute_sec"] <= ops_sec * 1.05
     assert metrics["work_cpu_sec"] - metrics["work_compute_sec"] >= 0.03 * 0.95
+
+
+def test_framework_hooks_are_their_marked_ranges_outside_operators_and_only_those():
+    """A region whose ``FSDP::`` range (a framework's mark) busy-waits in Python around matrix
+    products, then busy-waits outside any mark: the hooks' intervals hold the marked busy-wait,
+    not its operators and not the unmarked busy-wait; a trace without marks names none."""
+    import time
+
+    from scopebench.profiler.trace_ledger import clock_offset_ns
+
+    def spin(seconds):  # its real time: on a busy machine a busy-wait that loses the CPU ends late
+        begin = time.perf_counter()
+        while time.perf_counter() < begin + seconds:
+            pass
+        return time.perf_counter() - begin
+
+    a = torch.randn(200, 200)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("bwd"):
+            with record_function("FSDP::post_backward_reduce (0)"):
+                marked = time.perf_counter()
+                spun = spin(0.02)
+                ops = time.perf_counter()
+                for _ in range(10):
+                    a = torch.tanh(a @ a)
+                ops = time.perf_counter() - ops
+                spun += spin(0.01)
+                marked = (marked, time.perf_counter())
+            spin(0.03)  # the user's own Python: host overhead, no framework's
+    hooks: dict = {}
+    metrics, _ = analyse_events(kineto_events(prof), {"bwd"}, with_ops=False, hooks=hooks)
+    assert list(hooks) == ["bwd"]
+    ran = union(hooks["bwd"])
+    # The marked busy-waits and the Python between its operators; the operators and the rest not.
+    took = length(ran) * 1e-9
+    assert spun * 0.95 <= took <= marked[1] - marked[0] - metrics["bwd_compute_sec"] + 1e-3, (spun, took, ran)
+    assert took <= metrics["bwd_cpu_sec"] - 0.03 - metrics["bwd_compute_sec"] + 1e-3
+    assert metrics["bwd_compute_sec"] <= ops * 1.05
+    assert metrics["bwd_hooks_compute_sec"] == pytest.approx(metrics["bwd_compute_sec"])  # every op in the mark
+    # On perf_counter's clock (the ledger's), the intervals lie inside the mark's own reads.
+    shift = clock_offset_ns()
+    assert marked[0] - 1e-3 <= (ran[0][0] - shift) * 1e-9 and (ran[-1][1] - shift) * 1e-9 <= marked[1] + 1e-3
+    with profile(activities=[ProfilerActivity.CPU]) as plain:
+        with record_function("bwd"):
+            spin(0.005)
+    none: dict = {}
+    metrics, _ = analyse_events(kineto_events(plain), {"bwd"}, with_ops=False, hooks=none)
+    assert none == {} and "bwd_hooks_compute_sec" not in metrics

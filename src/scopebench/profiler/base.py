@@ -443,6 +443,7 @@ class Profiler:
         offset, error, _how = self._ledger
         calls, waits = recorder.take()
         spans, self._spans = self._spans or [], None
+        regions = {name for name, _s, _e in spans}
         mine = RankRecord(
             self.rank,
             [(name, s - offset, e - offset) for name, s, e in spans],
@@ -453,8 +454,8 @@ class Profiler:
             [(w.start - offset, w.end - offset, w.calls) for w in waits],
             stop - offset,
             self._t0 - offset,
-            {k[: -len("_compute_sec")]: v for k, v in metrics.items() if k.endswith("_compute_sec")},
-            self._region_times(metrics, {name for name, _s, _e in spans}),
+            {name: metrics[f"{name}_compute_sec"] for name in regions if f"{name}_compute_sec" in metrics},
+            self._region_times(metrics, regions),
         )
         records = gather_objects(mine)
         self.ledger_records = records

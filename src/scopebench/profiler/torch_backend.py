@@ -7,7 +7,10 @@ communication inside it), plus ``comm_cuda_sec`` (communication inside regions),
 ``comm_sync_sec`` (communication outside every region), ``total_time_sec``,
 ``step_time_sec`` (``total_time_sec - callback_time_sec``, derived by the base class),
 ``max_gpu_mb``, ``callback_time_sec`` and ``profiler_overhead_sec`` (profiler start, stop
-and event processing, outside the iteration clock).
+and event processing, outside the iteration clock). On CPU, ``<region>_compute_sec`` (its
+thread's operators) and, with the ledger, ``<region>_host_hooks_sec``: the framework's marked
+hooks (:data:`~scopebench.profiler.torch_events.HOOK_PREFIXES`) outside operators and blocked
+waits, mapped from kineto's clock to the ledger's.
 
 Scheduled mode (``per_step=False``) keeps one profiler running over each ``active``-long
 cycle of the window (``repeat`` cycles, 0 = forever), reports only ``total_time_sec``,
@@ -52,8 +55,9 @@ from typing import Any
 
 from scopebench.profiler.base import Profiler
 from scopebench.profiler.files import OPS_FILE, TRACE_FILE, run_name, shared_run_name, write_csv, write_exported
+from scopebench.profiler.ledger import host_hooks
 from scopebench.profiler.torch_events import STEP_MARKER, analyse_events, kineto_events
-from scopebench.profiler.trace_ledger import ledger_iteration, ledger_rewriter
+from scopebench.profiler.trace_ledger import clock_offset_ns, ledger_iteration, ledger_rewriter
 
 __all__ = ["KEPT_TRACES", "STEP_MARKER", "TRACE_FILE", "TorchProfiler"]
 
@@ -80,6 +84,9 @@ class TorchProfiler(Profiler):
         self._trace_ledger: list[Any] = []
         #: The open ``ProfilerStep#N`` range of the current iteration (scheduled mode).
         self._step_marker: Any = None
+        #: The last analysed iteration's framework-hook intervals per region (ns, kineto's clock;
+        #: :func:`~scopebench.profiler.torch_events.analyse_events`), for the ledger's host hooks.
+        self._hooks: dict[str, list[tuple[int, int]]] = {}
         #: Operator rows only exist to be written (``save_file``).
         self._with_ops = self.config.save_file
         self.op_rows: list[dict[str, Any]] = []
@@ -106,6 +113,7 @@ class TorchProfiler(Profiler):
         """Region metrics of a stopped cycle; operator rows go to :attr:`op_rows`."""
         if not (region_metrics or self._with_ops):
             return {}
+        self._hooks = {}
         metrics, rows = analyse_events(
             kineto_events(prof),
             self._regions,
@@ -114,6 +122,7 @@ class TorchProfiler(Profiler):
             on_cuda=self.ops.is_cuda,
             with_ops=self._with_ops,
             region_metrics=region_metrics,
+            hooks=self._hooks if region_metrics else None,
         )
         if rows:
             if not region_metrics:
@@ -185,6 +194,14 @@ class TorchProfiler(Profiler):
 
     def _ledger_metrics(self, stop: float, metrics: dict[str, Any]) -> dict[str, Any]:
         out = super()._ledger_metrics(stop, metrics)
+        hooks, self._hooks = self._hooks, {}
+        if hooks:
+            # kineto's clock is the wall clock's; the record's, perf_counter's less the offset
+            # to rank 0's (the mapping of scopebench.profiler.trace_ledger, within ±0.5 µs).
+            shift = clock_offset_ns() + round(self._ledger[0] * 1e9)
+            mine = next(rec for rec in self.ledger_records if rec.rank == self.rank)
+            on_record = {name: [((s - shift) / 1e9, (e - shift) / 1e9) for s, e in ivs] for name, ivs in hooks.items()}
+            out.update(host_hooks(mine, on_record, out))
         if self.config.trace_dir is not None and not self.config.per_step:
             # end_iteration counted the iteration already: it is self.iteration - 1
             item = ledger_iteration(self.iteration - 1, self.ledger_records, self.rank, out, self._ledger[0])

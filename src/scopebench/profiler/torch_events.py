@@ -25,9 +25,9 @@ from itertools import accumulate
 from typing import Any
 
 from scopebench.profiler.device import MB
-from scopebench.profiler.ledger import intersect, length, union
+from scopebench.profiler.ledger import intersect, length, subtract, union
 
-__all__ = ["STEP_MARKER", "analyse_events", "is_comm_event", "kineto_events"]
+__all__ = ["DEEPSPEED_RANGE", "HOOK_PREFIXES", "STEP_MARKER", "analyse_events", "is_comm_event", "kineto_events"]
 
 _COMM_PREFIXES = ("gloo:", "nccl:", "c10d::", "ncclkernel", "nccldevkernel", "record_param_comms")
 _COMM_INITIALS = frozenset("gGnNcCrR")  # a cheap first test: most names start "aten::"
@@ -50,6 +50,16 @@ _MEMORY, _OOM = "[memory]", "[OutOfMemory]"
 #: backend: the name torch's own ``profile.step()`` gives its steps.
 STEP_MARKER = "ProfilerStep#{}"
 _STEP_PREFIX = STEP_MARKER.format("")
+#: The prefix of the ranges :func:`scopebench.train.accelerator.build_accelerator` opens where DeepSpeed
+#: marks a function of its own on CPU (its ``instrument_w_nvtx``: NVTX on CUDA, nothing on CPU).
+DEEPSPEED_RANGE = "DeepSpeed::"
+#: Ranges that time a training framework's own host-side work on CPU, by name prefix (the
+#: ledger's ``<region>_host_hooks_sec``): FSDP2's hooks mark themselves (``FSDP::pre_forward``,
+#: ``FSDP::post_backward_reduce``...), DDP's reducer marks the copy of its buckets into the
+#: gradients (its per-parameter autograd hooks run unmarked), DeepSpeed's ZeRO functions through
+#: :data:`DEEPSPEED_RANGE`. None wraps user code (DDP's ``DistributedDataParallel.forward`` and
+#: DeepSpeed's engine ``forward`` / ``backward`` would).
+HOOK_PREFIXES = ("FSDP::", "torch.distributed.ddp.reducer::", "torch::distributed::reducer::", DEEPSPEED_RANGE)
 
 
 def _region_totals(
@@ -114,7 +124,9 @@ def _region_metrics_cpu(events: Any, regions: set[str]) -> dict[str, float] | No
     return _region_totals(cpu_ns, {}, comm)
 
 
-def _compute_cpu(events: Any, regions: set[str]) -> dict[str, float]:
+def _compute_cpu(
+    events: Any, regions: set[str], hooks: dict[str, list[tuple[int, int]]] | None = None
+) -> dict[str, float]:
     """``<region>_compute_sec`` of a CPU trace: the time the region's thread ran operators.
 
     The union of the ``aten::`` ranges on each region range's thread, clipped to the region,
@@ -122,9 +134,16 @@ def _compute_cpu(events: Any, regions: set[str]) -> dict[str, float]:
     collective makes are its own). Python, autograd's engine between nodes and framework
     hooks are not operators: the ledger's ``<region>_host_overhead_sec`` is the region's work
     minus this (:mod:`scopebench.profiler.ledger`).
+
+    When the trace holds a range of :data:`HOOK_PREFIXES` (a framework's marked hooks), also
+    ``<region>_hooks_compute_sec``: the part of that compute inside those ranges (the operators
+    the hooks ran: ZeRO-2's gradient copies into its partitions...); and ``hooks``, when given,
+    is filled per region with the intervals (ns, kineto's clock) its thread spent inside them
+    outside that compute, the hooks' part of the host overhead (blocked time still in).
     """
     spans: dict[int, list[tuple[int, int, str]]] = {}
     ops: dict[int, list[tuple[int, int]]] = {}
+    marked: dict[int, list[tuple[int, int]]] = {}
     comm: list[tuple[int, int]] = []
     for event in events:
         name = event.name()
@@ -134,14 +153,26 @@ def _compute_cpu(events: Any, regions: set[str]) -> dict[str, float]:
             ops.setdefault(event.start_thread_id(), []).append((event.start_ns(), event.end_ns()))
         elif name[:1] in _COMM_INITIALS and is_comm_event(name):
             comm.append((event.start_ns(), event.end_ns()))
+        elif name.startswith(HOOK_PREFIXES):
+            marked.setdefault(event.start_thread_id(), []).append((event.start_ns(), event.end_ns()))
     comm_union = union(comm)
     out: dict[str, float] = {name: 0.0 for ranges in spans.values() for _, _, name in ranges}
+    in_hooks = dict.fromkeys(out, 0.0)
     for thread, ranges in spans.items():
         busy = union(ops.get(thread, []))
+        framework = union(marked.get(thread, []))
         for lo, hi, name in ranges:
-            inside = intersect(busy, [(lo, hi)])
-            out[name] += (length(inside) - length(intersect(inside, comm_union))) * _NS
-    return {f"{name}_compute_sec": sec for name, sec in out.items()}
+            computing = subtract(intersect(busy, [(lo, hi)]), comm_union)
+            out[name] += length(computing) * _NS
+            if marked:
+                inside = intersect(framework, [(lo, hi)])
+                in_hooks[name] += length(intersect(computing, inside)) * _NS
+                if hooks is not None:
+                    hooks.setdefault(name, []).extend(subtract(inside, computing))
+    metrics = {f"{name}_compute_sec": sec for name, sec in out.items()}
+    if marked:
+        metrics.update({f"{name}_hooks_compute_sec": sec for name, sec in in_hooks.items()})
+    return metrics
 
 
 def is_comm_event(name: str) -> bool:
@@ -549,6 +580,7 @@ def analyse_events(
     on_cuda: bool = False,
     with_ops: bool = True,
     region_metrics: bool = True,
+    hooks: dict[str, list[tuple[int, int]]] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Per-region metrics and operator rows from one cycle's kineto events.
 
@@ -568,13 +600,17 @@ def analyse_events(
         on_cuda: Whether CUDA activity was profiled (device times and memory then count).
         with_ops: Build the operator rows.
         region_metrics: Build the per-region metrics.
+        hooks: Filled, on a CPU trace with region metrics that holds framework ranges
+            (:data:`HOOK_PREFIXES`), with each region's intervals inside them outside its
+            operators (ns, kineto's clock: the Unix epoch's wall clock); the metrics then also
+            hold ``<region>_hooks_compute_sec``, the operators inside them.
 
     Returns:
         ``(metrics, rows)``, with the values ``prof.events()`` would give: an operator's
         region is its innermost enclosing region on its thread (communication outside
         every region's range: the innermost region whose time range holds its start).
     """
-    compute = _compute_cpu(events, regions) if region_metrics and not on_cuda else {}
+    compute = _compute_cpu(events, regions, hooks) if region_metrics and not on_cuda else {}
     if region_metrics and not with_ops and not on_cuda:
         metrics = _region_metrics_cpu(events, regions)
         if metrics is not None:
