@@ -170,12 +170,65 @@ def build_accelerator(settings: AcceleratorSettings, info: Any, device: Any):
         # ``dataload_wait``/``h2d`` regions), so accelerate must not do it inside ``next``.
         device_placement=False,
     )
+    if backend.uses_deepspeed and cpu:
+        _mark_deepspeed_ranges()
     if accelerator.num_processes != info.world_size:
         raise RuntimeError(
             f"accelerate sees {accelerator.num_processes} process(es) but the group has {info.world_size} "
             f"({info.source}); its distributed type is {accelerator.distributed_type}"
         )
     return accelerator
+
+
+#: The last names of DeepSpeed's instrumented functions that wrap the user's own code: the
+#: engine's ``forward`` (the model's) and ``backward`` (the autograd pass, every hook in it), ZeRO-3's
+#: optimizer ``step`` (the torch optimizer's, around its own instrumented bookkeeping). Their
+#: ranges would count that code as DeepSpeed's.
+_DEEPSPEED_WRAPPERS = frozenset(("forward", "backward", "step"))
+
+
+class _DeepSpeedRanges:
+    """DeepSpeed's marks on CPU as ``torch.profiler`` ranges: the ZeRO functions it instruments
+    (``instrument_w_nvtx``: its hooks' ``fetch_sub_module``, ``reduce_partition_and_remove_grads``...)
+    call its accelerator's ``range_push`` / ``range_pop``, NVTX on CUDA and nothing on CPU.
+    While a torch profiler runs, each opens ``record_function("DeepSpeed::<qualname>")``
+    (:data:`scopebench.profiler.torch_events.DEEPSPEED_RANGE`), which the ledger counts as the
+    framework's hooks; otherwise a push costs a check. Per thread, as the marks nest."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import torch.autograd.profiler
+        from torch.profiler import record_function
+
+        from scopebench.profiler.torch_events import DEEPSPEED_RANGE
+
+        self._local = threading.local()
+        self._profiler, self._range, self._prefix = torch.autograd.profiler, record_function, DEEPSPEED_RANGE
+
+    def push(self, msg: str, domain: Any = None, category: Any = None) -> None:
+        stack = self._local.__dict__.setdefault("stack", [])
+        mark = None
+        if self._profiler._is_profiler_enabled and msg.rpartition(".")[2] not in _DEEPSPEED_WRAPPERS:
+            mark = self._range(self._prefix + msg)
+            mark.__enter__()
+        stack.append(mark)
+
+    def pop(self, domain: Any = None) -> None:
+        stack = self._local.__dict__.get("stack")
+        mark = stack.pop() if stack else None
+        if mark is not None:
+            mark.__exit__(None, None, None)
+
+
+def _mark_deepspeed_ranges() -> None:
+    """Route DeepSpeed's CPU accelerator's marks to :class:`_DeepSpeedRanges` (undone by
+    :func:`release_accelerator`)."""
+    from deepspeed.accelerator import get_accelerator
+
+    marks = _DeepSpeedRanges()
+    ds = get_accelerator()
+    ds.range_push, ds.range_pop = marks.push, marks.pop
 
 
 def release_accelerator() -> None:
@@ -215,6 +268,11 @@ def release_accelerator() -> None:
     init = getattr(partition, "Init", None)
     if init is not None:
         init.param_id = 0
+    # The marks of _mark_deepspeed_ranges live on DeepSpeed's accelerator object, process-wide.
+    ds_accelerator = getattr(sys.modules.get("deepspeed.accelerator.real_accelerator"), "ds_accelerator", None)
+    for name in ("range_push", "range_pop"):
+        if name in getattr(ds_accelerator, "__dict__", {}):
+            delattr(ds_accelerator, name)
     offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
     register = getattr(getattr(offload, "DeepSpeedZeRoOffload", None), "_register_deepspeed_module", None)
     defaults = getattr(register, "__defaults__", None)
