@@ -92,13 +92,14 @@ def test_a_rank_stalled_in_backward_is_named_with_its_delay(tmp_path_factory, ca
 
 
 #: The even runs, one per backend (each also carries a bytes check): DDP's is the hooked model
-#: with idle hooks under the torch profiler (the hook test's baseline); ZeRO-3's has 512-wide layers, above DeepSpeed's
-#: persistence threshold, so that it partitions them.
+#: with idle hooks under the torch profiler (the hook test's baseline); ZeRO-2's and ZeRO-3's run
+#: under the torch profiler too (the framework-hooks test); ZeRO-3's has 512-wide layers, above
+#: DeepSpeed's persistence threshold, so that it partitions them.
 EVEN = {
     "ddp": ("hooked", {"hooks": 20, "hook_ms": 0, "mode": "torch"}),
     "fsdp2": ("stalled", {"delay_ms": 0}),
-    "zero2": ("stalled", {"delay_ms": 0}),
-    "zero3": ("stalled", {"delay_ms": 0, "width": 512, "layers": 2}),
+    "zero2": ("stalled", {"delay_ms": 0, "mode": "torch"}),
+    "zero3": ("stalled", {"delay_ms": 0, "width": 512, "layers": 2, "mode": "torch"}),
 }
 
 
@@ -177,6 +178,42 @@ def test_busy_gradient_hooks_are_host_overhead_not_communication(tmp_path_factor
         # step; a hook's time is never counted in them).
         for column in ("bwd_compute_sec", "bwd_comm_wait_peer_sec", "bwd_comm_transfer_sec"):
             assert grown(column) < 0.25 * took, (rank, column, samples[column])
+        # The user's hooks are not DDP's: the part of the host overhead DDP's marks time stays.
+        assert grown("bwd_host_hooks_sec") < 0.25 * took, (rank, samples["bwd_host_hooks_sec"])
+
+
+def test_each_framework_s_marked_hooks_are_named_in_the_phases_that_run_them(tmp_path_factory, capsys):
+    """Under the torch profiler, ``<phase>_host_hooks_sec`` is the part of the host overhead the
+    framework's own marks time, in the phases its hooks run: ZeRO-2 reduces gradients from hooks in
+    backward and has none in forward; ZeRO-3 also gathers parameters from forward hooks (DeepSpeed
+    marks them for NVTX; on CPU the suite turns the marks into torch ranges); FSDP2 (one rank, its
+    own ``FSDP::`` ranges) runs pre/post hooks in forward and backward and none in the optimizer
+    step. Each is at most the phase's host overhead."""
+    zero2, zero3 = even(tmp_path_factory, capsys, "zero2"), even(tmp_path_factory, capsys, "zero3")
+    fsdp2 = profile(tmp_path_factory, capsys, "fsdp2", "stalled", "torch", nproc=1, delay_ms=0)
+    expected = {
+        "zero2": (zero2, {"forward": False, "bwd": True}),
+        "zero3": (zero3, {"forward": True, "bwd": True}),
+        "fsdp2": (fsdp2, {"forward": True, "bwd": True, "optim_step": False}),
+    }
+    for backend, (report, phases) in expected.items():
+        for per_rank in report["per_rank"]:
+            samples = per_rank["samples"]
+            for phase, runs_hooks in phases.items():
+                hooks, host = samples[f"{phase}_host_hooks_sec"], samples[f"{phase}_host_overhead_sec"]
+                assert all(h <= o + 1e-9 for h, o in zip(hooks, host)), (backend, phase)
+                ops, compute = samples[f"{phase}_hooks_compute_sec"], samples[f"{phase}_compute_sec"]
+                assert all(h <= c + 1e-9 for h, c in zip(ops, compute)), (backend, phase)
+                if runs_hooks:
+                    assert min(hooks) > 0 and min(ops) > 0, (backend, phase, hooks, ops)
+                else:
+                    assert max(hooks) == 0 and max(ops) == 0, (backend, phase, hooks, ops)
+        if backend != "fsdp2":
+            assert "of it framework hooks" in report["text"], report["text"]
+    # A run's marks are its own: the accelerator DeepSpeed shares process-wide is given back.
+    from deepspeed.accelerator import get_accelerator
+
+    assert "range_push" not in vars(get_accelerator()) and "range_pop" not in vars(get_accelerator())
 
 
 def _bytes(report: dict, phase: str, op: str) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from scopebench.report.diagnosis import RULES, diagnose_all
@@ -367,8 +369,20 @@ def test_host_overhead_names_the_backend_s_hooks(tmp_path):
     alone = {"world_size": 1, "bwd_work_sec": 0.02, "bwd_host_overhead_sec": 0.008}
     (one,) = of_rule(tmp_path, "dp1", [train(params={"backend": "ddp"}, extra=alone)], "host-overhead")
     assert "DDP" not in one.advice and "fewer small parameters" in one.advice
+    assert "hooks (the ranges it marks)" not in fsdp2.message  # no host_hooks column: nothing named
     # Imaging inference is no training step: its host overhead is not this rule's
     assert of_rule(tmp_path, "pnp", [pnp({"gradient_host_overhead_sec": 0.008})], "host-overhead") == []
+
+
+def test_host_overhead_names_the_part_the_framework_s_marked_hooks_took(tmp_path):
+    extra = {**TRANSFER, "bwd_host_overhead_sec": 0.008, "bwd_host_hooks_sec": 0.005}
+    (zero3,) = of_rule(tmp_path, "z3", [train(params={"backend": "zero3"}, extra=extra)], "host-overhead")
+    found = re.search(
+        r"is ([\d.]+)% of bwd .*; DeepSpeed ZeRO-3's hooks \(the ranges it marks\) are ([\d.]+)% of bwd", zero3.message
+    )
+    assert found, zero3.message
+    host, hooks = (float(v) for v in found.groups())
+    assert hooks == pytest.approx(host * 5 / 8, abs=0.1)  # both shares of the same region time
 
 
 def test_hidden_communication_alone_is_no_problem(tmp_path):

@@ -291,7 +291,16 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
 
 
 #: The ledger's columns per phase that the JSON's per-rank samples carry (``<phase>_<part>_sec``).
-LEDGER_PARTS = ("work", "comm_wait_peer", "comm_transfer", "comm_hidden", "compute", "host_overhead")
+LEDGER_PARTS = (
+    "work",
+    "comm_wait_peer",
+    "comm_transfer",
+    "comm_hidden",
+    "compute",
+    "hooks_compute",
+    "host_overhead",
+    "host_hooks",
+)
 
 
 def ledger_report(rank_rows: list[list[dict]], per_step: list[dict]) -> dict:
@@ -359,7 +368,9 @@ def _parts(row: dict) -> list[tuple[str, float]]:
     names = {
         "work_sec": "work",
         "compute_sec": "compute",
+        "hooks_compute_sec": "of it in framework hooks",
         "host_overhead_sec": "host overhead",
+        "host_hooks_sec": "of it framework hooks",
         "wait_peer_sec": "waiting for peers",
         "transfer_sec": "transfer",
         "hidden_sec": "hidden",

@@ -5,7 +5,9 @@ time went (``docs/profiler.md``): per region ``<region>_work_sec``,
 ``<region>_comm_wait_peer_sec`` (blocked in a collective before the last rank arrived),
 ``<region>_comm_transfer_sec`` (the rest of the blocked time: the collective's own cost),
 ``<region>_comm_hidden_sec`` (collectives in flight while the rank was not blocked) and,
-in torch mode, ``<region>_compute_sec`` / ``<region>_host_overhead_sec``; per iteration the
+in torch mode, ``<region>_compute_sec`` / ``<region>_host_overhead_sec`` and, where the training
+framework marks its hooks, ``<region>_hooks_compute_sec`` / ``<region>_host_hooks_sec`` (the hooks'
+part of each); per iteration the
 rank the others waited for (``late_rank``, ``late_rank_delay_sec``, ``late_rank_region``,
 ``late_rank_work_excess_sec``, ``late_rank_cause``); per collective op ``comm_<op>_bytes``,
 ``_calls``, ``_sec``, ``_exposed_sec`` and ``_busbw_gb_per_sec``.
@@ -76,7 +78,9 @@ PARTS = (
     ("comm_transfer", "transfer"),
     ("comm_hidden", "hidden"),
     ("compute", "compute"),
+    ("hooks_compute", "of it in framework hooks"),
     ("host_overhead", "host overhead"),
+    ("host_hooks", "of it framework hooks"),
 )
 _CAUSES = {"compute": "mostly compute (operators)", "host_overhead": "mostly host overhead (Python, framework hooks)"}
 
@@ -247,7 +251,11 @@ class RegionLedger:
     hidden_sec: float | None
     """Overlapped with the work, so part of it: its share does not add to the others'."""
     compute_sec: float | None
+    hooks_compute_sec: float | None
+    """The operators the framework's marked hooks ran: part of ``compute_sec`` (torch backend)."""
     host_overhead_sec: float | None
+    host_hooks_sec: float | None
+    """The framework's marked hooks' part of the host overhead (torch backend)."""
     iterations: int
 
     def parts(self) -> dict[str, float]:
@@ -258,7 +266,9 @@ class RegionLedger:
             self.transfer_sec,
             self.hidden_sec,
             self.compute_sec,
+            self.hooks_compute_sec,
             self.host_overhead_sec,
+            self.host_hooks_sec,
         )
         return {name: v for (_, name), v in zip(PARTS, values) if v is not None}
 

@@ -49,7 +49,8 @@ COMM_PCT = 30.0
 COMM_REGION_MIN_PCT = 5.0
 #: host-overhead: a training-step region's ``<region>_host_overhead_sec`` (torch mode: its
 #: work minus its operators) above this share of the region's time (%): past a third, the
-#: device waits on the host's Python and framework hooks rather than on its own kernels.
+#: device waits on the host's Python and framework hooks rather than on its own kernels. The
+#: finding names the part the framework's marked hooks took (``<region>_host_hooks_sec``).
 HOST_OVERHEAD_PCT = 30.0
 
 _IMAGING_INFERENCE = ("PnP", "Denoiser")
@@ -214,6 +215,10 @@ def host_overhead(config: Configuration, others: list[Configuration]) -> list[Fi
                 f"host overhead (its work minus its operators: Python, framework hooks) is {pct:.1f}% of {region} "
                 f"(> {HOST_OVERHEAD_PCT:g}%)"
             )
+            hooks = _share_pct(config, region, "host_hooks_sec")
+            if hooks is not None:  # the part the framework's own marks time
+                who = f"{backend.title}'s hooks" if backend is not None else "the framework's marked hooks"
+                message += f"; {who} (the ranges it marks) are {hooks:.1f}% of {region}"
             out.append(Finding("host-overhead", config.label, message, advice))
     return out
 
