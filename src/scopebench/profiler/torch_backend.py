@@ -8,9 +8,10 @@ communication inside it), plus ``comm_cuda_sec`` (communication inside regions),
 ``step_time_sec`` (``total_time_sec - callback_time_sec``, derived by the base class),
 ``max_gpu_mb``, ``callback_time_sec`` and ``profiler_overhead_sec`` (profiler start, stop
 and event processing, outside the iteration clock). On CPU, ``<region>_compute_sec`` (its
-thread's operators) and, with the ledger, ``<region>_host_hooks_sec``: the framework's marked
-hooks (:data:`~scopebench.profiler.torch_events.HOOK_PREFIXES`) outside operators and blocked
-waits, mapped from kineto's clock to the ledger's.
+thread's operators), where the framework marks its hooks
+(:data:`~scopebench.profiler.torch_events.HOOK_PREFIXES`) ``<region>_hooks_compute_sec`` (the
+operators inside them) and, with the ledger, ``<region>_host_hooks_sec`` (the time inside them
+outside operators and blocked waits, mapped from kineto's clock to the ledger's).
 
 Scheduled mode (``per_step=False``) keeps one profiler running over each ``active``-long
 cycle of the window (``repeat`` cycles, 0 = forever), reports only ``total_time_sec``,
