@@ -143,7 +143,10 @@ class OwnTime:
     Membership is found by scanning ``/proc`` when the object is made and then every
     ``rescan_sec`` (default :data:`RESCAN_SEC`); a scan reads the ``stat`` of new pids only
     (pids seen before, in the run or not, are remembered), so after the first it costs a
-    directory listing (about 100 µs for 140 processes).
+    directory listing (about 100 µs for 140 processes). A process's ticks include those of the
+    children it reaped (``cutime``): a child of the run's that exits counts once, and one in
+    another process group (a helper in its own session) is read at every reading while it
+    lives, so that what its parent takes of it on reaping is left out.
 
     Args:
         pgids: Process groups of the run on this host (default: this process's).
@@ -162,6 +165,11 @@ class OwnTime:
         # cutime/cstime takes them again when it reaps them
         self._counted_gone: dict[int, int] = {}
         self._outside: set[int] = set()  # pids seen that are not the run's
+        # Children of the run's processes that are not the run's (another process group or session:
+        # a helper, a test's busy loop): pid -> (parent, its ticks when last read, starttime). Their
+        # time is another's while they live, and must not become the run's when the parent reaps
+        # them (its cutime then takes their whole time at once).
+        self._foreign: dict[int, tuple[int, int, int]] = {}
         self._scanned_at = 0  # uptime ticks of the last scan
         self._scan(first=True)
         self._next_scan = time.monotonic() + rescan_sec
@@ -173,14 +181,20 @@ class OwnTime:
         except OSError:
             pids = set()
         self._outside &= pids  # a pid that went away may come back as one of ours
+        others = []
         for pid in pids - self._outside - self.known.keys():
             stat = _stat(pid, self.root)
             if stat is None or stat[0] not in self.pgids:
                 self._outside.add(pid)
+                if stat is not None:
+                    others.append((pid, stat))
                 continue
             self.known[pid], self._parent[pid] = stat[1], stat[3]
             if not first and stat[2] >= self._scanned_at:
                 self.ticks += stat[1]  # born since the last scan: all its time is the run's, since then
+        for pid, stat in others:  # once every process of the run is known (a pid may precede its parent's)
+            if stat[3] in self.known:
+                self._foreign[pid] = (stat[3], stat[1], stat[2])
         self._scanned_at = now
 
     def read(self, rescan: bool = False) -> int:
@@ -190,6 +204,14 @@ class OwnTime:
             rescan: Scan ``/proc`` for the run's new processes now, not only every ``rescan_sec``.
         """
         stats = {pid: _stat(pid, self.root) for pid in self.known}
+        for pid, (parent, ticks, born) in list(self._foreign.items()):
+            stat = _stat(pid, self.root)
+            if stat is not None and stat[2] == born:
+                self._foreign[pid] = (parent, stat[1], born)
+                continue
+            del self._foreign[pid]  # gone: its parent's cutime takes its time when it reaps it
+            if parent in self.known:
+                self._counted_gone[parent] = self._counted_gone.get(parent, 0) + ticks
         # The pids gone first: a parent read in this pass may already hold a reaped child's time.
         for pid, stat in stats.items():
             if stat is None or stat[0] not in self.pgids:  # exited (or the pid was reused)

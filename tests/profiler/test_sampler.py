@@ -205,6 +205,28 @@ def test_a_worker_born_and_gone_between_scans_is_the_runs_through_its_parent(tmp
     assert own.read() == 4 + 60
 
 
+def test_a_child_in_another_group_is_never_the_runs_not_even_when_its_parent_reaps_it(tmp_path):
+    """A process of the run that starts a helper in its own session (a test's busy loop, a
+    daemon) and reaps it: the helper's time was another's while it ran; the parent's cutime then
+    takes all of it at once, which must not count as the run's (CI: a pytest worker reaped two
+    busy loops while the other worker's tool ran, whose sampler read 0.8 % other CPU)."""
+    proc = FakeProc(tmp_path)
+    proc.write(busy=100, idle=100, procs={10: (7, 0, 1), 20: (99, 500, 1, 10, 0)})  # 20: the helper
+    own = OwnTime({7}, tmp_path, rescan_sec=3600.0)
+    proc.write(busy=200, idle=100, procs={10: (7, 5, 1), 20: (99, 800, 1, 10, 0)})
+    assert own.read() == 5
+    proc.write(busy=300, idle=100, procs={10: (7, 7, 1, 1, 830)})  # it ran 30 more, then was reaped
+    assert own.read() == 7 + 30  # only its time since the last reading is lost to the run
+    # A helper gone but not yet reaped: the parent's cutime jumps later, and is not the run's then.
+    proc.write(busy=300, idle=100, procs={10: (7, 7, 1, 1, 830), 21: (99, 40, 1, 10, 0)})
+    own.read(rescan=True)
+    base = own.read()
+    proc.write(busy=300, idle=100, procs={10: (7, 7, 1, 1, 830)})
+    assert own.read() == base
+    proc.write(busy=300, idle=100, procs={10: (7, 8, 1, 1, 830 + 40)})
+    assert own.read() == base + 1
+
+
 def test_a_busy_interval_makes_the_sampler_scan_for_the_runs_new_processes(tmp_path):
     proc, n = FakeProc(tmp_path), len(usable_cpus())
     proc.write(busy=0, idle=100, procs={10: (7, 0, 1)})
