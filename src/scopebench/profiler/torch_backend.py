@@ -58,7 +58,7 @@ from scopebench.profiler.base import Profiler
 from scopebench.profiler.files import OPS_FILE, TRACE_FILE, run_name, shared_run_name, write_csv, write_exported
 from scopebench.profiler.ledger import host_hooks
 from scopebench.profiler.torch_events import STEP_MARKER, analyse_events, kineto_events
-from scopebench.profiler.trace_ledger import clock_offset_ns, ledger_iteration, ledger_rewriter
+from scopebench.profiler.trace_ledger import ledger_iteration, ledger_rewriter, record_epoch_ns
 
 __all__ = ["KEPT_TRACES", "STEP_MARKER", "TRACE_FILE", "TorchProfiler"]
 
@@ -198,8 +198,8 @@ class TorchProfiler(Profiler):
         hooks, self._hooks = self._hooks, {}
         if hooks:
             # kineto's clock is the wall clock's; the record's, perf_counter's less the offset
-            # to rank 0's (the mapping of scopebench.profiler.trace_ledger, within ±0.5 µs).
-            shift = clock_offset_ns() + round(self._ledger[0] * 1e9)
+            # to rank 0's (the trace ledger's mapping, within ±0.5 µs).
+            shift = record_epoch_ns(self._ledger[0])
             mine = next(rec for rec in self.ledger_records if rec.rank == self.rank)
             on_record = {name: [((s - shift) / 1e9, (e - shift) / 1e9) for s, e in ivs] for name, ivs in hooks.items()}
             out.update(host_hooks(mine, on_record, out))

@@ -61,6 +61,7 @@ __all__ = [
     "ledger_events",
     "ledger_iteration",
     "ledger_rewriter",
+    "record_epoch_ns",
     "splice_events",
 ]
 
@@ -97,6 +98,13 @@ def clock_offset_ns(tries: int = 5) -> int:
     return best[1]
 
 
+def record_epoch_ns(offset_sec: float) -> int:
+    """What, added to a ledger record's time in ns (``perf_counter`` less this rank's offset to
+    rank 0's clock, ``offset_sec``), gives kineto's: ns since the Unix epoch on the wall clock.
+    Reads the wall clock's offset now (:func:`clock_offset_ns`)."""
+    return round(offset_sec * 1e9) + clock_offset_ns()
+
+
 @dataclass
 class LedgerIteration:
     """One recorded iteration's ledger on this rank, ready for the trace."""
@@ -118,7 +126,7 @@ def ledger_iteration(
     """Rank ``rank``'s part of iteration ``iteration`` for its trace, from every rank's records
     (``Profiler.ledger_records``), the iteration's ledger ``metrics`` and this rank's clock offset
     to rank 0's (``offset_sec``, subtracted from ``perf_counter`` in the records); reads the wall
-    clock's offset now (:func:`clock_offset_ns`)."""
+    clock's offset now (:func:`record_epoch_ns`)."""
     record = next(rec for rec in records if rec.rank == rank)
     summary = {
         key: value
@@ -128,7 +136,7 @@ def ledger_iteration(
         or key.endswith(_SUMMARY_SUFFIXES)
     }
     blocked = blocked_intervals(record, last_arrivals(records))
-    return LedgerIteration(iteration, record, blocked, summary, round(offset_sec * 1e9) + clock_offset_ns())
+    return LedgerIteration(iteration, record, blocked, summary, record_epoch_ns(offset_sec))
 
 
 def _ms(seconds: float) -> float:
