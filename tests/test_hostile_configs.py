@@ -9,6 +9,7 @@ swaps.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -92,3 +93,28 @@ def test_a_1_mb_string_for_a_validated_key_gives_a_short_message(tmp_path):
     assert len(message) < 1000, message[:300]
     assert message.startswith("learning_rate must be a finite number > 0, got 'xxx")
     assert message.endswith("...' (str, 1000000 characters)")
+
+
+HOSTILE_RUN_CONFIGS = {  # issue 44: each was taken silently or ended in a traceback
+    "duplicate key": (
+        b"preset: tiny\nseed: 1\nseed: 2\n",
+        r"key 'seed' appears twice in one mapping, at line 2 and line 3",
+    ),
+    "section of the wrong type": (b"preset: tiny\ntraining: 5\n", r"section 'training' must be a mapping of settings"),
+    "not UTF-8": (b"preset: tiny\n# \xe9t\xe9\n", r"is not UTF-8 text \(byte 0xe9 at offset 15\)"),
+    "2**64 seed": (b"preset: tiny\nseed: 18446744073709551616\n", r"seed must be an integer from 0 to 2\*\*63 - 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_RUN_CONFIGS))
+def test_scopebench_train_refuses_a_hostile_run_config_in_one_line(tmp_path, capsys, case):
+    from scopebench.cli import main
+
+    text, message = HOSTILE_RUN_CONFIGS[case]
+    config = tmp_path / "run.yml"
+    config.write_bytes(text)
+    code = main(["train", "--config", str(config), "--output_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("scopebench train: "), err
+    assert re.search(message, err) and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()

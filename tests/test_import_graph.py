@@ -22,8 +22,8 @@ PACKAGE = "scopebench"
 #: is the package's own ``__init__``).
 LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: no import of the package
-    ("scopebench", "validate", "atomic", "stats", "environment", "allocator", "host_load", "parameters"),
-    ("cluster", "host"),  # SLURM / Submitit layouts; the machine's record
+    ("scopebench", "validate", "atomic", "stats", "environment", "host_load", "parameters"),
+    ("cluster", "host", "allocator"),  # SLURM / Submitit layouts; the machine's record; glibc's settings
     ("distributed", "runs"),  # ranks and process groups; benchopt run records
     ("profiler",),
     ("harness",),  # RankRun and the solver mixin: ranks + profiler + host

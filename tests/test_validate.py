@@ -189,3 +189,71 @@ def test_unreadable_yaml_is_one_bounded_value_error_naming_the_file(text, match)
     with pytest.raises(ValueError, match=match) as err:
         load_yaml("t.yml", text)
     assert len(str(err.value)) < 1000
+
+
+# -- issue 44: floats YAML 1.1 reads as strings, seeds, duplicate keys, non-UTF-8 files --------------
+@pytest.mark.parametrize(("text", "value"), [("1e-3", 1e-3), ("5E-1", 0.5), ("-2.5e2", -250.0), (".5e1", 5.0)])
+def test_a_float_yaml_1_1_reads_as_a_string_is_that_number(text, value):
+    import yaml
+
+    assert yaml.safe_load(f"x: {text}")["x"] == text  # what PyYAML (and benchopt) hand over
+    assert number("learning_rate", text) == value
+
+
+@pytest.mark.parametrize("bad", ["30", "0.5", "1e", "e5", "1e-3x", " 1e-3", "inf", "1_0e2", "1e-3" + " " * 200])
+def test_other_strings_stay_refused_as_numbers(bad):
+    with pytest.raises(ValueError, match=r"^lr must be a finite number, got '.*' \(str"):
+        number("lr", bad)
+
+
+def test_a_huge_exponent_in_a_string_is_refused_as_not_finite():
+    with pytest.raises(ValueError, match=r"^lr must be a finite number, got inf$"):
+        number("lr", "1e999999")
+
+
+def test_seeds_are_bounded_by_what_torch_takes():
+    import torch
+
+    from scopebench.validate import MAX_SEED, seed
+
+    assert seed("seed", MAX_SEED) == MAX_SEED and seed("seed", 0) == 0
+    torch.Generator().manual_seed(MAX_SEED + 10**6)  # the sampler's seed + epoch still fits
+    message = r"^seed must be an integer from 0 to 2\*\*63 - 1 \(torch seeds its generators with 64 bits and "
+    for bad, shown in ((2**64, "18446744073709551616"), (-1, "-1"), ("7", r"'7' \(str\)"), (True, r"True \(bool\)")):
+        with pytest.raises(ValueError, match=message + r"the sampler adds the epoch\), got " + shown + "$"):
+            seed("seed", bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("a: 1\nb: 2\na: 3\n", r"^d\.yml: key 'a' appears twice in one mapping, at line 1 and line 3; YAML would keep"),
+        ("top:\n  seed: 1\n  lr: 2\n  seed: 3\n", r"^d\.yml: key 'seed' appears twice in one mapping, at line 2 and "),
+        ("- {x: 1, 'x': 2}\n", r"^d\.yml: key 'x' appears twice in one mapping, at line 1 and line 1"),
+        ("1: a\n0x1: b\n", r"^d\.yml: key 1 appears twice in one mapping"),
+    ],
+)
+def test_a_duplicate_key_is_refused_naming_the_key_and_both_lines(text, match):
+    import yaml
+
+    yaml.safe_load(text)  # PyYAML alone takes it, keeping the last value
+    with pytest.raises(ValueError, match=match) as err:
+        load_yaml("d.yml", text)
+    assert "\n" not in str(err.value)
+
+
+def test_keys_that_only_look_alike_and_merge_overrides_are_not_duplicates():
+    assert load_yaml("d.yml", "'1': a\n1: b\n") == {"1": "a", 1: "b"}
+    merged = load_yaml("d.yml", "base: &b {lr: 1, steps: 2}\nrun:\n  <<: *b\n  steps: 3\n")
+    assert merged["run"] == {"lr": 1, "steps": 3}
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    path = tmp_path / "latin1.yml"
+    path.write_bytes("preset: tiny\n# café\n".encode("latin-1"))
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(path))} is not UTF-8 text \(byte 0xe9 at offset 18\); save"
+    ):
+        load_yaml(path)
+    with pytest.raises(ValueError, match=r"latin1\.yml is not UTF-8 text"):
+        yaml_mapping(path, "policy config")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import sys
 
 __all__ = ["DISABLE_ENV", "MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "allocator_env", "keep_freed_memory"]
@@ -40,14 +39,17 @@ TRIM_THRESHOLD_BYTES = 256 * 1024 * 1024
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
-#: Environment variable that turns the settings off when set to ``0``.
+#: Environment variable that turns the settings off when set to ``0``
+#: (:data:`scopebench.environment.SETTINGS`: a value other than 1 / 0 is refused).
 DISABLE_ENV = "SCOPEBENCH_KEEP_FREED_MEMORY"
 
 _applied: bool | None = None
 
 
 def _disabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "1").strip() == "0"
+    from scopebench.environment import env_setting
+
+    return not env_setting(DISABLE_ENV)  # 0 / false / no / off; anything unknown is refused
 
 
 def allocator_env() -> dict[str, str]:

@@ -50,7 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from scopebench.allocator import keep_freed_memory
+    from scopebench.environment import check_environment
 
+    try:  # every SCOPEBENCH_* setting, before any work (the allocator's is read next)
+        check_environment()
+    except ValueError as err:
+        print(f"scopebench: {err}", file=sys.stderr)
+        return 2
     keep_freed_memory()  # the tools run the same large convolutions and matmuls as the solvers
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -8,23 +8,29 @@ bad value reads the same wherever it is caught::
 Each helper returns the value (converted where a conversion is unambiguous: an ``int``
 passed where a float is expected becomes a ``float``) so a ``__post_init__`` can write
 ``self.lr = number("learning_rate", self.lr, low=0, low_open=True)``. ``bool`` is never
-accepted as a number, and strings are never parsed: a YAML ``abc`` stays an error.
+accepted as a number, and strings are not parsed, with one exception: a float written with an
+exponent (``1e-3``), which YAML 1.1 (PyYAML, hence benchopt and every config file) reads as a
+string while the command line reads it as a number, is a number for :func:`number` wherever it
+comes from. A YAML ``abc`` (or a quoted ``"30"``) stays an error.
 
 It is also the one home of reading YAML (:func:`load_yaml`: every config the suite reads,
-aliases bounded by :data:`MAX_ALIAS_NODES`) and of quoting a value in a message
-(:func:`quote`: at most :data:`QUOTE_LIMIT` characters), so that neither a hostile file nor a
-huge value can exhaust memory on its way to an error.
+aliases bounded by :data:`MAX_ALIAS_NODES`, duplicate keys and non-UTF-8 files refused) and of
+quoting a value in a message (:func:`quote`: at most :data:`QUOTE_LIMIT` characters), so that
+neither a hostile file nor a huge value can exhaust memory on its way to an error; and of the
+seeds' bound (:func:`seed`: what torch's generators take).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "MAX_ALIAS_NODES",
+    "MAX_SEED",
     "QUOTE_LIMIT",
     "batch_limit",
     "check_batch_fits",
@@ -35,6 +41,7 @@ __all__ = [
     "number",
     "optional",
     "quote",
+    "seed",
     "yaml_mapping",
 ]
 
@@ -48,6 +55,15 @@ QUOTE_LIMIT = 200
 #: nine aliases ("billion laughs", 540 bytes) expand to 10**9 nodes, which anything that
 #: walks the data (a ``repr``, a copy, a dump) pays for in full.
 MAX_ALIAS_NODES = 10_000
+
+#: The largest seed a run takes: torch seeds its generators with 64 bits (``torch.manual_seed``
+#: refuses 2**64 with "Overflow when unpacking long long"), and the policy's sampler seeds each
+#: epoch with ``seed + epoch``, so half the range is left for the epochs.
+MAX_SEED = 2**63 - 1
+
+#: A float written with an exponent, as YAML 1.2 and Python read it (``1e-3``, ``2.5E+4``);
+#: YAML 1.1 resolves it as a float only with a dot and a signed exponent, else as a string.
+_EXPONENT_FLOAT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+")
 
 _BRACKETS = {list: ("[", "]"), tuple: ("(", ")"), set: ("{", "}"), frozenset: ("frozenset({", "})"), dict: ("{", "}")}
 
@@ -185,8 +201,13 @@ def number(
 ) -> float:
     """``value`` as a finite ``float`` within the bounds (``*_open``: strict inequality).
 
+    A string holding a float with an exponent (``"1e-3"``: what YAML 1.1 makes of ``1e-3``,
+    which the command line reads as a number) is that number; any other string is refused.
+
     :Examples:
         >>> number("learning_rate", 1e-3, low=0, low_open=True)
+        0.001
+        >>> number("learning_rate", "1e-3", low=0, low_open=True)
         0.001
         >>> number("learning_rate", 0, low=0, low_open=True)
         Traceback (most recent call last):
@@ -195,6 +216,8 @@ def number(
     """
     bounds = _bounds(low, high, low_open, high_open)
     what = "a finite number" + (f" {bounds}" if bounds else "")
+    if type(value) is str and len(value) <= 100 and _EXPONENT_FLOAT.fullmatch(value):
+        value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{key} must be {what}, got {_describe(value)}")
     value = float(value)
@@ -205,6 +228,23 @@ def number(
         bad |= value >= high if high_open else value > high
     if bad:
         raise ValueError(f"{key} must be {what}, got {value:g}")
+    return value
+
+
+def seed(key: str, value: Any) -> int:
+    """``value`` as a seed: an ``int`` from 0 to :data:`MAX_SEED`.
+
+    :Examples:
+        >>> seed("seed", 2**64)
+        Traceback (most recent call last):
+        ...
+        ValueError: seed must be an integer from 0 to 2**63 - 1 (torch seeds its generators with 64 bits and the sampler adds the epoch), got 18446744073709551616
+    """
+    what = "an integer from 0 to 2**63 - 1 (torch seeds its generators with 64 bits and the sampler adds the epoch)"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be {what}, got {_describe(value)}")
+    if not 0 <= value <= MAX_SEED:
+        raise ValueError(f"{key} must be {what}, got {value!r}")
     return value
 
 
@@ -333,12 +373,51 @@ def _alias_nodes(root) -> int:
     return expanded[id(root)] - len(expanded)
 
 
+def _duplicate_key(root, loader) -> str | None:
+    """The first key that a mapping under the composed node ``root`` holds twice, as a message
+    naming it and both lines; None when there is none.
+
+    Checked on the composed nodes, each distinct node once (aliases are not expanded), before a
+    merge (``<<``) is flattened: a key that overrides a merged one is not a duplicate. Scalar
+    keys compare by the value YAML builds (``1`` and ``0x1`` are one key, ``'1'`` another).
+    """
+    seen_nodes: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if node.id == "mapping":
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.id != "scalar" or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                try:
+                    key = (type(value := loader.construct_object(key_node)).__name__, value)
+                    hash(key)
+                except (TypeError, ValueError):  # unhashable or unbuildable: PyYAML's own error follows
+                    continue
+                line = key_node.start_mark.line + 1
+                if key in first:
+                    return (
+                        f"key {quote(key[1])} appears twice in one mapping, at line {first[key]} and line {line}; "
+                        "YAML would keep only the last: remove one"
+                    )
+                first[key] = line
+            stack.extend(n for pair in node.value for n in pair)
+        elif node.id == "sequence":
+            stack.extend(node.value)
+    return None
+
+
 def load_yaml(path: str | Path, text: str | None = None) -> Any:
     """The data of a YAML document, read safely (``yaml.safe_load``) with aliases bounded.
 
     The one loader of the suite's YAML: the aliases are expanded (counted) on the composed
     nodes, before any Python object is built, and a document whose aliases would add more
-    than :data:`MAX_ALIAS_NODES` nodes is refused.
+    than :data:`MAX_ALIAS_NODES` nodes is refused; so is a mapping that holds a key twice
+    (``yaml.safe_load`` keeps the last one silently) and a file that is not UTF-8.
 
     Args:
         path: The file, read unless ``text`` is given; every message names it.
@@ -346,9 +425,9 @@ def load_yaml(path: str | Path, text: str | None = None) -> Any:
 
     Raises:
         FileNotFoundError: no such file (the message names it).
-        ValueError: naming ``path``: not YAML, aliases past :data:`MAX_ALIAS_NODES` or
-            recursive, nested too deep to read, or a value YAML cannot build (an integer of
-            over 4300 digits).
+        ValueError: naming ``path``: not UTF-8, not YAML, aliases past :data:`MAX_ALIAS_NODES`
+            or recursive, a duplicate key (named, with both lines), nested too deep to read, or
+            a value YAML cannot build (an integer of over 4300 digits).
 
     :Examples:
         >>> load_yaml("--lr", "[1, 2]")
@@ -360,12 +439,22 @@ def load_yaml(path: str | Path, text: str | None = None) -> Any:
     """
     import yaml
 
-    text = Path(path).read_text() if text is None else text
+    if text is None:
+        data = Path(path).read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(
+                f"{path} is not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start}); save it as UTF-8"
+            ) from None
     loader = yaml.SafeLoader(text)
     loader.name = str(path)  # PyYAML's marks name the file, not "<unicode string>"
     try:
         node = loader.get_single_node()
         added = 0 if node is None else _alias_nodes(node)
+        duplicate = None if node is None or added > MAX_ALIAS_NODES else _duplicate_key(node, loader)
+        if duplicate:
+            raise ValueError(duplicate)
         data = None if node is None or added > MAX_ALIAS_NODES else loader.construct_document(node)
     except yaml.YAMLError as err:
         # PyYAML quotes at most a line of the file, but a tag or an alias name comes whole.

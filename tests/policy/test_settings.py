@@ -109,3 +109,94 @@ def test_pi05_training_on_this_cpu_is_refused_with_the_numbers_unless_overridden
     PolicyTrainRun(
         TrainSettings(preset="pi05", device="cpu", check_memory=False), dataset_root=robot_data[1], chunk_size=8
     )
+
+
+# -- issue 44: run configs ---------------------------------------------------------------------------
+def _config(tmp_path, text, name="run.yml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("section", ["training", "dataset"])
+@pytest.mark.parametrize(("value", "shown"), [("5", "5"), ("[1, 2]", r"\[1, 2\]"), ("fast", "'fast'")])
+def test_a_section_of_the_wrong_type_is_refused_naming_it(tmp_path, section, value, shown):
+    """``training: 5`` ended in ``TypeError: 'int' object is not iterable``."""
+    path = _config(tmp_path, f"preset: tiny\n{section}: {value}\n")
+    match = rf"^{path}: section '{section}' must be a mapping of settings \({section}:, then one 'key: value' per "
+    with pytest.raises(ValueError, match=match + rf"indented line\), got {shown}$"):
+        load_run_config(path)
+
+
+def test_a_duplicate_key_in_a_run_config_is_refused_naming_the_key_and_line(tmp_path):
+    path = _config(tmp_path, "preset: tiny\ntraining:\n  steps: 10\n  log_freq: 2\n  steps: 1000\n")
+    with pytest.raises(ValueError, match=rf"^{path}: key 'steps' appears twice in one mapping, at line 3 and line 5"):
+        load_run_config(path)
+
+
+def test_a_run_config_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    path = tmp_path / "run.yml"
+    path.write_bytes(b"preset: tiny\nbatch_size: 2 # \xff\n")
+    with pytest.raises(ValueError, match=rf"^{path} is not UTF-8 text \(byte 0xff at offset 29\)"):
+        load_run_config(path)
+
+
+@pytest.mark.parametrize("where", ["seed: {}", "dataset:\n  seed: {}"])
+def test_a_seed_torch_cannot_take_is_refused_naming_the_bound(tmp_path, where):
+    path = _config(tmp_path, "preset: tiny\n" + where.format(2**64) + "\n")
+    key = "dataset.seed" if where.startswith("dataset") else "seed"
+    with pytest.raises(ValueError, match=rf"^{key} must be an integer from 0 to 2\*\*63 - 1 \(torch .*, got {2**64}$"):
+        load_run_config(path)
+    with pytest.raises(ValueError, match=r"^seed must be an integer from 0 to 2\*\*63 - 1"):
+        InferenceSettings(seed=2**64)
+
+
+def test_a_float_yaml_1_1_reads_as_a_string_is_read_as_the_command_line_reads_it(tmp_path):
+    """``1e-3`` in a file is the string ``'1e-3'`` for PyYAML (and benchopt): accepted as the
+    number, as ``--learning_rate=1e-3`` is, in every way in: a run config, an override, a
+    benchopt solver's parameters (``settings_from``)."""
+    from scopebench.policy.settings import settings_from
+
+    path = _config(tmp_path, "preset: tiny\nlearning_rate: 1e-3\ngrad_clip: 5e-1\npolicy:\n  control_hz: 3e1\n")
+    config = load_run_config(path)
+    assert (config.train.learning_rate, config.train.grad_clip, config.inference.control_hz) == (1e-3, 0.5, 30.0)
+    assert type(config.train.learning_rate) is float
+    assert load_run_config(TINY, parse_overrides(["--learning_rate=1e-3"])).train.learning_rate == 1e-3
+    assert settings_from(TrainSettings, {"learning_rate": "1e-3"}).learning_rate == 1e-3
+    with pytest.raises(ValueError, match=r"^learning_rate must be a finite number > 0, got 'abc' \(str\)$"):
+        load_run_config(_config(tmp_path, "learning_rate: abc\n", "abc.yml"))
+
+
+def test_check_config_reads_a_benchopt_float_as_the_run_does(tmp_path, capsys):
+    """benchopt hands ``learning_rate: 1e-3`` to the solver as a string; check-config, which
+    reads the benchopt config through the suite's loader, and the solver agree on it."""
+    from scopebench.cli import main
+
+    path = _config(
+        tmp_path, "dataset: [synthetic_robot]\nsolver:\n  - Pi05Train: {preset: tiny, learning_rate: 1e-3}\n"
+    )
+    assert main(["check-config", str(REPO), "--config", str(path)]) == 0, capsys.readouterr()
+    assert "learning_rate=1e-3] on synthetic_robot: ok" in capsys.readouterr().out
+    dup = _config(
+        tmp_path, "dataset: [synthetic_robot]\nsolver:\n  - Pi05Train:\n      preset: tiny\n      preset: small\n"
+    )
+    assert main(["check-config", str(REPO), "--config", str(dup)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "key 'preset' appears twice in one mapping, at line 4 and line 5" in err, err
+
+
+def test_resume_reads_the_saved_run_config_through_the_one_loader(tmp_path):
+    """The allowed changes a resume prints come from the checkpoint's ``train_config.yaml``, read
+    as every run config is: a ``training:`` that is not a mapping no longer ends in an
+    ``AttributeError``, a duplicate key is refused as in any config."""
+    from scopebench.policy.run.trainer import _allowed_changes
+    from scopebench.train.checkpoint import CONFIG_FILE
+
+    config = load_run_config(TINY, parse_overrides(["--training.steps=20"]))
+    (tmp_path / CONFIG_FILE).write_text("training:\n  steps: 10\n")
+    assert _allowed_changes(config, tmp_path) == ["resume: training.steps 10 -> 20 (allowed to change)"]
+    (tmp_path / CONFIG_FILE).write_text("training: 5\n")
+    assert _allowed_changes(config, tmp_path) == []
+    (tmp_path / CONFIG_FILE).write_text("training:\n  steps: 10\n  steps: 30\n")
+    with pytest.raises(ValueError, match=r"train_config\.yaml: key 'steps' appears twice in one mapping"):
+        _allowed_changes(config, tmp_path)

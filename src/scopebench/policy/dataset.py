@@ -34,7 +34,8 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
 from scopebench import validate
 from scopebench.policy.data import ACTION_KEY, STATE_KEY
-from scopebench.policy.lerobot import LeRobotFolder, camera_shape, read_json
+from scopebench.policy.lerobot import LeRobotFolder
+from scopebench.policy.lerobot_meta import camera_shape, read_json
 from scopebench.validate import integer
 
 #: Seconds this process spent decoding camera frames in :meth:`RobotDataset.__getitem__`, all

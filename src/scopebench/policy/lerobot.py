@@ -23,172 +23,39 @@ github.com/huggingface/lerobot) and writes it (``src/lerobot/datasets/``)::
 what a frame read would trip on later, each error naming the file: another format version,
 a missing file or column, an ``fps`` that is not a number > 0, no episode at all, rows and
 episodes that disagree, timestamps out of step with ``fps``, task indices without a task, a NaN
-or infinite number in ``meta/stats.json`` or in a state or action (which would make every
-training loss NaN), and (:meth:`LeRobotFolder.check_videos`) a missing,
-unreadable or undecodable video, or one shorter than its episodes' rows or timestamps.
-
-The ``data_path`` and ``video_path`` templates come from the folder, so they are checked
-before they name a file (:func:`check_template`, :func:`template_path`): plain fields from
-LeRobot's set with a plain format spec, and every path they give relative to the folder
-with no ``..`` part. The rule is lexical, so symlinks inside the folder are followed
-wherever they point: Hugging Face's hub cache links each file of a snapshot to a blob
-outside the snapshot folder.
+or infinite number in a state or action (which would make every training loss NaN), and
+(:meth:`LeRobotFolder.check_videos`) a missing, unreadable or undecodable video, or one shorter
+than its episodes' rows or timestamps. The metadata itself, ``meta/info.json`` and
+``meta/stats.json`` (their JSON, the state and action sizes, the statistics the policy
+normalises with, the path templates), is checked by :mod:`scopebench.policy.lerobot_meta`
+before any of it names a file or is used.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
-import string
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 
-from scopebench.policy.data import ACTION_KEY, DATA_PATH, STATE_KEY, VIDEO_PATH
+from scopebench.policy.data import ACTION_KEY, STATE_KEY
+from scopebench.policy.lerobot_meta import (
+    TEMPLATES,
+    camera_shape,
+    check_stats,
+    check_template,
+    check_version,
+    read_json,
+    template_path,
+    vector_size,
+)
 from scopebench.policy.video import TOLERANCE_SEC, probe_video
-from scopebench.validate import number
+from scopebench.validate import number, quote
 
 INFO_KEYS = ("codebase_version", "fps", "features", "data_path", "total_frames")
 DATA_COLUMNS = (STATE_KEY, ACTION_KEY, "timestamp", "frame_index", "episode_index", "index", "task_index")
 EPISODE_COLUMNS = ("episode_index", "length", "dataset_from_index", "dataset_to_index")
 CAMERA_DTYPES = ("video", "image")
-#: info.json's path templates -> the fields LeRobot v3.0 formats them with, and an example
-TEMPLATES = {
-    "data_path": (("chunk_index", "file_index"), DATA_PATH),
-    "video_path": (("video_key", "chunk_index", "file_index"), VIDEO_PATH),
-}
-# Integers: a standard spec without fill or nested fields; a width of at most 3 digits, since
-# "{chunk_index:0999999999d}" would build a string of a gigabyte. The camera name: as it is.
-_INDEX_SPEC = re.compile(r"[<>=^]?[+\- ]?#?0?\d{0,3}[,_]?[bdoxX]?")
-_NAME_SPEC = re.compile(r"s?")
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from ``path``; errors name the file."""
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
-    try:
-        value = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(value).__name__}")
-    return value
-
-
-def check_version(info: dict, info_path: Path) -> None:
-    """Refuse anything but a v3.x dataset, saying which version it is."""
-    version = str(info.get("codebase_version", ""))
-    major = version.lstrip("v").split(".")[0]
-    if major == "3":
-        return
-    if major == "2":
-        raise ValueError(
-            f"{info_path}: codebase_version {version!r} is a LeRobot v2 dataset (one parquet file per episode); "
-            "scopebench reads LeRobot v3.0 datasets: convert it with LeRobot's "
-            "`python -m lerobot.scripts.convert_dataset_v21_to_v30`"
-        )
-    raise ValueError(f"{info_path}: codebase_version {version!r} is not a LeRobot v3.0 dataset (v3.0 is expected)")
-
-
-def check_stats(stats: dict, path: Path) -> None:
-    """Refuse a number of ``meta/stats.json`` that is NaN or infinite, naming it.
-
-    Python's ``json`` reads ``NaN`` and ``Infinity`` (and turns ``1e999`` into infinity) where a
-    strict parser would fail; the state and action are normalised by these statistics, so one
-    such number makes every training loss NaN. Every number is checked, of every feature and
-    statistic (a file of a few kilobytes).
-
-    >>> check_stats({"action": {"min": [0.0, -1.0], "max": [1.0, float("nan")]}}, Path("stats.json"))
-    Traceback (most recent call last):
-    ValueError: stats.json: stats['action']['max'][1] is nan; every statistic must be a finite number
-    """
-
-    def walk(value, where: str) -> None:
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{path}: stats{where} is {value}; every statistic must be a finite number")
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(item, f"{where}[{key!r}]")
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                walk(item, f"{where}[{i}]")
-
-    walk(stats, "")
-
-
-def camera_shape(feature: dict) -> tuple[int, int]:
-    """(height, width) of a camera feature whose shape is (H, W, C) or (C, H, W); the position
-    of the 3 channels decides, since published datasets' ``names`` do not always match the shape."""
-    shape = [int(n) for n in feature["shape"]]
-    if len(shape) == 3 and shape[0] in (1, 3) and shape[2] not in (1, 3):
-        return shape[1], shape[2]
-    return shape[0], shape[1]
-
-
-def check_template(template, key: str, info_path: Path) -> None:
-    """Refuse a path template of ``info_path`` (``key`` is ``data_path`` or ``video_path``) that
-    could name more than a file of the dataset or run code: ``str.format`` evaluates attribute
-    and index access (``{chunk_index.__class__}``), and an absolute or ``..`` template reads any
-    file the user can (FFmpeg decodes whatever it is given).
-
-    Allowed: a non-empty relative path without a ``..`` part, whose fields are plain names of
-    :data:`TEMPLATES` with no conversion and a plain format spec (``03d``; none or ``s`` for
-    ``video_key``).
-
-    >>> check_template(DATA_PATH, "data_path", Path("meta/info.json"))
-    >>> check_template("../{file_index}.parquet", "data_path", Path("info.json"))  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ValueError: info.json: data_path '../{file_index}.parquet' must be a path inside the dataset folder: ...
-    """
-    allowed, example = TEMPLATES[key]
-    where = f"{info_path}: {key} {template!r}"
-    if not isinstance(template, str) or not template.strip():
-        raise ValueError(f"{where} must be a non-empty path template, such as {example!r}")
-    if template.startswith(("/", "~")) or ".." in PurePosixPath(template).parts:
-        raise ValueError(
-            f"{where} must be a path inside the dataset folder: relative, with no '..' part (such as {example!r})"
-        )
-    try:
-        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(template) if name is not None]
-    except ValueError as err:
-        raise ValueError(f"{where} is not a format template ({err}); such as {example!r}") from err
-    for name, spec, conversion in fields:
-        if name not in allowed:
-            raise ValueError(
-                f"{where}: field {{{name}}} is not allowed; fields are plain names from {list(allowed)}, "
-                "without attribute or index access ('.', '[')"
-            )
-        if conversion is not None:
-            raise ValueError(f"{where}: field {{{name}}} has conversion !{conversion}; none is allowed")
-        if not (_NAME_SPEC if name == "video_key" else _INDEX_SPEC).fullmatch(spec):
-            allowed_spec = (
-                "none or 's'" if name == "video_key" else "a plain integer spec such as '03d', width <= 3 digits"
-            )
-            raise ValueError(f"{where}: field {{{name}}} has format spec {spec!r}; allowed: {allowed_spec}")
-
-
-def template_path(root: Path, template: str, key: str, info_path: Path, **fields) -> Path:
-    """``root / template.format(**fields)`` for a template :func:`check_template` passed,
-    refused where a value leads out of ``root``: a camera name (``video_key``, a key of
-    info.json's ``features``) with a ``..`` part or a leading ``/``.
-
-    The check is lexical, not :meth:`Path.resolve`: a symlink inside ``root`` is followed
-    wherever it points (the hub cache's snapshot files are links to blobs outside the snapshot
-    folder). Any ``..`` is refused, even one that would lexically land back inside: after a
-    symlink, the system takes ``link/..`` in the link's target.
-    """
-    relative = PurePosixPath(template.format(**fields))
-    path = root / relative
-    if relative.is_absolute() or ".." in relative.parts:
-        values = ", ".join(f"{k}={v!r}" for k, v in fields.items())
-        raise ValueError(
-            f"{info_path}: {key} {template!r} with {values} gives {path}, outside the dataset folder {root}; "
-            "paths must stay inside it (relative, with no '..' part)"
-        )
-    return path
 
 
 def _read_parquet(path: Path, columns=None):
@@ -263,13 +130,20 @@ class LeRobotFolder:
         # frames are 1 / fps apart: 0 divided by zero, a string had no float
         self.fps = number(f"{self.info_path}: fps", info["fps"], low=0, low_open=True)
         features = info["features"]
-        for key in (STATE_KEY, ACTION_KEY):
-            if not isinstance(features.get(key), dict) or "shape" not in features[key]:
-                raise ValueError(
-                    f"{self.info_path}: features[{key!r}] with a 'shape' is required (the policy reads the state and "
-                    f"the actions); features are {sorted(features)}"
-                )
+        if not isinstance(features, dict) or not all(isinstance(f, dict) for f in features.values()):
+            raise ValueError(
+                f"{self.info_path}: features must map each feature's name to an object, got {quote(features)}"
+            )
+        #: The size of the state and of the action vectors.
+        self.dims = {key: vector_size(features, key, self.info_path) for key in (STATE_KEY, ACTION_KEY)}
         self.cameras = sorted(k for k, f in features.items() if f.get("dtype") in CAMERA_DTYPES)
+        for camera in self.cameras:
+            shape = features[camera].get("shape")
+            if not (isinstance(shape, list) and len(shape) == 3 and all(type(n) is int and n >= 1 for n in shape)):
+                raise ValueError(
+                    f"{self.info_path}: features[{camera!r}] needs a 'shape' of three integers >= 1 (height, width "
+                    f"and 3 channels, in either order), got {quote(shape)}"
+                )
         if not self.cameras:
             raise ValueError(f"{self.info_path}: no camera feature (dtype 'video' or 'image') in {sorted(features)}")
         self.videos = [c for c in self.cameras if features[c]["dtype"] == "video"]
@@ -280,7 +154,7 @@ class LeRobotFolder:
             if key == "data_path" or self.videos or info.get(key) is not None:
                 check_template(info[key], key, self.info_path)
         self.stats = read_json(root / "meta" / "stats.json")
-        check_stats(self.stats, root / "meta" / "stats.json")
+        check_stats(self.stats, root / "meta" / "stats.json", self.dims, self.info_path)
         self.tasks = self._read_tasks(root / "meta" / "tasks.parquet")
         self._read_episodes()
         self._read_rows()
@@ -340,7 +214,7 @@ class LeRobotFolder:
         self.index = index[order]
         column = {name: table.column(name) for name in DATA_COLUMNS}
         for key in (STATE_KEY, ACTION_KEY):
-            values = _matrix(column[key], key, int(self.info["features"][key]["shape"][0]), self.info_path)
+            values = _matrix(column[key], key, self.dims[key], self.info_path)
             setattr(self, "state" if key == STATE_KEY else "action", values[order])
         self.timestamp = column["timestamp"].to_numpy().astype(np.float64)[order]
         for name in ("frame_index", "episode_index", "task_index"):

@@ -41,7 +41,7 @@ from scopebench.policy.data import SyntheticRobotConfig
 from scopebench.train.backends import DEFAULT_BACKEND, backend_names, get_backend
 from scopebench.train.backends.base import PRECISIONS
 from scopebench.train.optim import SCHEDULERS
-from scopebench.validate import choice, flag, integer, load_yaml, number, optional, yaml_mapping
+from scopebench.validate import choice, flag, integer, load_yaml, number, optional, quote, seed, yaml_mapping
 
 __all__ = [
     "DatasetSettings",
@@ -162,16 +162,20 @@ class TrainSettings:
         optional(flag, "fused_adamw", self.fused_adamw)
         choice("attention_implementation", self.attention_implementation, ATTENTION_IMPLEMENTATIONS)
         choice("precision", self.precision, PRECISIONS)
-        number("learning_rate", self.learning_rate, low=0, low_open=True)
-        number("weight_decay", self.weight_decay, low=0)
-        number("grad_clip", self.grad_clip, low=0)
+        _put(self, "learning_rate", number("learning_rate", self.learning_rate, low=0, low_open=True))
+        _put(self, "weight_decay", number("weight_decay", self.weight_decay, low=0))
+        _put(self, "grad_clip", number("grad_clip", self.grad_clip, low=0))
         choice("scheduler", self.scheduler, SCHEDULERS)
         integer("warmup_steps", self.warmup_steps, low=0)
         integer("gather_every", self.gather_every, low=1)
-        number("ce_weight", self.ce_weight, low=0)
-        integer("seed", self.seed, low=0)
-        optional(number, "group_timeout_sec", self.group_timeout_sec, low=0, low_open=True)
-        optional(number, "peak_tflops", self.peak_tflops, low=0, low_open=True)
+        _put(self, "ce_weight", number("ce_weight", self.ce_weight, low=0))
+        seed("seed", self.seed)
+        _put(
+            self,
+            "group_timeout_sec",
+            optional(number, "group_timeout_sec", self.group_timeout_sec, low=0, low_open=True),
+        )
+        _put(self, "peak_tflops", optional(number, "peak_tflops", self.peak_tflops, low=0, low_open=True))
         check_device("device", self.device)
         conflict = backend_conflict(self.backend, self.gradient_checkpointing, self.no_optim)
         if conflict:
@@ -181,6 +185,12 @@ class TrainSettings:
                 f"gradient_checkpointing=true applies to policy pi05 only, got policy={self.policy}: a user policy "
                 "turns checkpointing on in its own model (a policy_args key of its factory)"
             )
+
+
+def _put(settings: Any, name: str, value: Any) -> None:
+    """Keep the validated value of a frozen settings field (``number`` turns ``"1e-3"``, what
+    YAML 1.1 reads from ``1e-3``, into ``0.001``; an ``int`` into a ``float``)."""
+    object.__setattr__(settings, name, value)
 
 
 def check_policy(policy: Any, policy_args: Any) -> None:
@@ -270,13 +280,13 @@ class InferenceSettings:
         optional(integer, "n_action_steps", self.n_action_steps, low=1)
         if self.chunk_size is not None and self.n_action_steps is not None and self.n_action_steps > self.chunk_size:
             raise ValueError(f"n_action_steps must be at most chunk_size={self.chunk_size}, got {self.n_action_steps}")
-        optional(number, "control_hz", self.control_hz, low=0, low_open=True)
+        _put(self, "control_hz", optional(number, "control_hz", self.control_hz, low=0, low_open=True))
         choice("compile_mode", self.compile_mode, compile_modes())
         choice("precision", self.precision, PRECISIONS)
         choice("attention_implementation", self.attention_implementation, ATTENTION_IMPLEMENTATIONS)
         integer("n_warmup", self.n_warmup, low=2 if self.compile_mode != "none" else 0)
         integer("prompt_words", self.prompt_words, low=1)
-        integer("seed", self.seed, low=0)
+        seed("seed", self.seed)
         flag("check_memory", self.check_memory)
         check_device("device", self.device)
 
@@ -319,6 +329,7 @@ class DatasetSettings:
             raise ValueError(f"{self.key_prefix}cache_dir must be a folder path, got {self.cache_dir!r}")
         if self.lerobot is not None and (not isinstance(self.lerobot, str) or not self.lerobot):
             raise ValueError(f"{self.key_prefix}lerobot must be a dataset folder path or null, got {self.lerobot!r}")
+        seed(f"{self.key_prefix}seed", self.seed)
         self.synthetic()  # validates the rest
 
     def synthetic(self) -> SyntheticRobotConfig:
@@ -443,6 +454,24 @@ def _scalar(text: str) -> Any:
     return load_yaml("a command-line value", text) if text else None
 
 
+def _section(path: Path, name: str, value: Any) -> dict:
+    """The ``name:`` section of the run config ``path`` as a mapping (absent or empty: ``{}``).
+
+    >>> _section(Path("run.yml"), "training", 5)
+    Traceback (most recent call last):
+    ...
+    ValueError: run.yml: section 'training' must be a mapping of settings (training:, then one 'key: value' per indented line), got 5
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{path}: section {name!r} must be a mapping of settings ({name}:, then one 'key: value' per indented "
+            f"line), got {quote(value)}"
+        )
+    return dict(value)
+
+
 def load_run_config(path: str | Path, overrides: list[tuple[str, Any]] | None = None) -> RunConfig:
     """Read a policy run config and apply overrides; validates everything.
 
@@ -455,7 +484,7 @@ def load_run_config(path: str | Path, overrides: list[tuple[str, Any]] | None = 
     factory = raw.pop("policy", None)
     if isinstance(factory, dict):  # the inference section, which may name the factory too
         raw["policy"], factory = factory, factory.pop("factory", None)
-    sections = {name: dict(raw.pop(name, None) or {}) for name in ("policy", "dataset", "training")}
+    sections = {name: _section(path, name, raw.pop(name, None)) for name in ("policy", "dataset", "training")}
     top = dict(raw)
     if factory is not None:
         top["policy"] = factory
@@ -466,7 +495,7 @@ def load_run_config(path: str | Path, overrides: list[tuple[str, Any]] | None = 
         "training": _fields(TrainLoopSettings),
     }
     for section, values in (("", top), *sections.items()):
-        unknown = sorted(set(values) - set(known[section]))
+        unknown = sorted(set(values) - set(known[section]), key=repr)
         if unknown:
             where = f"section {section!r} of {path}" if section else str(path)
             raise ValueError(f"unknown key(s) {unknown} in {where}; expected some of {known[section]}")

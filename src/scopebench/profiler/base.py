@@ -429,7 +429,9 @@ class Profiler:
         ``SCOPEBENCH_LEDGER=0`` turns it off (``perf/ledger_cost.py`` measures it against that)."""
         import torch.distributed as dist
 
-        if os.environ.get("SCOPEBENCH_LEDGER", "1") == "0":
+        from scopebench.environment import env_setting
+
+        if not env_setting("SCOPEBENCH_LEDGER"):
             return False
         grouped = dist.is_available() and dist.is_initialized()
         return self.reports_overhead and not self.ops.is_cuda and (grouped or self._trains)

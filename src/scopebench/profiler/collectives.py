@@ -61,7 +61,8 @@ OPERATIONS: dict[str, tuple[str, str | None]] = {
 
 #: Environment variable that forces the start-up clock estimate between ranks of one kernel
 #: (``estimate``), as if they ran on different machines (tests of the estimate, and a user
-#: who doubts the shared clock).
+#: who doubts the shared clock); ``auto`` (the default) or ``estimate``, anything else refused
+#: (:data:`scopebench.environment.SETTINGS`).
 CLOCK_ENV = "SCOPEBENCH_CLOCK_ALIGN"
 
 
@@ -324,15 +325,14 @@ def align_clocks(rounds: int = 16) -> tuple[float, float, str]:
     0's, the error the largest distance of a round from it over every rank (how far apart ranks
     leave one barrier: an upper bound of the alignment's error, ``"estimated"``).
     """
-    import os
-
     import torch
     import torch.distributed as dist
 
     from scopebench.distributed.reduce import gather_objects
+    from scopebench.environment import env_setting
 
     boots = gather_objects(_boot_id())
-    forced = os.environ.get(CLOCK_ENV, "") == "estimate"
+    forced = env_setting(CLOCK_ENV) == "estimate"  # validated before any work (ProfilerConfig)
     if len(set(boots)) == 1 and boots[0] and not forced:
         return 0.0, 0.0, "shared"
     rank, size = dist.get_rank(), dist.get_world_size()

@@ -101,10 +101,10 @@ class ProfilerConfig:
         integer("profiler_repeat", self.repeat, low=0)
         flag("profiler_save_file", self.save_file)
         flag("profiler_per_step", self.per_step)
-        if self.mode != "null":  # the host sampler's period (SCOPEBENCH_SAMPLER_PERIOD_SEC), refused before any work
-            from scopebench.profiler.sampler import sampler_period
+        if self.mode != "null":  # the SCOPEBENCH_* settings (sampler period, ledger), refused before any work
+            from scopebench.environment import check_environment
 
-            sampler_period()
+            check_environment()
         flag("profiler_memory", self.memory)
         if self.memory and self.mode == "null":
             raise ValueError(

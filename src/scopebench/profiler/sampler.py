@@ -30,20 +30,21 @@ the other columns take the base class's maximum (the busiest rank).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from scopebench.environment import SETTINGS, env_setting
 from scopebench.host_load import OwnTime, read_cpu_times, shares, usable_cpus
 from scopebench.profiler.device import MB
 
 __all__ = ["GPU_COLUMNS", "HostSampler", "PERIOD_SEC", "THREAD_NAME", "sampler_period", "throttle_names"]
 
-PERIOD_SEC = 0.1
 ENV_PERIOD = "SCOPEBENCH_SAMPLER_PERIOD_SEC"
+#: Seconds between samples unless :data:`ENV_PERIOD` says otherwise (0.1: the setting's default).
+PERIOD_SEC = float(SETTINGS[ENV_PERIOD].default)
 THREAD_NAME = "scopebench-host-sampler"
 #: CPU ticks (over the usable CPUs) an interval needs for a CPU share: a share over fewer is
 #: mostly tick rounding (one tick of 3 is 33 %), so a shorter interval reaches back to earlier
@@ -75,21 +76,15 @@ _MAXIMA = ("gpu_temp_c", "gpu_mem_used_mb", "gpu_other_procs_count")
 
 
 def sampler_period(environ: Mapping[str, str] | None = None) -> float:
-    """Seconds between samples from ``SCOPEBENCH_SAMPLER_PERIOD_SEC`` (default 0.1; 0 = off).
+    """Seconds between samples from ``SCOPEBENCH_SAMPLER_PERIOD_SEC`` (default 0.1; 0 = off),
+    read by :func:`scopebench.environment.env_setting` (the one reader of the settings).
 
     Raises:
-        ValueError: not a number, negative, or below 10 ms (the thread would cost too much).
+        ValueError: not a number, below 10 ms (the thread would cost too much), or above
+            :data:`scopebench.environment.MAX_SAMPLER_PERIOD_SEC` (inf and nan included: an
+            infinite wait killed the thread in the middle of a report).
     """
-    raw = (os.environ if environ is None else environ).get(ENV_PERIOD)
-    if raw is None or raw.strip() == "":
-        return PERIOD_SEC
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value != 0 and not value >= 0.01:
-        raise ValueError(f"environment variable {ENV_PERIOD} must be 0 (off) or seconds >= 0.01, got {raw!r}")
-    return value
+    return env_setting(ENV_PERIOD, environ)
 
 
 def _enough_ticks(by_seq: dict[int, tuple], first: int, latest: int) -> int:

@@ -127,12 +127,13 @@ def check_resume(config: RunConfig, checkpoint: str | Path, world_size: int) -> 
 def _allowed_changes(config: RunConfig, resume_from: str | Path) -> list[str]:
     """``resume: training.steps 10 -> 20 (allowed to change)`` for each printed allowed change
     against the checkpoint's ``train_config.yaml``."""
-    import yaml
-
     from scopebench.train.checkpoint import CONFIG_FILE
+    from scopebench.validate import load_yaml
 
     file = Path(resume_from) / CONFIG_FILE
-    saved = (yaml.safe_load(file.read_text()) or {}).get("training", {}) if file.is_file() else {}
+    written = (load_yaml(file) or {}) if file.is_file() else {}  # the one YAML reader (duplicate keys refused)
+    saved = written.get("training") if isinstance(written, dict) else None
+    saved = saved if isinstance(saved, dict) else {}
     lines = []
     for key in _PRINTED_CHANGES:
         name = key.split(".", 1)[1]
