@@ -49,6 +49,13 @@ hand-over rules, no clock; for ``sync`` the count ``sum max(0, d - n_action_step
 same estimate from the replay's own calls (which separates what the clock and the threads
 add from a latency distribution that moved since the timed calls).
 
+Each call's output is checked off its clock (:mod:`scopebench.policy.run.chunks`): a chunk of
+another shape than the first call's, or ``--n-action-steps`` above the actions the policy's
+chunk holds, is refused; NaN or inf actions fail the run naming the call (exit status 1). An
+error of the policy's code is one line naming the policy and the call (``policy ...: sample
+raised ...``). A failure after the timed calls (chunks per call, the closed loop) is reported
+after them: the text and the JSON (``failure``) first, then the line on stderr.
+
 Environment (flags win): ``BENCH_NO_COMPILE`` (0), ``BENCH_COMPILE_MODE`` (unset: the
 config's ``policy.compile_mode``; upstream defaults to ``max-autotune``, which takes many
 minutes to tune on a CPU, so here the config decides), ``BENCH_N_WARMUP`` (the config's,
@@ -89,7 +96,11 @@ control rate), ``closed_loop`` (null without ``--closed-loop``; else ``mode``, `
 (from the replay's own calls, in order) (each ``mode, control_hz, n_action_steps, ticks, chunks,
 stalls, stall_share, stall_sec, discarded, skipped, stale, calls, max_lateness_sec,
 mean_lateness_sec, drift_sec``; the three clock figures null in the estimates),
-``latencies_sec`` (the replay's calls) and ``lines`` (the three text lines)).
+``latencies_sec`` (the replay's calls) and ``lines`` (the three text lines)), ``failure``
+(null; else the line of what failed after the timed calls).
+
+Exit status: 0; 2 with one line for a refused input or an error of the policy's code; 1 for
+non-finite actions.
 """
 
 from __future__ import annotations
@@ -139,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from scopebench.policy.control import FLAGS, check_config_control, check_control
+    from scopebench.policy.run.chunks import NonFiniteActionsError
     from scopebench.policy.tools import check_json_path, env_bool, env_int, load_config
     from scopebench.profiler.config import check_writable_dir
 
@@ -162,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     if args.episode_length is not None and args.episode_length < 1:
         raise ValueError(f"--episode-length must be >= 1, got {args.episode_length}")
     config = load_config(args, env=env, flags=flags)
-    check_config_control(config, args.control_hz, args.n_action_steps)
+    keys = check_config_control(config, args.control_hz, args.n_action_steps)
     if args.closed_loop is not None:
         if config.inference.control_hz is None:
             raise ValueError("--closed-loop needs a control rate: --control-hz or policy.control_hz, got none")
@@ -172,17 +184,43 @@ def run(args: argparse.Namespace) -> int:
     check_writable_dir("--output-dir" if args.output_dir else "BENCH_OUTPUT_DIR", out_dir)
     check_json_path("--json", args.json)
     loop = (args.closed_loop, args.closed_loop_ticks) if args.closed_loop is not None else None
-    return _bench(config, timed, out_dir, args.json, args.episode_length, args.chunks_per_call, loop)
+    try:
+        return _bench(config, timed, out_dir, args.json, args.episode_length, args.chunks_per_call, loop, keys)
+    except NonFiniteActionsError as err:
+        return failed("bench-inference", err)
+
+
+def failed(command: str, err: BaseException) -> int:
+    """A run that failed, in one line on stderr (``scopebench <command>: <why>``): its exit
+    status, 1 (a refused input, a ``ValueError``: 2, as :func:`~scopebench.commands._common.refuses`)."""
+    import sys
+
+    from scopebench.commands._common import REFUSED
+
+    print(f"scopebench {command}: {err}", file=sys.stderr, flush=True)
+    return REFUSED if isinstance(err, ValueError) else 1
 
 
 def _closed_loop(run, calls: list[float], mode: str, ticks: int) -> dict:
     """The replay of ``run``'s calls at the control rate, measured and as estimated from the
-    timed calls' latencies (:mod:`scopebench.policy.replay`)."""
+    timed calls' latencies (:mod:`scopebench.policy.replay`); each call's output checked off
+    its clock (:attr:`~scopebench.policy.run.inference.InferenceRun.check`)."""
+    import itertools
+
     from scopebench.policy.replay import predict, replay
 
     s = run.settings
-    n = s.n_action_steps or run.chunk_size
-    measured = replay(lambda: run.timed_call(), mode, s.control_hz, n, ticks)
+    n = run.executed_actions()
+    count = itertools.count(1)
+
+    def infer():  # one call; the replay takes its latency, then checks its chunk
+        run.timed_call(call=None)
+        return run.actions
+
+    def check(chunk) -> None:
+        run.check(chunk, call=f"closed-loop call {next(count)}", num_steps=s.num_steps)
+
+    measured = replay(infer, mode, s.control_hz, n, ticks, check=check)
     estimate = predict(calls, mode, s.control_hz, n, ticks)
     # the same rules over the replay's own calls: what the clock and the threads add, apart
     # from a latency distribution that moved since the timed calls (warm-up, load)
@@ -210,12 +248,14 @@ def _bench(
     episode_length: int | None = None,
     chunks_per_call: list[int] | None = None,
     loop: tuple[str, int] | None = None,
+    keys: dict[str, str] | None = None,
 ) -> int:
     import socket
     import time
     from pathlib import Path
 
     from scopebench.policy.phases import INFERENCE_PHASES
+    from scopebench.policy.run.chunks import NonFiniteActionsError
     from scopebench.policy.run.inference import InferenceRun
     from scopebench.policy.tools import (
         StepCounter,
@@ -242,6 +282,7 @@ def _bench(
         keep_rows=True,
         tool="bench-inference",
         episode_length=episode_length,
+        keys=keys,
     ) as run:
         with progress_bar(n_timed, "bench-inference") as bar:
             run.loop(StepCounter(n_timed, lambda: per_call.append(run.metrics()), bar))
@@ -253,8 +294,12 @@ def _bench(
         calls = [row["step_time_sec"] for row in rows]
         control = run.control(calls)
         episodes = run.episode_report(calls)
-        chunks = None if chunks_per_call is None else run.chunks_per_call(chunks_per_call, n_timed)
-        closed_loop = _closed_loop(run, calls, *loop) if loop is not None else None
+        chunks = closed_loop = failure = None
+        try:
+            chunks = None if chunks_per_call is None else run.chunks_per_call(chunks_per_call, n_timed)
+            closed_loop = _closed_loop(run, calls, *loop) if loop is not None else None
+        except (ValueError, NonFiniteActionsError) as err:  # the timed calls are reported first, then this
+            failure = err
     stats = summarize(calls)
     report = {
         "tool": "bench-inference",
@@ -294,6 +339,7 @@ def _bench(
         **measured_cost(rows),
         "control": None if control is None else control.as_dict(),
         "closed_loop": closed_loop,
+        "failure": None if failure is None else str(failure),
         "environment": environment_info(run.device),
     }
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
@@ -308,7 +354,8 @@ def _bench(
     if json_path:
         write_json(json_path, report)
     # the timestamped file in the output folder is the one named (--json is a copy of it)
-    return finish(format_report(report), report, str(path))
+    status = finish(format_report(report), report, str(path))
+    return status if failure is None else failed("bench-inference", failure)
 
 
 def format_report(report: dict) -> str:

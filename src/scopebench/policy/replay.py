@@ -322,6 +322,7 @@ def replay(
     *,
     clock: Any = None,
     execute: Callable[[Any, int], None] | None = None,
+    check: Callable[[Any], None] | None = None,
 ) -> ReplayFigures:
     """Run the closed loop for ``ticks`` control ticks (module docstring) and measure it.
 
@@ -333,10 +334,13 @@ def replay(
         ticks: Control ticks to run.
         clock: :class:`RealClock` (default) or :class:`VirtualClock`.
         execute: Called with (chunk, action index) for each executed action (default: nothing).
+        check: Called with each chunk in the worker, after its latency is taken (default:
+            nothing); what it raises ends the replay as an exception of ``infer`` does.
 
     Raises:
         ValueError: a bad mode, rate, step count or tick count (naming it).
-        RuntimeError: ``infer`` raised (chained).
+        Exception: what ``infer`` or ``check`` raised, as it was raised (in the worker thread),
+            at the executor's next tick: the replay stops there.
     """
     hz, n = _check(mode, control_hz, n_action_steps, ticks)
     clock = clock or RealClock()
@@ -351,6 +355,8 @@ def replay(
         chunk = infer()
         end = clock.now()
         latencies.append(end - start)
+        if check is not None:
+            check(chunk)
         return chunk, end
 
     def worker() -> None:
@@ -384,7 +390,7 @@ def replay(
         request.set()
         clock.wait(first)
         if errors:
-            raise RuntimeError("the replay's inference call raised") from errors[0]
+            raise errors[0]
         with lock:
             (_, current, _), state["arrived"] = state["arrived"], None
         t0 = clock.now()
@@ -395,7 +401,7 @@ def replay(
             clock.sleep_until(due)
             lateness.append(clock.now() - due)
             if errors:
-                raise RuntimeError("the replay's inference call raised") from errors[0]
+                raise errors[0]
             with lock:
                 arrival, state["arrived"] = state["arrived"], None
             obs = None
