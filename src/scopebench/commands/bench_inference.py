@@ -47,7 +47,9 @@ without an action (stalls), the stall time, the actions discarded, and the clock
 and drift, and prints beside them the **estimate** from the timed calls' latencies (the same
 hand-over rules, no clock; for ``sync`` the count ``sum max(0, d - n_action_steps)``) and the
 same estimate from the replay's own calls (which separates what the clock and the threads
-add from a latency distribution that moved since the timed calls).
+add from a latency distribution that moved since the timed calls). The replay lasts
+``ticks / control_hz`` on the real clock: said before any work, and refused over
+``--closed-loop-max-sec`` (3600 s).
 
 Each call's output is checked off its clock (:mod:`scopebench.policy.run.chunks`): a chunk of
 another shape than the first call's, or ``--n-action-steps`` above the actions the policy's
@@ -92,8 +94,8 @@ why), ``std_sec, p99_minus_p50_sec, delay_steps`` (d -> calls), ``worst_delay_st
 keeps_up, verdict``), ``control_figure`` (the PNG of the latencies' histogram and CDF with
 the deadline, ``<host>_<preset>_<timestamp>_control.png`` beside the JSON; null without a
 control rate), ``closed_loop`` (null without ``--closed-loop``; else ``mode``, ``ticks``,
-``measured``, ``estimate`` (from the timed calls' latencies) and ``estimate_replay_calls``
-(from the replay's own calls, in order) (each ``mode, control_hz, n_action_steps, ticks, chunks,
+``expected_sec`` (``ticks / control_hz``), ``measured``, ``estimate`` (from the timed calls'
+latencies) and ``estimate_replay_calls`` (from the replay's own calls, in order) (each ``mode, control_hz, n_action_steps, ticks, chunks,
 stalls, stall_share, stall_sec, discarded, skipped, stale, calls, max_lateness_sec,
 mean_lateness_sec, drift_sec``; the three clock figures null in the estimates),
 ``latencies_sec`` (the replay's calls) and ``lines`` (the three text lines)), ``failure``
@@ -143,6 +145,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--closed-loop-ticks", type=int, default=300, metavar="N", help="control ticks of the replay (300)"
     )
+    parser.add_argument(
+        "--closed-loop-max-sec", type=float, default=None, metavar="S",
+        help="refuse a replay longer than this, ticks / control rate (3600: an hour)",
+    )  # fmt: skip
 
 
 @refuses("bench-inference")
@@ -150,11 +156,16 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from scopebench.policy.control import FLAGS, check_config_control, check_control
+    from scopebench.policy.replay import MAX_REPLAY_SEC, check_duration, duration_text
     from scopebench.policy.run.chunks import NonFiniteActionsError
     from scopebench.policy.tools import check_json_path, env_bool, env_int, load_config
     from scopebench.profiler.config import check_writable_dir
+    from scopebench.validate import integer, number
 
     check_control(args.control_hz, args.n_action_steps, keys=FLAGS)  # as typed, before the config
+    ticks = integer("--closed-loop-ticks", args.closed_loop_ticks, low=1)
+    max_sec = MAX_REPLAY_SEC if args.closed_loop_max_sec is None else args.closed_loop_max_sec
+    max_sec = number("--closed-loop-max-sec", max_sec, low=0, low_open=True)
     env_warmup = env_int("BENCH_N_WARMUP", -1, low=0)
     env = {
         "policy.compile_mode": (
@@ -175,15 +186,22 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--episode-length must be >= 1, got {args.episode_length}")
     config = load_config(args, env=env, flags=flags)
     keys = check_config_control(config, args.control_hz, args.n_action_steps)
+    loop = None
     if args.closed_loop is not None:
-        if config.inference.control_hz is None:
+        hz = config.inference.control_hz  # validated: the flag's or the config's
+        if hz is None:
             raise ValueError("--closed-loop needs a control rate: --control-hz or policy.control_hz, got none")
-        if args.closed_loop_ticks < 1:
-            raise ValueError(f"--closed-loop-ticks must be >= 1, got {args.closed_loop_ticks}")
+        bounds = ("--closed-loop-ticks", keys["control_hz"], "--closed-loop-max-sec")
+        loop = (args.closed_loop, ticks, check_duration(ticks, hz, max_sec, keys=bounds))
     out_dir = args.output_dir or os.environ.get("BENCH_OUTPUT_DIR") or "benchmark_results"
     check_writable_dir("--output-dir" if args.output_dir else "BENCH_OUTPUT_DIR", out_dir)
     check_json_path("--json", args.json)
-    loop = (args.closed_loop, args.closed_loop_ticks) if args.closed_loop is not None else None
+    if loop is not None:  # said before any work: a replay waits on the real clock, whatever the machine
+        print(
+            f"closed loop: {loop[0]}, {ticks} ticks at {hz:g} Hz: about {duration_text(loop[2])} after the "
+            f"{timed} timed calls (at most {duration_text(max_sec)}: --closed-loop-max-sec)",
+            flush=True,
+        )
     try:
         return _bench(config, timed, out_dir, args.json, args.episode_length, args.chunks_per_call, loop, keys)
     except NonFiniteActionsError as err:
@@ -201,7 +219,7 @@ def failed(command: str, err: BaseException) -> int:
     return REFUSED if isinstance(err, ValueError) else 1
 
 
-def _closed_loop(run, calls: list[float], mode: str, ticks: int) -> dict:
+def _closed_loop(run, calls: list[float], mode: str, ticks: int, expected_sec: float) -> dict:
     """The replay of ``run``'s calls at the control rate, measured and as estimated from the
     timed calls' latencies (:mod:`scopebench.policy.replay`); each call's output checked off
     its clock (:attr:`~scopebench.policy.run.inference.InferenceRun.check`)."""
@@ -228,6 +246,7 @@ def _closed_loop(run, calls: list[float], mode: str, ticks: int) -> dict:
     return {
         "mode": mode,
         "ticks": ticks,
+        "expected_sec": expected_sec,
         "measured": measured.as_dict(),
         "estimate": estimate.as_dict(),
         "estimate_replay_calls": own.as_dict(),
@@ -247,7 +266,7 @@ def _bench(
     json_path: str | None,
     episode_length: int | None = None,
     chunks_per_call: list[int] | None = None,
-    loop: tuple[str, int] | None = None,
+    loop: tuple[str, int, float] | None = None,
     keys: dict[str, str] | None = None,
 ) -> int:
     import socket
