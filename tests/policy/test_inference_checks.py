@@ -1,5 +1,5 @@
 """Inference with a policy of your own: its errors in one line naming the policy and the call, its
-chunks checked (shape, actions, values) off the clock, and chunks per call counted from what the calls return.
+chunks checked (shape, actions, values) off the clock, and chunks per call bounded before any call.
 
 Each test policy counts its own calls in a closure (a fresh count per build), so which call
 fails is decided by the count, never by time: nothing here depends on how busy the machine is.
@@ -91,6 +91,22 @@ def chunk_of(actions=2):
 def ignores_the_batch():  # one chunk whatever the observation's batch
     return _policy(_counted(lambda n, batch: torch.zeros(1, 8, 4)))
 
+
+def out_of_memory_above(chunks=2):
+    def chunk(n, batch):
+        if batch > chunks:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return torch.zeros(batch, 8, 4)
+
+    return _policy(_counted(chunk))
+
+
+def marks_its_calls(marker=""):  # each call touches ``marker``: whether any call ran
+    def sample(model, obs, num_steps):
+        open(marker, "a").close()
+        return torch.zeros(len(obs), 8, 4)
+
+    return _policy(sample, observation=lambda batch_size: torch.zeros(batch_size, 3, 224, 224))
 """
 
 
@@ -221,11 +237,35 @@ def test_a_call_of_b_chunks_must_return_b_chunks_reported_after_the_timed_calls(
     assert report["failure"] == _one_line(err).removeprefix("scopebench bench-inference: ")
 
 
+def test_a_call_of_b_chunks_out_of_memory_is_named(policies, tmp_path, capsys):
+    code, out, err, report = _bench(policies, "out_of_memory_above", tmp_path, capsys, "--chunks-per-call", "1,2,4")
+    assert code == 2 and "4 timed calls (ms)" in out
+    assert _one_line(err).endswith(
+        "--chunks-per-call 4: a call of 4 chunks ran out of memory on cpu (CUDA out of memory. Tried to allocate "
+        "20.00 GiB)"
+    )
+
+
+def test_chunks_per_call_whose_inputs_cannot_fit_are_refused_before_any_call(policies, tmp_path, capsys):
+    marker = tmp_path / "called"
+    # 10^9 observations of 3 x 224 x 224 floats: 602 TB
+    args = ["--policy-arg", f"marker={marker}", "--chunks-per-call", "1,1000000000"]
+    code, out, err, report = _bench(policies, "marks_its_calls", tmp_path, capsys, *args)
+    assert code == 2 and out == "" and report is None and not marker.exists()
+    line = _one_line(err)
+    assert re.search(
+        r"--chunks-per-call 1000000000: a call of 1000000000 chunks needs 602112\.0 GB on cpu for its inputs alone "
+        r"\(1000000000 x the 602\.1 kB of one observation\) but [\d.]+ GB are available: at most \d+ chunks a call "
+        r"fit$",
+        line,
+    ), line
+
+
 # -- the check itself ------------------------------------------------------------------------------
 
 
 def test_the_check_counts_nan_and_inf_in_every_floating_tensor_and_ignores_integers():
-    from scopebench.policy.run.chunks import ChunkCheck, NonFiniteActionsError
+    from scopebench.policy.run.chunks import ChunkCheck, NonFiniteActionsError, batch_bytes
 
     check = ChunkCheck("policy p: ", None)
     output = {"actions": torch.tensor([[[1.0, float("inf")]]]), "ids": torch.tensor([[1, 2]]), "text": "go"}
@@ -235,4 +275,4 @@ def test_the_check_counts_nan_and_inf_in_every_floating_tensor_and_ignores_integ
     check({"ids": torch.tensor([[1, 2]])}, call="call 3", num_steps=4)
     with pytest.raises(PolicyError, match=r"returned an output shaped \{'ids': \(1, 3\)\}, expected an output shaped"):
         check({"ids": torch.tensor([[1, 2, 3]])}, call="call 4", num_steps=4)
-    assert check.actions == {}  # a dict says nothing of its actions
+    assert batch_bytes(output) == 2 * 4 + 2 * 8 and check.actions == {}  # a dict says nothing of its actions

@@ -24,7 +24,9 @@ How to run (a single process)::
 
 ``--chunks-per-call 1,2,4,8`` then times calls that sample B chunks each (B copies of the
 observation in one call: best-of-N), ``--n-timed`` interleaved rounds of one call per B, and
-says up to which B sampling more is free (median within 20 % of the smallest B's).
+says up to which B sampling more is free (median within 20 % of the smallest B's). A B whose
+inputs alone (B times the bytes of one observation) exceed the memory available is refused
+before any call, naming the most that fit.
 
 A stateful policy (``UserPolicy.reset``) runs episodes of ``--episode-length`` calls, reset
 between them (the reset is timed apart, not in the calls), and its latency is reported by
@@ -202,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
             f"{timed} timed calls (at most {duration_text(max_sec)}: --closed-loop-max-sec)",
             flush=True,
         )
+    keys["chunks_per_call"] = "--chunks-per-call"
     try:
         return _bench(config, timed, out_dir, args.json, args.episode_length, args.chunks_per_call, loop, keys)
     except NonFiniteActionsError as err:
@@ -301,6 +304,7 @@ def _bench(
         keep_rows=True,
         tool="bench-inference",
         episode_length=episode_length,
+        chunks_per_call=chunks_per_call,
         keys=keys,
     ) as run:
         with progress_bar(n_timed, "bench-inference") as bar:

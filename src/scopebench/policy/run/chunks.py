@@ -16,16 +16,19 @@ output (after ``postprocess``: what :attr:`InferenceRun.actions` keeps) is check
   says nothing of its actions: the config's ``chunk_size`` stands for them.
 * **its values**: a floating-point tensor holding NaN or inf fails the run with
   :class:`NonFiniteActionsError`, naming the call and its ``num_steps``.
+
+Also the memory a call of ``B`` chunks needs for its inputs (:func:`check_chunks_memory`),
+checked before any such call: ``B`` times the bytes of one observation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["ChunkCheck", "NonFiniteActionsError", "output_shape"]
+__all__ = ["ChunkCheck", "NonFiniteActionsError", "batch_bytes", "check_chunks_memory", "output_shape"]
 
 
 class NonFiniteActionsError(FloatingPointError):
@@ -59,6 +62,18 @@ def _tensors(output: Any) -> Iterator[torch.Tensor]:
     elif isinstance(output, (list, tuple)):
         for value in output:
             yield from _tensors(value)
+
+
+def batch_bytes(batch: Any) -> int:
+    """Bytes of the tensors of ``batch`` (dicts, lists and tuples of tensors), as if each were
+    contiguous (an expanded tensor counts every element it shows).
+
+    :Examples:
+
+    >>> batch_bytes({"image": torch.zeros(1, 3, 4, 4), "state": [torch.zeros(2, dtype=torch.float64)]})
+    208
+    """
+    return sum(t.numel() * t.element_size() for t in _tensors(batch))
 
 
 class ChunkCheck:
@@ -129,3 +144,25 @@ class ChunkCheck:
 
 def _shown(shape: Any) -> str:
     return f"shape {shape}" if isinstance(shape, tuple) else f"an output shaped {shape}"
+
+
+def check_chunks_memory(key: str, sizes: Sequence[int], observation: Any, device: torch.device) -> None:
+    """Refuse chunks per call whose largest call's inputs alone exceed the memory available on
+    ``device``: ``B`` times :func:`batch_bytes` of one observation (activations come on top), before
+    any such call, naming ``key``, the size, what it needs and the most chunks that fit.
+
+    Raises:
+        ValueError: ``--chunks-per-call 1000000: a call of 1000000 chunks needs 24.6 GB ...``.
+    """
+    from scopebench.train.memory import available_memory_bytes
+
+    per_chunk, largest = batch_bytes(observation), max(sizes)
+    if per_chunk == 0:  # no tensor to count: nothing to bound
+        return
+    available = available_memory_bytes(device)
+    if largest * per_chunk > available:
+        raise ValueError(
+            f"{key} {largest}: a call of {largest} chunks needs {largest * per_chunk / 1e9:.1f} GB on {device} "
+            f"for its inputs alone ({largest} x the {per_chunk / 1e3:.1f} kB of one observation) but "
+            f"{available / 1e9:.1f} GB are available: at most {available // per_chunk} chunks a call fit"
+        )

@@ -201,6 +201,8 @@ class InferenceRun(RankRun):
         schedule: The ``num_steps`` of the calls: iteration ``i`` uses
             ``schedule[i % len(schedule)]``, and every value is warmed up (``n_warmup``
             calls each) before the first measured call. Default: ``[settings.num_steps]``.
+        chunks_per_call: The sizes :meth:`chunks_per_call` will time, so that a size whose inputs
+            cannot fit in memory is refused at :meth:`build`, before the warm-up (None: not known).
         keys: How errors name a setting, by its name (``{"n_action_steps": "--n-action-steps"}``).
         **run: ``profiler``, ``output_dir``, ``name``, ``keep_rows`` of
             :class:`~scopebench.harness.run.RankRun`.
@@ -215,6 +217,7 @@ class InferenceRun(RankRun):
         schedule: Sequence[int] | None = None,
         tool: str = "Pi05Inference",
         episode_length: int | None = None,
+        chunks_per_call: Sequence[int] | None = None,
         keys: Mapping[str, str] | None = None,
         **run: Any,
     ) -> None:
@@ -242,6 +245,9 @@ class InferenceRun(RankRun):
             resolve_factory(settings.policy)
         self.tool = tool
         self.episode_length = None if episode_length is None else integer("episode_length", episode_length, low=1)
+        self.chunk_sizes = (
+            None if chunks_per_call is None else [integer("chunks_per_call", b, low=1) for b in chunks_per_call]
+        )
         #: Checks each call's output outside its clock (:mod:`~scopebench.policy.run.chunks`), after build.
         self.check: ChunkCheck | None = None
         self._unchecked: str | None = None  # the loop's last call, until its output is checked
@@ -271,6 +277,7 @@ class InferenceRun(RankRun):
         import functools
 
         from scopebench.host_load import process_age_sec
+        from scopebench.policy.run.chunks import check_chunks_memory
         from scopebench.policy.run.train import run_policy
         from scopebench.policy.user import attributed, prepare_batch, to_device
 
@@ -298,6 +305,8 @@ class InferenceRun(RankRun):
             prefill = None if prefill is None else torch.compile(prefill, mode=mode)
         # every callable of the policy's own code names the policy and itself when it raises
         observation = attributed(policy, "observation", policy.observation)(1)
+        if self.chunk_sizes is not None:  # before any call of that many chunks is built
+            check_chunks_memory(self._key("chunks_per_call"), self.chunk_sizes, observation, self.device)
         self.check = ChunkCheck(f"policy {s.policy}: ", s.n_action_steps, self._key("n_action_steps"))
         self.work = InferenceStep(
             observation,
@@ -450,7 +459,9 @@ class InferenceRun(RankRun):
         for the new shape there), then ``rounds`` interleaved rounds of one unprofiled call
         per size (:meth:`timed_call`), so a change of the machine's load touches every size
         alike. ``B`` is free while its median stays within :data:`FREE_PCT` % of the smallest
-        size's. A call of ``B`` chunks must return ``B`` chunks (:attr:`check`).
+        size's. A size whose inputs exceed the memory available is refused before any call
+        (:func:`~scopebench.policy.run.chunks.check_chunks_memory`), one that runs out of memory
+        in its call is named; a call of ``B`` chunks must return ``B`` chunks (:attr:`check`).
 
         Returns:
             ``sizes``, ``rounds``, ``by_size`` (``size``, ``median_sec``, ``p95_sec``,
@@ -458,6 +469,7 @@ class InferenceRun(RankRun):
             size's) and ``free_up_to`` (the largest size before the first that is not free)
             and ``knee`` (that first size, None when every size is free).
         """
+        from scopebench.policy.run.chunks import check_chunks_memory
         from scopebench.policy.user import attributed
         from scopebench.stats import median, percentile
 
@@ -466,9 +478,12 @@ class InferenceRun(RankRun):
                 f"chunks per call are refused for policy {self.settings.policy}: it is stateful "
                 "(UserPolicy.reset), and its state is one episode's, not a batch's"
             )
+        key = self._key("chunks_per_call")
         work, original = self.work, self.work.observation
+        check_chunks_memory(key, sizes, original, self.device)
         observations = {b: attributed(self.policy, "observation", self.policy.observation)(b) for b in sizes}
         latency: dict[int, list[float]] = {b: [] for b in sizes}
+        b = sizes[0]
         try:
             for b in sizes:
                 work.observation = observations[b]
@@ -478,6 +493,10 @@ class InferenceRun(RankRun):
                 for b in sizes:
                     work.observation = observations[b]
                     latency[b].append(self.timed_call(call=f"call of {b} chunks in round {r + 1}", chunks=b))
+        except (torch.OutOfMemoryError, MemoryError) as err:
+            detail = str(err).strip().partition("\n")[0]
+            detail = f" ({detail})" if detail else ""
+            raise ValueError(f"{key} {b}: a call of {b} chunks ran out of memory on {self.device}{detail}") from err
         finally:
             work.observation = original
         base = median(latency[sizes[0]])
