@@ -136,6 +136,20 @@ def test_a_first_call_that_raises_ends_the_replay_before_t0():
         replay(infer, "async", HZ, 4, 10, clock=VirtualClock())
 
 
+def test_an_error_of_the_call_in_flight_at_the_last_tick_is_not_lost():
+    clock, calls = VirtualClock(), []
+
+    def infer():  # the replay's second call starts at t0 and lasts 9 ticks, past the last one
+        calls.append(1)
+        clock.sleep_until(clock.now() + (0.01 if len(calls) == 1 else 0.3))
+        if len(calls) == 2:
+            raise OSError("camera unplugged")
+
+    with pytest.raises(OSError, match="^camera unplugged$"):
+        replay(infer, "sync", HZ, 4, 3, clock=clock)
+    assert len(calls) == 2
+
+
 def test_each_chunk_is_checked_after_its_latency_is_taken():
     clock, checked = VirtualClock(), []
 

@@ -402,7 +402,8 @@ def replay(
     Raises:
         ValueError: a bad mode, rate, step count or tick count (naming it).
         Exception: what ``infer`` or ``check`` raised, as it was raised (in the worker thread),
-            at the executor's next tick: the replay stops there.
+            at the executor's next tick (the replay stops there), or once the call in flight at
+            the last tick has ended.
     """
     hz, n = _check(mode, control_hz, n_action_steps, ticks)
     clock = clock or RealClock()
@@ -495,6 +496,8 @@ def replay(
         clock.detach()
         if thread.ident is not None:  # started
             thread.join()
+    if errors:  # a call still in flight at the last tick raised: the policy failed all the same
+        raise errors[0]
     tenth = max(1, ticks // 10)
     return ReplayFigures(
         mode, hz, n, ticks, tally.chunks, tally.stalls, stall_sec, tally.discarded, tally.skipped, tally.stale,
