@@ -111,7 +111,9 @@ def test_bad_arguments_are_refused_naming_them():
         replay(lambda: None, "sync", HZ, 1, 0)
 
 
-def test_an_inference_error_ends_the_replay():
+def test_an_inference_error_ends_the_replay_as_it_was_raised():
+    """The worker's exception itself reaches the caller (a policy's one-line error stays one
+    line; it was wrapped in a ``RuntimeError``, two tracebacks)."""
     clock, calls = VirtualClock(), []
 
     def infer():
@@ -120,9 +122,9 @@ def test_an_inference_error_ends_the_replay():
             raise OSError("camera unplugged")
         clock.sleep_until(clock.now() + 0.01)
 
-    with pytest.raises(RuntimeError, match="inference call raised") as info:
+    with pytest.raises(OSError, match="^camera unplugged$") as info:
         replay(infer, "sync", HZ, 1, 50, clock=clock)
-    assert isinstance(info.value.__cause__, OSError)
+    assert info.value.__cause__ is None and len(calls) == 3
     assert threading.active_count() == 1 or all(t.name != "scopebench-replay-infer" for t in threading.enumerate())
 
 
@@ -130,8 +132,57 @@ def test_a_first_call_that_raises_ends_the_replay_before_t0():
     def infer():
         raise OSError("no weights")
 
-    with pytest.raises(RuntimeError, match="inference call raised"):
+    with pytest.raises(OSError, match="^no weights$"):
         replay(infer, "async", HZ, 4, 10, clock=VirtualClock())
+
+
+def test_an_error_of_the_call_in_flight_at_the_last_tick_is_not_lost():
+    clock, calls = VirtualClock(), []
+
+    def infer():  # the replay's second call starts at t0 and lasts 9 ticks, past the last one
+        calls.append(1)
+        clock.sleep_until(clock.now() + (0.01 if len(calls) == 1 else 0.3))
+        if len(calls) == 2:
+            raise OSError("camera unplugged")
+
+    with pytest.raises(OSError, match="^camera unplugged$"):
+        replay(infer, "sync", HZ, 4, 3, clock=clock)
+    assert len(calls) == 2
+
+
+def test_each_chunk_is_checked_after_its_latency_is_taken():
+    clock, checked = VirtualClock(), []
+
+    def check(chunk):
+        checked.append(chunk)
+        clock.sleep_until(clock.now() + 1.0)  # a check as slow as 30 ticks: not in the call's latency
+
+    figures = replay(_policy(clock), "sync", HZ, 4, 100, clock=clock, check=check)
+    assert checked == list(range(len(figures.latencies_sec)))
+    assert figures.latencies_sec == pytest.approx([_latency(i) for i in range(len(checked))])
+
+    def refuse(chunk):
+        if chunk == 3:
+            raise ValueError("chunk 3 is garbage")
+
+    with pytest.raises(ValueError, match="^chunk 3 is garbage$"):
+        replay(_policy(clock), "sync", HZ, 4, 100, clock=clock, check=refuse)
+
+
+def test_the_duration_of_a_replay_is_bounded_naming_the_keys():
+    from scopebench.policy.replay import MAX_REPLAY_SEC, check_duration
+
+    assert check_duration(300, 30.0) == 10.0 and MAX_REPLAY_SEC == 3600
+    assert check_duration(7200, 1.0, 7200) == 7200.0  # the bound raised
+    keys = ("--closed-loop-ticks", "--control-hz", "--closed-loop-max-sec")
+    line = (
+        r"^--closed-loop-ticks=1000000000 at --control-hz=30 would run the closed loop for 1\.1 years \(33333333 s\), "
+        r"over --closed-loop-max-sec=3600 \(1 h\): fewer ticks, a higher --control-hz, or a larger --closed-loop-max-sec$"
+    )
+    with pytest.raises(ValueError, match=line):
+        check_duration(10**9, 30.0, keys=keys)
+    with pytest.raises(ValueError, match=r"^ticks=300 at control_hz=0\.001 would run the closed loop for 3\.5 days"):
+        check_duration(300, 0.001)
 
 
 def test_every_call_runs_in_the_worker_thread():
@@ -170,11 +221,12 @@ def test_bench_inference_closed_loop(control_policies, tmp_path, capsys):  # noq
     args += ["--n-action-steps", "4", "--closed-loop", "sync", "--closed-loop-ticks", "12"]
     assert main(args) == 0
     text = capsys.readouterr().out
+    assert text.startswith("closed loop: sync, 12 ticks at 30 Hz: about 0.4 s after the 5 timed calls")
     assert "closed loop (measured): sync at 30 Hz, 4 actions a chunk" in text
     assert "closed loop (from the timed calls' latencies):" in text
     assert "closed loop (from the replay's own latencies):" in text
     loop = json.loads(out.read_text())["closed_loop"]
-    assert loop["measured"]["ticks"] == 12 and loop["measured"]["mode"] == "sync"
+    assert loop["measured"]["ticks"] == 12 and loop["measured"]["mode"] == "sync" and loop["expected_sec"] == 0.4
     assert loop["estimate"]["ticks"] == 12 and loop["estimate"]["max_lateness_sec"] is None
     assert len(loop["latencies_sec"]) == loop["measured"]["calls"] and loop["estimate_replay_calls"]["ticks"] == 12
 
@@ -184,3 +236,48 @@ def test_closed_loop_needs_a_control_rate(control_policies, tmp_path, capsys):  
     args += ["--output-dir", str(tmp_path), "--closed-loop", "sync"]
     assert main(args) != 0
     assert "--closed-loop needs a control rate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        # refused without --closed-loop too: a bad value is a bad value
+        (["--closed-loop-ticks", "-3"], "--closed-loop-ticks must be an integer >= 1, got -3"),
+        (["--closed-loop-max-sec", "0"], "--closed-loop-max-sec must be a finite number > 0, got 0"),
+        (
+            ["--control-hz", "0.001", "--closed-loop", "sync"],
+            "--closed-loop-ticks=300 at --control-hz=0.001 would run the closed loop for 3.5 days (300000 s), over "
+            "--closed-loop-max-sec=3600 (1 h): fewer ticks, a higher --control-hz, or a larger --closed-loop-max-sec",
+        ),
+        (
+            ["--policy.control_hz=30", "--closed-loop", "async", "--closed-loop-ticks", "1000000000"],
+            "--closed-loop-ticks=1000000000 at policy.control_hz=30 would run the closed loop for 1.1 years",
+        ),
+    ],
+)
+def test_a_closed_loop_too_long_or_bad_ticks_are_refused_before_any_work(flags, line, tmp_path, capsys, monkeypatch):
+    import scopebench.policy.run.inference as inference
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(inference.InferenceRun, "__init__", no_run)
+    code = main(["bench-inference", "--config", TINY, *flags, "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and line in err, err
+
+
+def test_the_closed_loop_says_how_long_it_will_take_before_the_run_starts(tmp_path, capsys, monkeypatch):
+    import scopebench.policy.run.inference as inference
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(inference.InferenceRun, "__init__", no_run)
+    args = ["bench-inference", "--config", TINY, "--control-hz", "1", "--closed-loop", "sync", "--n-timed", "7"]
+    args += ["--closed-loop-ticks", "7200", "--closed-loop-max-sec", "7200", "--output-dir", str(tmp_path)]
+    with pytest.raises(AssertionError, match="the run started"):  # the bound raised: accepted
+        main(args)
+    assert capsys.readouterr().out == (
+        "closed loop: sync, 7200 ticks at 1 Hz: about 2 h after the 7 timed calls (at most 2 h: --closed-loop-max-sec)\n"
+    )

@@ -24,7 +24,9 @@ How to run (a single process)::
 
 ``--chunks-per-call 1,2,4,8`` then times calls that sample B chunks each (B copies of the
 observation in one call: best-of-N), ``--n-timed`` interleaved rounds of one call per B, and
-says up to which B sampling more is free (median within 20 % of the smallest B's).
+says up to which B sampling more is free (median within 20 % of the smallest B's). A B whose
+inputs alone (B times the bytes of one observation) exceed the memory available is refused
+before any call, naming the most that fit.
 
 A stateful policy (``UserPolicy.reset``) runs episodes of ``--episode-length`` calls, reset
 between them (the reset is timed apart, not in the calls), and its latency is reported by
@@ -47,7 +49,16 @@ without an action (stalls), the stall time, the actions discarded, and the clock
 and drift, and prints beside them the **estimate** from the timed calls' latencies (the same
 hand-over rules, no clock; for ``sync`` the count ``sum max(0, d - n_action_steps)``) and the
 same estimate from the replay's own calls (which separates what the clock and the threads
-add from a latency distribution that moved since the timed calls).
+add from a latency distribution that moved since the timed calls). The replay lasts
+``ticks / control_hz`` on the real clock: said before any work, and refused over
+``--closed-loop-max-sec`` (3600 s).
+
+Each call's output is checked off its clock (:mod:`scopebench.policy.run.chunks`): a chunk of
+another shape than the first call's, or ``--n-action-steps`` above the actions the policy's
+chunk holds, is refused; NaN or inf actions fail the run naming the call (exit status 1). An
+error of the policy's code is one line naming the policy and the call (``policy ...: sample
+raised ...``). A failure after the timed calls (chunks per call, the closed loop) is reported
+after them: the text and the JSON (``failure``) first, then the line on stderr.
 
 Environment (flags win): ``BENCH_NO_COMPILE`` (0), ``BENCH_COMPILE_MODE`` (unset: the
 config's ``policy.compile_mode``; upstream defaults to ``max-autotune``, which takes many
@@ -85,11 +96,15 @@ why), ``std_sec, p99_minus_p50_sec, delay_steps`` (d -> calls), ``worst_delay_st
 keeps_up, verdict``), ``control_figure`` (the PNG of the latencies' histogram and CDF with
 the deadline, ``<host>_<preset>_<timestamp>_control.png`` beside the JSON; null without a
 control rate), ``closed_loop`` (null without ``--closed-loop``; else ``mode``, ``ticks``,
-``measured``, ``estimate`` (from the timed calls' latencies) and ``estimate_replay_calls``
-(from the replay's own calls, in order) (each ``mode, control_hz, n_action_steps, ticks, chunks,
+``expected_sec`` (``ticks / control_hz``), ``measured``, ``estimate`` (from the timed calls'
+latencies) and ``estimate_replay_calls`` (from the replay's own calls, in order) (each ``mode, control_hz, n_action_steps, ticks, chunks,
 stalls, stall_share, stall_sec, discarded, skipped, stale, calls, max_lateness_sec,
 mean_lateness_sec, drift_sec``; the three clock figures null in the estimates),
-``latencies_sec`` (the replay's calls) and ``lines`` (the three text lines)).
+``latencies_sec`` (the replay's calls) and ``lines`` (the three text lines)), ``failure``
+(null; else the line of what failed after the timed calls).
+
+Exit status: 0; 2 with one line for a refused input or an error of the policy's code; 1 for
+non-finite actions.
 """
 
 from __future__ import annotations
@@ -132,6 +147,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--closed-loop-ticks", type=int, default=300, metavar="N", help="control ticks of the replay (300)"
     )
+    parser.add_argument(
+        "--closed-loop-max-sec", type=float, default=None, metavar="S",
+        help="refuse a replay longer than this, ticks / control rate (3600: an hour)",
+    )  # fmt: skip
 
 
 @refuses("bench-inference")
@@ -139,10 +158,16 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from scopebench.policy.control import FLAGS, check_config_control, check_control
+    from scopebench.policy.replay import MAX_REPLAY_SEC, check_duration, duration_text
+    from scopebench.policy.run.chunks import NonFiniteActionsError
     from scopebench.policy.tools import check_json_path, env_bool, env_int, load_config
     from scopebench.profiler.config import check_writable_dir
+    from scopebench.validate import integer, number
 
     check_control(args.control_hz, args.n_action_steps, keys=FLAGS)  # as typed, before the config
+    ticks = integer("--closed-loop-ticks", args.closed_loop_ticks, low=1)
+    max_sec = MAX_REPLAY_SEC if args.closed_loop_max_sec is None else args.closed_loop_max_sec
+    max_sec = number("--closed-loop-max-sec", max_sec, low=0, low_open=True)
     env_warmup = env_int("BENCH_N_WARMUP", -1, low=0)
     env = {
         "policy.compile_mode": (
@@ -162,27 +187,61 @@ def run(args: argparse.Namespace) -> int:
     if args.episode_length is not None and args.episode_length < 1:
         raise ValueError(f"--episode-length must be >= 1, got {args.episode_length}")
     config = load_config(args, env=env, flags=flags)
-    check_config_control(config, args.control_hz, args.n_action_steps)
+    keys = check_config_control(config, args.control_hz, args.n_action_steps)
+    loop = None
     if args.closed_loop is not None:
-        if config.inference.control_hz is None:
+        hz = config.inference.control_hz  # validated: the flag's or the config's
+        if hz is None:
             raise ValueError("--closed-loop needs a control rate: --control-hz or policy.control_hz, got none")
-        if args.closed_loop_ticks < 1:
-            raise ValueError(f"--closed-loop-ticks must be >= 1, got {args.closed_loop_ticks}")
+        bounds = ("--closed-loop-ticks", keys["control_hz"], "--closed-loop-max-sec")
+        loop = (args.closed_loop, ticks, check_duration(ticks, hz, max_sec, keys=bounds))
     out_dir = args.output_dir or os.environ.get("BENCH_OUTPUT_DIR") or "benchmark_results"
     check_writable_dir("--output-dir" if args.output_dir else "BENCH_OUTPUT_DIR", out_dir)
     check_json_path("--json", args.json)
-    loop = (args.closed_loop, args.closed_loop_ticks) if args.closed_loop is not None else None
-    return _bench(config, timed, out_dir, args.json, args.episode_length, args.chunks_per_call, loop)
+    if loop is not None:  # said before any work: a replay waits on the real clock, whatever the machine
+        print(
+            f"closed loop: {loop[0]}, {ticks} ticks at {hz:g} Hz: about {duration_text(loop[2])} after the "
+            f"{timed} timed calls (at most {duration_text(max_sec)}: --closed-loop-max-sec)",
+            flush=True,
+        )
+    keys["chunks_per_call"] = "--chunks-per-call"
+    try:
+        return _bench(config, timed, out_dir, args.json, args.episode_length, args.chunks_per_call, loop, keys)
+    except NonFiniteActionsError as err:
+        return failed("bench-inference", err)
 
 
-def _closed_loop(run, calls: list[float], mode: str, ticks: int) -> dict:
+def failed(command: str, err: BaseException) -> int:
+    """A run that failed, in one line on stderr (``scopebench <command>: <why>``): its exit
+    status, 1 (a refused input, a ``ValueError``: 2, as :func:`~scopebench.commands._common.refuses`)."""
+    import sys
+
+    from scopebench.commands._common import REFUSED
+
+    print(f"scopebench {command}: {err}", file=sys.stderr, flush=True)
+    return REFUSED if isinstance(err, ValueError) else 1
+
+
+def _closed_loop(run, calls: list[float], mode: str, ticks: int, expected_sec: float) -> dict:
     """The replay of ``run``'s calls at the control rate, measured and as estimated from the
-    timed calls' latencies (:mod:`scopebench.policy.replay`)."""
+    timed calls' latencies (:mod:`scopebench.policy.replay`); each call's output checked off
+    its clock (:attr:`~scopebench.policy.run.inference.InferenceRun.check`)."""
+    import itertools
+
     from scopebench.policy.replay import predict, replay
 
     s = run.settings
-    n = s.n_action_steps or run.chunk_size
-    measured = replay(lambda: run.timed_call(), mode, s.control_hz, n, ticks)
+    n = run.executed_actions()
+    count = itertools.count(1)
+
+    def infer():  # one call; the replay takes its latency, then checks its chunk
+        run.timed_call(call=None)
+        return run.actions
+
+    def check(chunk) -> None:
+        run.check(chunk, call=f"closed-loop call {next(count)}", num_steps=s.num_steps)
+
+    measured = replay(infer, mode, s.control_hz, n, ticks, check=check)
     estimate = predict(calls, mode, s.control_hz, n, ticks)
     # the same rules over the replay's own calls: what the clock and the threads add, apart
     # from a latency distribution that moved since the timed calls (warm-up, load)
@@ -190,6 +249,7 @@ def _closed_loop(run, calls: list[float], mode: str, ticks: int) -> dict:
     return {
         "mode": mode,
         "ticks": ticks,
+        "expected_sec": expected_sec,
         "measured": measured.as_dict(),
         "estimate": estimate.as_dict(),
         "estimate_replay_calls": own.as_dict(),
@@ -209,13 +269,15 @@ def _bench(
     json_path: str | None,
     episode_length: int | None = None,
     chunks_per_call: list[int] | None = None,
-    loop: tuple[str, int] | None = None,
+    loop: tuple[str, int, float] | None = None,
+    keys: dict[str, str] | None = None,
 ) -> int:
     import socket
     import time
     from pathlib import Path
 
     from scopebench.policy.phases import INFERENCE_PHASES
+    from scopebench.policy.run.chunks import NonFiniteActionsError
     from scopebench.policy.run.inference import InferenceRun
     from scopebench.policy.tools import (
         StepCounter,
@@ -242,6 +304,8 @@ def _bench(
         keep_rows=True,
         tool="bench-inference",
         episode_length=episode_length,
+        chunks_per_call=chunks_per_call,
+        keys=keys,
     ) as run:
         with progress_bar(n_timed, "bench-inference") as bar:
             run.loop(StepCounter(n_timed, lambda: per_call.append(run.metrics()), bar))
@@ -253,8 +317,12 @@ def _bench(
         calls = [row["step_time_sec"] for row in rows]
         control = run.control(calls)
         episodes = run.episode_report(calls)
-        chunks = None if chunks_per_call is None else run.chunks_per_call(chunks_per_call, n_timed)
-        closed_loop = _closed_loop(run, calls, *loop) if loop is not None else None
+        chunks = closed_loop = failure = None
+        try:
+            chunks = None if chunks_per_call is None else run.chunks_per_call(chunks_per_call, n_timed)
+            closed_loop = _closed_loop(run, calls, *loop) if loop is not None else None
+        except (ValueError, NonFiniteActionsError) as err:  # the timed calls are reported first, then this
+            failure = err
     stats = summarize(calls)
     report = {
         "tool": "bench-inference",
@@ -294,6 +362,7 @@ def _bench(
         **measured_cost(rows),
         "control": None if control is None else control.as_dict(),
         "closed_loop": closed_loop,
+        "failure": None if failure is None else str(failure),
         "environment": environment_info(run.device),
     }
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
@@ -308,7 +377,8 @@ def _bench(
     if json_path:
         write_json(json_path, report)
     # the timestamped file in the output folder is the one named (--json is a copy of it)
-    return finish(format_report(report), report, str(path))
+    status = finish(format_report(report), report, str(path))
+    return status if failure is None else failed("bench-inference", failure)
 
 
 def format_report(report: dict) -> str:

@@ -43,6 +43,11 @@ timed calls), ``control`` (null without a control rate; else N -> the
 control object of ``bench-inference`` over that N's calls), ``environment``. After the fit, the
 ``host load:`` line, or ``CONTENDED: ...: the fit's points were measured on a busy machine``,
 then the ``profiler cost:`` line.
+
+Each call's output is checked off its clock as ``bench-inference``'s (a chunk of another
+shape than the first call's at that N is refused; NaN or inf actions fail the run naming the
+call and its N). Exit status: 0; 2 with one line for a refused input or an error of the
+policy's code; 1 for non-finite actions.
 """
 
 from __future__ import annotations
@@ -67,7 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @refuses("decompose-latency")
 def run(args: argparse.Namespace) -> int:
+    from scopebench.commands.bench_inference import failed
     from scopebench.policy.control import FLAGS, check_config_control, check_control
+    from scopebench.policy.run.chunks import NonFiniteActionsError
     from scopebench.policy.tools import check_json_path, load_config
 
     if args.repeats < 1:
@@ -75,12 +82,15 @@ def run(args: argparse.Namespace) -> int:
     check_control(args.control_hz, args.n_action_steps, keys=FLAGS)  # as typed, before the config
     flags = {"policy.control_hz": args.control_hz, "policy.n_action_steps": args.n_action_steps}
     config = load_config(args, flags=flags)
-    check_config_control(config, args.control_hz, args.n_action_steps)
+    keys = check_config_control(config, args.control_hz, args.n_action_steps)
     check_json_path("--json", args.json)
-    return _decompose(config, args.num_steps, args.repeats, args.json)
+    try:
+        return _decompose(config, args.num_steps, args.repeats, args.json, keys)
+    except NonFiniteActionsError as err:
+        return failed("decompose-latency", err)
 
 
-def _decompose(config, steps: list[int], repeats: int, json_path: str | None) -> int:
+def _decompose(config, steps: list[int], repeats: int, json_path: str | None, keys: dict | None = None) -> int:
     from scopebench.policy.run.inference import InferenceRun, fit_latency, fit_verdict
     from scopebench.policy.tools import (
         StepCounter,
@@ -103,13 +113,16 @@ def _decompose(config, steps: list[int], repeats: int, json_path: str | None) ->
         profiler=ProfilerConfig(mode="custom", active=total),
         keep_rows=True,
         tool="decompose-latency",
+        keys=keys,
     )
     with run:
         with progress_bar(total, "decompose-latency") as bar:
             run.loop(StepCounter(total, bar=bar))
         rows = list(run.profiler.rows)
         device = run.device
-        control = {n: run.control([row["step_time_sec"] for row in rows[i :: len(steps)]]) for i, n in enumerate(steps)}
+        control = {
+            n: run.control([row["step_time_sec"] for row in rows[i :: len(steps)]], n) for i, n in enumerate(steps)
+        }
     latency = {n: [] for n in steps}
     denoise = {n: [] for n in steps}
     for i, row in enumerate(rows):

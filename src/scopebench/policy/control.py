@@ -83,19 +83,28 @@ def check_control(
     return hz, steps
 
 
-def check_config_control(config: Any, control_hz: Any = None, n_action_steps: Any = None) -> None:
+def check_config_control(config: Any, control_hz: Any = None, n_action_steps: Any = None) -> dict[str, str]:
     """A command's ``--control-hz`` / ``--n-action-steps`` (:data:`FLAGS`, None: not given)
     and its run config's ``policy.control_hz`` / ``policy.n_action_steps``, checked before any
-    work; an error names the flag when it was given, else the config key.
+    work; an error names the flag when it was given, else the config key. (The command checks
+    its flags as typed first, ``check_control(..., keys=FLAGS)``: loading the config with them
+    would name the config key.)
 
-    The chunk size is the run's (``policy.chunk_size``, else ``dataset.chunk_size``).
+    The chunk size is pi05's, the run's (``policy.chunk_size``, else ``dataset.chunk_size``); a
+    policy of your own is checked against the chunk its first call returns
+    (:class:`~scopebench.policy.run.chunks.ChunkCheck`).
+
+    Returns:
+        How later errors name the two settings (``{"n_action_steps": "--n-action-steps"}``), the
+        ``keys`` of :class:`~scopebench.policy.run.inference.InferenceRun`.
     """
-    check_control(control_hz, n_action_steps, keys=FLAGS)
     s = config.inference
     keys = tuple(flag if given is not None else f"policy.{key}" for flag, given, key in zip(
         FLAGS, (control_hz, n_action_steps), ("control_hz", "n_action_steps")
     ))  # fmt: skip
-    check_control(s.control_hz, s.n_action_steps, s.chunk_size or config.dataset.chunk_size, keys=keys)
+    chunk = s.chunk_size or config.dataset.chunk_size if s.policy == "pi05" else None
+    check_control(s.control_hz, s.n_action_steps, chunk, keys=keys)
+    return dict(zip(("control_hz", "n_action_steps"), keys))
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,10 @@ The clock is injected (:class:`RealClock`: ``time.perf_counter``; :class:`Virtua
 simulated time that advances only when every thread waits, so the tests are exact).
 :func:`predict` is the distribution-based estimate: the same hand-over rules applied to a
 list of latencies, without a clock. Standard library only.
+
+A replay on the real clock lasts ``ticks / control_hz`` seconds, whatever the machine:
+:func:`check_duration` refuses one over :data:`MAX_REPLAY_SEC` (an hour) unless the caller
+raises the bound (``--closed-loop-max-sec``), and says how long it will take.
 """
 
 from __future__ import annotations
@@ -43,11 +47,70 @@ from dataclasses import dataclass
 from typing import Any
 
 from scopebench.policy.control import check_control, delay_ticks
+from scopebench.validate import integer
 
-__all__ = ["MODES", "RealClock", "ReplayFigures", "VirtualClock", "predict", "replay"]
+__all__ = [
+    "MAX_REPLAY_SEC",
+    "MODES",
+    "RealClock",
+    "ReplayFigures",
+    "VirtualClock",
+    "check_duration",
+    "duration_text",
+    "predict",
+    "replay",
+]
 
 #: The hand-over modes (``--closed-loop``).
 MODES = ("sync", "async")
+#: The longest replay run unless asked for more (``--closed-loop-max-sec``): an hour. A replay
+#: waits on the real clock, so 10^9 ticks, or 300 at 0.001 Hz, would hold the machine for a
+#: year or three days, saying nothing; an hour of ticks is already 10^5 chunks at 30 Hz.
+MAX_REPLAY_SEC = 3600.0
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as a person reads it.
+
+    :Examples:
+
+    >>> duration_text(10), duration_text(4000), duration_text(300000), duration_text(1e9 / 30)
+    ('10 s', '1.1 h', '3.5 days', '1.1 years')
+    """
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.2g} {unit}" if seconds < 10 * size else f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def check_duration(
+    ticks: int,
+    control_hz: float,
+    max_sec: float = MAX_REPLAY_SEC,
+    *,
+    keys: Sequence[str] = ("ticks", "control_hz", "max_sec"),
+) -> float:
+    """The seconds a replay of ``ticks`` at ``control_hz`` (both validated already) lasts on the
+    real clock, ``ticks / control_hz``; refused over ``max_sec``, naming the three ``keys``.
+
+    :Examples:
+
+    >>> check_duration(300, 30.0)
+    10.0
+    >>> check_duration(300, 0.001)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: ticks=300 at control_hz=0.001 would run the closed loop for 3.5 days (300000 s), over max_sec=3600 ...
+    """
+    seconds = ticks / control_hz
+    if seconds > max_sec:
+        tick, hz, bound = keys
+        raise ValueError(
+            f"{tick}={ticks} at {hz}={control_hz:g} would run the closed loop for {duration_text(seconds)} "
+            f"({seconds:.0f} s), over {bound}={max_sec:g} ({duration_text(max_sec)}): fewer ticks, a higher "
+            f"{hz}, or a larger {bound}"
+        )
+    return seconds
 
 
 class RealClock:
@@ -230,8 +293,7 @@ def _check(mode: str, control_hz: float, n_action_steps: int, ticks: int) -> tup
     hz, n = check_control(control_hz, n_action_steps)
     if n is None:
         raise ValueError("n_action_steps must be an integer >= 1, got None")
-    if isinstance(ticks, bool) or not isinstance(ticks, int) or ticks < 1:
-        raise ValueError(f"ticks must be an integer >= 1, got {ticks!r}")
+    integer("ticks", ticks, low=1)
     return hz, n
 
 
@@ -322,6 +384,7 @@ def replay(
     *,
     clock: Any = None,
     execute: Callable[[Any, int], None] | None = None,
+    check: Callable[[Any], None] | None = None,
 ) -> ReplayFigures:
     """Run the closed loop for ``ticks`` control ticks (module docstring) and measure it.
 
@@ -333,10 +396,14 @@ def replay(
         ticks: Control ticks to run.
         clock: :class:`RealClock` (default) or :class:`VirtualClock`.
         execute: Called with (chunk, action index) for each executed action (default: nothing).
+        check: Called with each chunk in the worker, after its latency is taken (default:
+            nothing); what it raises ends the replay as an exception of ``infer`` does.
 
     Raises:
         ValueError: a bad mode, rate, step count or tick count (naming it).
-        RuntimeError: ``infer`` raised (chained).
+        Exception: what ``infer`` or ``check`` raised, as it was raised (in the worker thread),
+            at the executor's next tick (the replay stops there), or once the call in flight at
+            the last tick has ended.
     """
     hz, n = _check(mode, control_hz, n_action_steps, ticks)
     clock = clock or RealClock()
@@ -351,6 +418,8 @@ def replay(
         chunk = infer()
         end = clock.now()
         latencies.append(end - start)
+        if check is not None:
+            check(chunk)
         return chunk, end
 
     def worker() -> None:
@@ -384,7 +453,7 @@ def replay(
         request.set()
         clock.wait(first)
         if errors:
-            raise RuntimeError("the replay's inference call raised") from errors[0]
+            raise errors[0]
         with lock:
             (_, current, _), state["arrived"] = state["arrived"], None
         t0 = clock.now()
@@ -395,7 +464,7 @@ def replay(
             clock.sleep_until(due)
             lateness.append(clock.now() - due)
             if errors:
-                raise RuntimeError("the replay's inference call raised") from errors[0]
+                raise errors[0]
             with lock:
                 arrival, state["arrived"] = state["arrived"], None
             obs = None
@@ -427,6 +496,8 @@ def replay(
         clock.detach()
         if thread.ident is not None:  # started
             thread.join()
+    if errors:  # a call still in flight at the last tick raised: the policy failed all the same
+        raise errors[0]
     tenth = max(1, ticks // 10)
     return ReplayFigures(
         mode, hz, n, ticks, tally.chunks, tally.stalls, stall_sec, tally.discarded, tally.skipped, tally.stale,

@@ -29,8 +29,10 @@ is not a number. So is an exception raised by the policy's code while it runs, n
 policy, the phase and the exception: ``policy mypkg:make: forward raised RuntimeError: shape
 mismatch ...`` (phases ``forward``: the model's forward, called by the loss; ``loss``: the
 rest of ``loss(model, batch)``; ``dataset[i]``: the dataset's ``__getitem__``, also in a
-DataLoader worker). The exception is chained (``__cause__``) for its traceback; the commands
-print the one line alone.
+DataLoader worker; and in the inference tools ``observation``, ``preprocess``, ``prefill``,
+``sample``, ``postprocess`` and ``reset``, through :func:`attributed`, which also refuses a
+stateful ``sample`` that does not return ``(output, new_state)``). The exception is chained
+(``__cause__``) for its traceback; the commands print the one line alone.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ __all__ = [
     "PolicyDataError",
     "PolicyError",
     "UserPolicy",
+    "attributed",
     "build_policy",
     "check_trainable",
     "check_policy_name",
@@ -374,6 +377,40 @@ def _wrapper_lacks(err: BaseException, policy: UserPolicy, model: nn.Module) -> 
     if found is None or not hasattr(policy.model, found.group(1)) or hasattr(model, found.group(1)):
         return None
     return found.group(1)
+
+
+def attributed(policy: UserPolicy, phase: str, fn: Callable[..., Any], *, pair: bool = False) -> Callable[..., Any]:
+    """``fn`` (the policy's ``phase``, or a compiled wrapper of it) whose exception is refused in one
+    line naming the policy and the phase, as training's are (``policy mypkg:make: sample raised
+    RuntimeError: ...``, chained); with ``pair``, a result other than ``(output, new_state)`` too.
+
+    :Examples:
+
+    >>> step = attributed(UserPolicy(model=nn.Linear(1, 1), loss=len, dataset=[0]), "sample",
+    ...                   lambda x: torch.zeros(2, 3), pair=True)
+    >>> step(0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    scopebench.policy.user.PolicyError: sample returned a Tensor of shape (2, 3); a stateful policy ...
+    """
+    who = _who(policy)
+
+    def call(*args: Any) -> Any:
+        try:
+            out = fn(*args)
+        except Exception as err:
+            if _passes(err):
+                raise
+            raise _one_line(who, phase, err) from err
+        if pair and not (isinstance(out, (tuple, list)) and len(out) == 2):
+            got = f"a Tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+            got += f" of {len(out)} items" if isinstance(out, (tuple, list)) else ""
+            raise PolicyError(
+                f"{who}{phase} returned {got}; a stateful policy (UserPolicy.reset) returns a pair (output, new_state)"
+            )
+        return out
+
+    return call
 
 
 def policy_sample(policy: UserPolicy, index: int, name: str = "") -> Any:

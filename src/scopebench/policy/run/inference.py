@@ -20,6 +20,11 @@ process start to first action; with a ``compile_mode``, the graphs ``torch.compi
 compiled and the graph breaks it took during the warm-up (``torch._dynamo``'s counters), so
 a compile that silently fell back to eager is reported in the note, not hidden.
 
+**Checked calls**: every callable of the policy names the policy and itself when it raises
+(:func:`scopebench.policy.user.attributed`), and each call's output is checked after its clock
+(:class:`~scopebench.policy.run.chunks.ChunkCheck`: its shape, the actions of its chunk against
+``n_action_steps``, NaN or inf).
+
 The observation is the policy's ``observation(1)``. pi05 builds it from the dataset's first
 frame (the objective scores against that frame's recorded actions):
 :func:`scopebench.policy.pi05.make_observation`.
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,7 @@ import torch
 
 from scopebench.distributed.device import resolve_device
 from scopebench.harness.run import RankRun
+from scopebench.policy.run.chunks import ChunkCheck
 from scopebench.policy.run.steps import InferenceStep
 from scopebench.policy.settings import InferenceSettings
 
@@ -195,6 +201,9 @@ class InferenceRun(RankRun):
         schedule: The ``num_steps`` of the calls: iteration ``i`` uses
             ``schedule[i % len(schedule)]``, and every value is warmed up (``n_warmup``
             calls each) before the first measured call. Default: ``[settings.num_steps]``.
+        chunks_per_call: The sizes :meth:`chunks_per_call` will time, so that a size whose inputs
+            cannot fit in memory is refused at :meth:`build`, before the warm-up (None: not known).
+        keys: How errors name a setting, by its name (``{"n_action_steps": "--n-action-steps"}``).
         **run: ``profiler``, ``output_dir``, ``name``, ``keep_rows`` of
             :class:`~scopebench.harness.run.RankRun`.
     """
@@ -208,6 +217,8 @@ class InferenceRun(RankRun):
         schedule: Sequence[int] | None = None,
         tool: str = "Pi05Inference",
         episode_length: int | None = None,
+        chunks_per_call: Sequence[int] | None = None,
+        keys: Mapping[str, str] | None = None,
         **run: Any,
     ) -> None:
         from scopebench.validate import integer
@@ -217,7 +228,9 @@ class InferenceRun(RankRun):
         self.settings = settings
         self.dataset_root = str(dataset_root)
         self.chunk_size = settings.chunk_size or chunk_size
-        if settings.n_action_steps is not None and settings.n_action_steps > self.chunk_size:
+        self.keys = dict(keys or {})
+        # the chunk size is pi05's; a policy of your own is checked against its first chunk (ChunkCheck)
+        if settings.policy == "pi05" and (settings.n_action_steps or 0) > self.chunk_size:
             raise ValueError(
                 f"n_action_steps must be at most chunk_size={self.chunk_size}, got {settings.n_action_steps}"
             )
@@ -232,6 +245,13 @@ class InferenceRun(RankRun):
             resolve_factory(settings.policy)
         self.tool = tool
         self.episode_length = None if episode_length is None else integer("episode_length", episode_length, low=1)
+        self.chunk_sizes = (
+            None if chunks_per_call is None else [integer("chunks_per_call", b, low=1) for b in chunks_per_call]
+        )
+        #: Checks each call's output outside its clock (:mod:`~scopebench.policy.run.chunks`), after build.
+        self.check: ChunkCheck | None = None
+        self._unchecked: str | None = None  # the loop's last call, until its output is checked
+        self._last_steps = self.schedule[0]
         #: Each measured call's place in its episode (0: the first call after a reset).
         self.positions: list[int] = []
         #: Seconds of each reset before a measured episode (stateful policies).
@@ -257,8 +277,9 @@ class InferenceRun(RankRun):
         import functools
 
         from scopebench.host_load import process_age_sec
+        from scopebench.policy.run.chunks import check_chunks_memory
         from scopebench.policy.run.train import run_policy
-        from scopebench.policy.user import prepare_batch, to_device
+        from scopebench.policy.user import attributed, prepare_batch, to_device
 
         s = self.settings
         before_build, begin = process_age_sec(), time.perf_counter()
@@ -282,21 +303,30 @@ class InferenceRun(RankRun):
             mode = None if s.compile_mode == "default" else s.compile_mode
             sample = torch.compile(sample, mode=mode)
             prefill = None if prefill is None else torch.compile(prefill, mode=mode)
+        # every callable of the policy's own code names the policy and itself when it raises
+        observation = attributed(policy, "observation", policy.observation)(1)
+        if self.chunk_sizes is not None:  # before any call of that many chunks is built
+            check_chunks_memory(self._key("chunks_per_call"), self.chunk_sizes, observation, self.device)
+        self.check = ChunkCheck(f"policy {s.policy}: ", s.n_action_steps, self._key("n_action_steps"))
         self.work = InferenceStep(
-            policy.observation(1),
-            prepare=functools.partial(prepare_batch, policy, device=self.device),
-            sample=sample,
+            observation,
+            prepare=attributed(policy, "preprocess", functools.partial(prepare_batch, policy, device=self.device)),
+            sample=attributed(policy, "sample", sample, pair=policy.stateful),
             num_steps=s.num_steps,
-            prefill=prefill,
-            postprocess=policy.postprocess or functools.partial(to_device, device=torch.device("cpu")),
+            prefill=None if prefill is None else attributed(policy, "prefill", prefill),
+            postprocess=attributed(
+                policy, "postprocess", policy.postprocess or functools.partial(to_device, device=torch.device("cpu"))
+            ),
             model=model,
             compiled=s.compile_mode != "none",
-            reset=(lambda: policy.reset(model)) if policy.stateful else None,
+            reset=attributed(policy, "reset", lambda: policy.reset(model)) if policy.stateful else None,
         )
         self.work.reset()
         built = time.perf_counter() - begin
         for n in dict.fromkeys(self.schedule):
-            self.warmup_sec[n] = [self.timed_call(n) for _ in range(s.n_warmup)]
+            self.warmup_sec[n] = [
+                self.timed_call(n, call=f"warm-up call {i + 1} of {s.n_warmup}") for i in range(s.n_warmup)
+            ]
         first = next(iter(self.warmup_sec.values()))[0] if s.n_warmup else None
         self.cold_start = {
             "process_to_build_sec": before_build,
@@ -335,14 +365,20 @@ class InferenceRun(RankRun):
         self.work.reset()
         self.reset_sec.append(time.perf_counter() - begin)
 
+    def _key(self, name: str) -> str:
+        """How errors name the setting ``name`` (``keys``, else the name itself)."""
+        return self.keys.get(name, name)
+
     def loop(self, callback: Any = None, before_callback: Any = None) -> None:
-        """:meth:`RankRun.loop`; a stateful policy's episode is reset at the top of the iteration
-        after its ``episode_length``-th call (callback time, not the call's)."""
-        if self.episode_length is None:
-            return super().loop(callback, before_callback)
+        """:meth:`RankRun.loop`; at the top of each iteration (callback time, not the call's) the
+        last call's output is checked (:attr:`check`) and a stateful policy's episode is reset
+        after its ``episode_length``-th call."""
 
         def before() -> None:
-            if self.work.position >= self.episode_length:
+            if self._unchecked is not None:
+                call, self._unchecked = self._unchecked, None
+                self.check(self.actions, call=call, num_steps=self._last_steps)
+            if self.episode_length is not None and self.work.position >= self.episode_length:
                 self._reset()
             if before_callback is not None:
                 before_callback()
@@ -350,14 +386,16 @@ class InferenceRun(RankRun):
         return super().loop(callback, before)
 
     def step(self, profiler: Any) -> None:
-        """One call, with the schedule's next ``num_steps``."""
-        n = self.schedule[self._calls % len(self.schedule)]
+        """One call, with the schedule's next ``num_steps`` (its output is checked by :meth:`loop`)."""
+        self._last_steps = n = self.schedule[self._calls % len(self.schedule)]
         self._calls += 1
         self.positions.append(self.work.position)
+        self._unchecked = f"timed call {self._calls}"
         self.actions = self.work(profiler, n)
 
-    def timed_call(self, num_steps: int | None = None) -> float:
-        """Seconds of one unprofiled call (synchronised on CUDA), as the warm-up times it."""
+    def timed_call(self, num_steps: int | None = None, *, call: str | None = "call", chunks: int = 1) -> float:
+        """Seconds of one unprofiled call (synchronised on CUDA), as the warm-up times it; then,
+        off the clock, its output is checked (:attr:`check`) naming it ``call`` (None: not checked)."""
         from scopebench.profiler import create_profiler
         from scopebench.profiler.device import DeviceOps
 
@@ -368,7 +406,10 @@ class InferenceRun(RankRun):
         start = time.perf_counter()
         self.actions = self.work(null, num_steps)
         ops.synchronize()
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if call is not None:
+            self.check(self.actions, call=call, num_steps=num_steps or self.work.num_steps, chunks=chunks)
+        return seconds
 
     def compile_metrics(self) -> dict[str, float]:
         """``compile_time_sec`` and ``first_call_ratio`` of the first warm-up series (compile only)."""
@@ -418,7 +459,9 @@ class InferenceRun(RankRun):
         for the new shape there), then ``rounds`` interleaved rounds of one unprofiled call
         per size (:meth:`timed_call`), so a change of the machine's load touches every size
         alike. ``B`` is free while its median stays within :data:`FREE_PCT` % of the smallest
-        size's.
+        size's. A size whose inputs exceed the memory available is refused before any call
+        (:func:`~scopebench.policy.run.chunks.check_chunks_memory`), one that runs out of memory
+        in its call is named; a call of ``B`` chunks must return ``B`` chunks (:attr:`check`).
 
         Returns:
             ``sizes``, ``rounds``, ``by_size`` (``size``, ``median_sec``, ``p95_sec``,
@@ -426,6 +469,8 @@ class InferenceRun(RankRun):
             size's) and ``free_up_to`` (the largest size before the first that is not free)
             and ``knee`` (that first size, None when every size is free).
         """
+        from scopebench.policy.run.chunks import check_chunks_memory
+        from scopebench.policy.user import attributed
         from scopebench.stats import median, percentile
 
         if self.policy.stateful:
@@ -433,18 +478,25 @@ class InferenceRun(RankRun):
                 f"chunks per call are refused for policy {self.settings.policy}: it is stateful "
                 "(UserPolicy.reset), and its state is one episode's, not a batch's"
             )
+        key = self._key("chunks_per_call")
         work, original = self.work, self.work.observation
-        observations = {b: self.policy.observation(b) for b in sizes}
+        check_chunks_memory(key, sizes, original, self.device)
+        observations = {b: attributed(self.policy, "observation", self.policy.observation)(b) for b in sizes}
         latency: dict[int, list[float]] = {b: [] for b in sizes}
+        b = sizes[0]
         try:
             for b in sizes:
                 work.observation = observations[b]
-                for _ in range(max(1, self.settings.n_warmup)):
-                    self.timed_call()
-            for _ in range(rounds):
+                for i in range(max(1, self.settings.n_warmup)):
+                    self.timed_call(call=f"warm-up call {i + 1} of {b} chunks", chunks=b)
+            for r in range(rounds):
                 for b in sizes:
                     work.observation = observations[b]
-                    latency[b].append(self.timed_call())
+                    latency[b].append(self.timed_call(call=f"call of {b} chunks in round {r + 1}", chunks=b))
+        except (torch.OutOfMemoryError, MemoryError) as err:
+            detail = str(err).strip().partition("\n")[0]
+            detail = f" ({detail})" if detail else ""
+            raise ValueError(f"{key} {b}: a call of {b} chunks ran out of memory on {self.device}{detail}") from err
         finally:
             work.observation = original
         base = median(latency[sizes[0]])
@@ -506,16 +558,23 @@ class InferenceRun(RankRun):
             "compile_note": self.compile_note(),
         }
 
-    def control(self, latencies: Sequence[float]):
-        """The :class:`~scopebench.policy.control.ControlFigures` of ``latencies`` at the
-        settings' ``control_hz`` with ``n_action_steps`` actions executed per chunk (None:
-        the whole chunk); None without a ``control_hz`` or a latency."""
+    def executed_actions(self, num_steps: int | None = None) -> int:
+        """Actions executed per chunk: ``n_action_steps``, else the whole chunk: the actions of the
+        chunks the policy returned at ``num_steps`` (None: the settings'), read as ``(batch, actions,
+        action dims...)`` (:attr:`check`), else the run's ``chunk_size``."""
+        s, seen = self.settings, self.check.actions if self.check is not None else {}
+        return s.n_action_steps or seen.get(num_steps or s.num_steps) or self.chunk_size
+
+    def control(self, latencies: Sequence[float], num_steps: int | None = None):
+        """The :class:`~scopebench.policy.control.ControlFigures` of ``latencies`` (calls at
+        ``num_steps``, None: the settings') at the settings' ``control_hz`` with
+        :meth:`executed_actions` actions a chunk; None without a ``control_hz`` or a latency."""
         from scopebench.policy.control import control_figures
 
         s = self.settings
         if s.control_hz is None or not latencies:
             return None
-        return control_figures(latencies, s.control_hz, s.n_action_steps or self.chunk_size)
+        return control_figures(latencies, s.control_hz, self.executed_actions(num_steps))
 
     def control_metrics(self) -> dict[str, Any]:
         """The ``control_*`` metrics over the timed calls so far (the solver's rows): the last
