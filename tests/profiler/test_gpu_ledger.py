@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from profiler.gpu_traces import HTA_DATA, TRACES, derive_pair, hta_numbers, rounded_as_hta
+from profiler.kineto_synth import JobSpec, ddp_job
 from scopebench.profiler.gpu_collectives import GpuLedger, device_columns, device_record
 from scopebench.profiler.gpu_ledger import figures, summarise
 from scopebench.profiler.kineto import COMM, COMPUTE, rank_of, read_trace
 from scopebench.report.ledger import late_rank_summary
-
-from .gpu_traces import HTA_DATA, TRACES, derive_pair, hta_numbers, rounded_as_hta
-from .kineto_synth import JobSpec, ddp_job
 
 
 def _summaries(paths, include_last_step=False):

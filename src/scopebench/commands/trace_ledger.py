@@ -335,25 +335,31 @@ def _late(late: Any, ledger: Any, rows: list[dict], ranks: int) -> dict[str, Any
     }
 
 
+#: The text's columns: (figure, heading).
 _COLUMNS = (
-    ("span", 9),
-    ("idle", 9),
-    ("idle_host", 10),
-    ("idle_launch", 11),
-    ("compute", 9),
-    ("comm", 9),
-    ("comm_hidden", 11),
-    ("comm_exposed", 12),
-    ("memory", 8),
-    ("comm_wait", 9),
+    ("span", "span"),
+    ("idle", "idle"),
+    ("idle_host", "host"),
+    ("idle_launch", "launch"),
+    ("compute", "compute"),
+    ("comm", "comm"),
+    ("comm_hidden", "hidden"),
+    ("comm_exposed", "exposed"),
+    ("memory", "memory"),
+    ("comm_wait", "waited"),
+)
+_WIDTH = 9
+_LEGEND = (
+    "  idle = host + launch (host: nothing launched yet; launch: launched, not running yet);\n"
+    "  comm = hidden + exposed (hidden: under compute); waited: inside collectives, for a peer"
 )
 
 
 def _row(label: str, figures: dict[str, Any]) -> str:
     cells = []
-    for key, width in _COLUMNS:
+    for key, _ in _COLUMNS:
         value = figures.get(f"{key}_ms")
-        cells.append(f"{'-' if value is None else f'{value:.1f}':>{width}}")
+        cells.append(f"{'-' if value is None else f'{value:.1f}':>{_WIDTH}}")
     return f"  {label:<8}" + "".join(cells)
 
 
@@ -368,37 +374,36 @@ def format_report(report: dict) -> str:
         about.append(f"NCCL {first['nccl_version']}")
     if first.get("device"):
         about.append(first["device"])
+    given = len(ranks)
+    if report["world_size"] and report["world_size"] > given:
+        about.append(f"{given} of its ranks given: waits and the late rank are among those")
     lines = [
-        f"trace-ledger: {len(ranks)} rank(s) ({', '.join(ranks)})" + f" ({', '.join(a for a in about if a)})",
+        f"trace-ledger: {given} rank(s) ({', '.join(ranks)})" + f" ({', '.join(a for a in about if a)})",
         *[f"note: {n}" for n in report["notes"]],
     ]
     if report["window"]["note"]:
         lines.append(f"window: {report['window']['note']}")
-    header = f"  {'rank':<8}" + "".join(f"{key:>{width}}" for key, width in _COLUMNS)
-    lines += [
-        "",
-        "GPU time per rank over the window (ms; each rank's own clock; hidden: communication under compute):",
-        header,
-    ]
+    header = "".join(f"{heading:>{_WIDTH}}" for _, heading in _COLUMNS)
+    if any(data["window"] is not None for data in ranks.values()):
+        lines += ["", "GPU time per rank over the window (ms):", _LEGEND, f"  {'rank':<8}" + header]
+        lines += [_row(rank, data["window"]) for rank, data in ranks.items() if data["window"] is not None]
     for rank, data in ranks.items():
         if data["window"] is None:
             host = data["host"]
             times = [s["ms"] for s in host["steps"]]
-            steps = f"{len(times)} ProfilerStep ranges (median {stats.median(times):.1f} ms), " if times else ""
-            span = "" if host["span_ms"] is None else f" over {host['span_ms']:.1f} ms"
-            lines.append(f"  {rank:<8}no GPU events: host side: {steps}{host['cpu_ops']} CPU operators{span}")
-        else:
-            lines.append(_row(rank, data["window"]))
+            steps = f"{len(times)} ProfilerStep ranges (median {stats.median(times):.3f} ms), " if times else ""
+            span = "" if host["span_ms"] is None else f" over {host['span_ms']:.3f} ms"
+            lines.append(f"rank {rank}: no GPU events: host side: {steps}{host['cpu_ops']} CPU operators{span}")
     numbers = sorted({s["step"] for data in ranks.values() for s in data["steps"]})
     if numbers:
-        lines += ["", "per step (ms, median over the ranks):", header.replace("rank    ", "step    ", 1)]
+        lines += ["", "per step (ms, median over the ranks):", f"  {'step':<8}" + header]
         for n in numbers:
             rows = [s for data in ranks.values() for s in data["steps"] if s["step"] == n]
             med = {
                 f"{key}_ms": (
                     stats.median(v) if (v := [r[f"{key}_ms"] for r in rows if r[f"{key}_ms"] is not None]) else None
                 )
-                for key, _ in _COLUMNS
+                for key, _heading in _COLUMNS
             }
             lines.append(_row(f"#{n}", med))
     lines += _collective_lines(report["collectives"])

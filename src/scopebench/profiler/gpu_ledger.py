@@ -42,8 +42,10 @@ __all__ = [
     "CollectiveRecord",
     "RankSummary",
     "figures",
+    "idle_gaps",
     "innermost",
     "summarise",
+    "windowed",
     "window_note",
 ]
 
@@ -80,19 +82,12 @@ def figures(ops: list[GpuOp], launches: dict[int, float]) -> dict[str, float | N
         return {name: 0.0 for name in FIGURES}
     compute, comm, memory = _cut(ops, COMPUTE), _cut(ops, COMM), _cut(ops, MEMORY)
     busy = union([(op.start, op.end) for op in ops])
-    opener: dict[float, float | None] = {}  # a gap's end -> the earliest launch of the work starting there
-    for op in ops:
-        launch = launches.get(op.correlation)
-        known = opener.get(op.start)
-        if op.start not in opener or (launch is not None and (known is None or launch < known)):
-            opener[op.start] = launch
     host: float | None = 0.0
-    for (_, gap_start), (gap_end, _) in zip(busy, busy[1:]):
-        launch = opener.get(gap_end)
+    for start, launch, end in idle_gaps(ops, launches, busy):
         if launch is None:
             host = None
             break
-        host += min(max(launch - gap_start, 0.0), gap_end - gap_start)
+        host += min(max(launch - start, 0.0), end - start)
     span = busy[-1][1] - busy[0][0]
     idle = span - length(busy)
     hidden = length(intersect(comm, compute))
@@ -107,6 +102,28 @@ def figures(ops: list[GpuOp], launches: dict[int, float]) -> dict[str, float | N
         "comm_hidden": hidden,
         "comm_exposed": length(comm) - hidden,
     }
+
+
+def idle_gaps(
+    ops: list[GpuOp], launches: dict[int, float], busy: list[tuple[float, float]] | None = None
+) -> list[tuple[float, float | None, float]]:
+    """The GPU's idle gaps between the first and the last of ``ops``: ``(start, launch, end)``,
+    ``launch`` the earliest launch of the work that ends the gap (``None``: not in the trace).
+    ``busy``: ``ops``' union, when already at hand.
+
+    :Examples:
+        >>> from scopebench.profiler.kineto import GpuOp
+        >>> idle_gaps([GpuOp(0, 10, 0, 7, 1, None), GpuOp(30, 40, 0, 7, 2, None)], {2: 25.0})
+        [(10, 25.0, 30)]
+    """
+    busy = union([(op.start, op.end) for op in ops]) if busy is None else busy
+    opener: dict[float, float | None] = {}
+    for op in ops:
+        launch = launches.get(op.correlation)
+        known = opener.get(op.start)
+        if op.start not in opener or (launch is not None and (known is None or launch < known)):
+            opener[op.start] = launch
+    return [(gap_start, opener.get(gap_end), gap_end) for (_, gap_start), (gap_end, _) in zip(busy, busy[1:])]
 
 
 def innermost(
@@ -184,7 +201,7 @@ class RankSummary:
     epoch_range: tuple[float, float] | None = None
 
 
-def _windowed(events: RankEvents, include_last_step: bool) -> tuple[list[GpuOp], dict[str, Any]]:
+def windowed(events: RankEvents, include_last_step: bool) -> tuple[list[GpuOp], dict[str, Any]]:
     steps = events.steps
     info: dict[str, Any] = {"first_step": min(steps, default=None), "last_step": None, "all_work": len(steps) < 2}
     if len(steps) < 2:
@@ -243,7 +260,7 @@ def _collectives(
 def summarise(events: RankEvents, rank: int, include_last_step: bool = False) -> RankSummary:
     """One rank's :class:`RankSummary` (module docstring): the window's and each step's figures,
     its collectives and its host side; ``events`` may be dropped afterwards."""
-    ops, info = _windowed(events, include_last_step)
+    ops, info = windowed(events, include_last_step)
     dist = events.distributed
     host_steps = {n: end - start for n, (start, end) in sorted(events.steps.items())}
     host = {

@@ -338,13 +338,13 @@ class _Stream:
             return value
 
 
-def _chunks(path: Path) -> Iterator[str]:
+def _chunks(path: Path, size: int = CHUNK) -> Iterator[str]:
     with open(path, "rb") as raw:
         gzipped = raw.read(2) == b"\x1f\x8b"
     opener = gzip.open if gzipped else open
     try:
         with opener(path, "rt", encoding="utf-8") as fh:
-            while chunk := fh.read(CHUNK):
+            while chunk := fh.read(size):
                 yield chunk
     except EOFError as err:
         raise TraceError(f"{path}: truncated: the gzip stream ends early ({err})") from None
@@ -354,8 +354,9 @@ def _chunks(path: Path) -> Iterator[str]:
         raise TraceError(f"{path}: not a Kineto trace: not UTF-8 text ({err.reason} at byte {err.start})") from None
 
 
-def read_trace(path: str | Path, collector: Collector | None = None) -> RankEvents:
+def read_trace(path: str | Path, collector: Collector | None = None, chunk: int = CHUNK) -> RankEvents:
     """One trace file, streamed (module docstring): its :class:`RankEvents`, rank not yet set.
+    ``chunk``: characters read at a time.
 
     Raises:
         TraceError: not JSON, not an object with a ``traceEvents`` array, or truncated (a
@@ -364,7 +365,7 @@ def read_trace(path: str | Path, collector: Collector | None = None) -> RankEven
     """
     path = Path(path)
     collector = collector or Collector(str(path))
-    stream = _Stream(path, _chunks(path))
+    stream = _Stream(path, _chunks(path, chunk))
     meta = collector.rank.meta
     seen = False
     stream.expect("{", "at the start")
