@@ -60,6 +60,16 @@ def test_text_and_json_name_the_late_rank(tmp_path, capsys):
     assert first["bytes"] == spec.nelems * 4 and first["busbw_gb_per_sec"] > 0
 
 
+def test_a_late_rank_whose_gpu_waited_for_its_host(tmp_path, capsys):
+    ddp_job(JobSpec(late=1, delay=3000.0, cause="gpu_idle"), tmp_path)
+    status, out, _ = _run(capsys, tmp_path)
+    assert status == 0
+    assert out.splitlines()[-1].endswith(
+        "before it its GPU sat idle 3.0 ms longer than the others' (3.0 ms with nothing launched: waiting for "
+        "its host, the host or input side)"
+    )
+
+
 def test_no_late_rank_is_null_and_said(tmp_path, capsys):
     ddp_job(JobSpec(), tmp_path)
     status, out, _ = _run(capsys, tmp_path, "--json", tmp_path / "l.json")

@@ -88,6 +88,9 @@ def test_synthetic_ranks_every_figure_exact(tmp_path, spec):
         assert row["late_rank_delay_sec"] == pytest.approx(spec.delay * 1e-6)
         assert row["late_rank_cause"] == spec.cause
         assert row["late_rank_work_excess_sec"] == pytest.approx(spec.delay * 1e-6)
+        # its bwd launched delay - 10 µs after its GPU went idle: that much with nothing launched
+        host = spec.delay - 10 if spec.cause == "gpu_idle" else 0.0
+        assert row["late_rank_idle_host_sec"] == pytest.approx(host * 1e-6)
         assert row["late_rank_wait_region"] == (
             "all_reduce #" + (str(row["step"] - spec.first_step) if spec.seq else "0") + " of group 0"
         )
@@ -171,6 +174,8 @@ def test_a_rank_reaching_the_first_all_reduce_late_is_named(tmp_path, new_names,
         assert row["late_rank_delay_sec"] * 1e6 == pytest.approx(delay, rel=0.1)
         assert row["late_rank_wait_region"].startswith("all_reduce #0")
         assert row["late_rank_cause"] == "gpu_idle"
+        # its all-reduce was launched on time and started late: launched, not running
+        assert row["late_rank_idle_host_sec"] == pytest.approx(0.0, abs=0.1 * delay * 1e-6)
         assert ledger.waits[0][row["step"]] == pytest.approx(delay, rel=0.1)
         assert ledger.waits[1][row["step"]] == pytest.approx(0.0, abs=0.1 * delay)
     ops = {inst.first.collective.op for inst in ledger.instances}

@@ -40,8 +40,9 @@ step ``step``, the same keys and ``host_ms``), ``host`` (``steps``, ``cpu_ops``,
 ``busbw_gb_per_sec``, ``ranks``: rank -> ``start_ms``, ``dur_ms``, ``wait_ms``, ``region``),
 ``steps`` (per step ``step``, ``step_time_ms``, ``late_rank``, ``late_rank_delay_ms``,
 ``collective``, ``cause``, ``excess_ms``), ``late_rank`` (``rank``, null when no rank is late,
-``delay_ms``, ``steps``, ``of_steps``, ``named_steps``, ``share_pct``, ``collective``, ``region``,
-``cause``, ``excess_ms``, ``line``).
+``delay_ms``, ``steps``, ``of_steps``, ``named_steps``, ``share_pct``, ``collective``, ``op``,
+``region``, ``cause`` (``compute`` or ``gpu_idle``), ``excess_ms``, ``idle_host_ms`` (of an idle
+excess, the part with nothing launched), ``line``).
 
 Exit status: 0; 2 with one line naming the file for a refused input: not a trace, a truncated
 file, two files claiming one rank, ranks of different runs, a rank that cannot be told, no trace
@@ -170,9 +171,10 @@ def _same_run(summaries: list[Any]) -> None:
 
 @refuses("trace-ledger")
 def run(args: argparse.Namespace) -> int:
-    from scopebench.policy.tools import check_json_path
+    if args.json:  # (policy.tools, the home of the check, imports torch: only when asked)
+        from scopebench.policy.tools import check_json_path
 
-    check_json_path("--json", args.json)
+        check_json_path("--json", args.json)
     out = None
     if args.trace:
         from scopebench.profiler.config import check_writable_dir
@@ -295,6 +297,7 @@ def build_report(summaries: list[Any], told: dict[int, str], notes: list[str], i
 
 
 def _late(late: Any, ledger: Any, rows: list[dict], ranks: int) -> dict[str, Any]:
+    from scopebench import stats
     from scopebench.report.ledger import LATE_RANK_CONSISTENT_PCT, LATE_RANK_MIN_PCT
 
     if late is None:
@@ -315,8 +318,16 @@ def _late(late: Any, ledger: Any, rows: list[dict], ranks: int) -> dict[str, Any
         + (f" (launched in {region})" if region else "")
         + f", in {late.iterations} of {len(rows)} steps"
     )
+    host = stats.median([i.host_excess for i in mine]) * 1e-6
     if excess is not None and late.cause == "gpu_idle":
-        line += f"; before it its GPU sat idle {excess * 1e3:.1f} ms longer than the others' (waiting for its host: the host or input side)"
+        line += f"; before it its GPU sat idle {excess * 1e3:.1f} ms longer than the others'"
+        if host >= excess / 2:
+            line += f" ({host * 1e3:.1f} ms with nothing launched: waiting for its host, the host or input side)"
+        else:
+            line += (
+                f" ({(excess - host) * 1e3:.1f} ms with its work launched but not running: launch latency, "
+                "or a wait on another stream)"
+            )
     elif excess is not None:
         line += f"; before it its kernels took {excess * 1e3:.1f} ms longer than the others' (its compute)"
     return {
@@ -331,6 +342,7 @@ def _late(late: Any, ledger: Any, rows: list[dict], ranks: int) -> dict[str, Any
         "region": region,
         "cause": late.cause,
         "excess_ms": None if excess is None else excess * 1e3,
+        "idle_host_ms": host * 1e3 if late.cause == "gpu_idle" else None,
         "line": line,
     }
 

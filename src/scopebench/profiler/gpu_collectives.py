@@ -21,8 +21,10 @@ waited for longest by any rank (the CPU ledger's rule, :func:`scopebench.profile
 its delay that wait, where: the collective the others waited most for it at, and what it did
 before that collective against the other ranks' median (:class:`~scopebench.profiler.gpu_ledger.CollectiveRecord`'s
 lead): ``compute`` when its GPU was busy longer (its kernels), ``gpu_idle`` when its GPU sat
-idle longer (waiting for its host: the host or input side). :func:`scopebench.report.ledger.late_rank_summary`
-reads the per-step rows (:meth:`GpuLedger.rows`) as it reads the CPU ledger's.
+idle longer, split as the idle figures are: with nothing launched (it waited for its host: the
+host or input side), or with its work launched and not running (launch latency, a wait on another
+stream). :func:`scopebench.report.ledger.late_rank_summary` reads the per-step rows
+(:meth:`GpuLedger.rows`) as it reads the CPU ledger's.
 """
 
 from __future__ import annotations
@@ -106,8 +108,13 @@ class LateStep(NamedTuple):
     rank: int
     delay: float
     instance: Instance
+    #: ``compute`` or ``gpu_idle`` (:func:`_cause`).
     cause: str
+    #: How much longer than the others' median it computed, or sat idle, before the collective.
     excess: float
+    #: Of an idle excess, the part with nothing launched yet (its host's side; the rest: launched,
+    #: not running).
+    host_excess: float
 
 
 @dataclass
@@ -156,7 +163,8 @@ class GpuLedger:
         """One row per step as :func:`scopebench.report.ledger.late_rank_summary` reads them:
         ``step_time_sec`` (the longest host ``ProfilerStep#N`` over the ranks), ``late_rank``,
         ``late_rank_delay_sec``, ``late_rank_region`` / ``late_rank_wait_region`` (the collective),
-        ``late_rank_cause``, ``late_rank_work_excess_sec`` (seconds)."""
+        ``late_rank_cause``, ``late_rank_work_excess_sec`` and ``late_rank_idle_host_sec`` (its
+        :class:`LateStep`'s ``excess`` and ``host_excess``, seconds)."""
         out = []
         for step in self.steps():
             hosts = [s.steps[step]["host"] for s in self.summaries if step in s.steps]
@@ -171,18 +179,21 @@ class GpuLedger:
                     late_rank_wait_region=label,
                     late_rank_cause=late.cause,
                     late_rank_work_excess_sec=late.excess * 1e-6,
+                    late_rank_idle_host_sec=late.host_excess * 1e-6,
                 )
             out.append(row)
         return out
 
 
-def _cause(inst: Instance, who: int) -> tuple[str, float]:
-    """``(cause, excess)``: what rank ``who`` did longer than the others' median before ``inst``."""
+def _cause(inst: Instance, who: int) -> tuple[str, float, float]:
+    """``(cause, excess, host_excess)``: what rank ``who`` did longer than the others' median before
+    ``inst`` (:class:`LateStep`)."""
     others = [p for r, p in inst.parts.items() if r != who]
     mine = inst.parts[who]
     busy = mine.lead_busy - stats.median([p.lead_busy for p in others])
     idle = mine.lead_idle - stats.median([p.lead_idle for p in others])
-    return ("compute", busy) if busy >= idle else ("gpu_idle", idle)
+    host = mine.lead_idle_host - stats.median([p.lead_idle_host for p in others])
+    return ("compute", busy, 0.0) if busy >= idle else ("gpu_idle", idle, host)
 
 
 # -- the torch backend's columns on CUDA -----------------------------------------------------------

@@ -26,7 +26,8 @@ inside its host range. Each of the rank's collectives (one NCCL kernel each) kee
 place among the step's collectives of its group and op, its start (from the window's start, this
 rank's clock), duration, the annotation its launch ran in (innermost ``record_function``), and
 what the rank's GPU did before it since its previous collective of the step (or the step's first
-work): ``lead_busy`` (compute and memory) and ``lead_idle``.
+work): ``lead_busy`` (compute and memory), ``lead_idle`` and of it ``lead_idle_host`` (nothing
+launched yet).
 """
 
 from __future__ import annotations
@@ -174,6 +175,8 @@ class CollectiveRecord(NamedTuple):
     dur: float
     lead_busy: float
     lead_idle: float
+    #: The part of ``lead_idle`` with nothing launched yet (the host's side).
+    lead_idle_host: float
     region: str | None
 
 
@@ -226,8 +229,19 @@ def _step_of(events: RankEvents, ops: list[GpuOp], step_numbers: list[int]) -> l
     return [None if name is None else int(name) for name in innermost(spans, times)]
 
 
+def _host_part(gaps: list[tuple[float, float | None, float]], lo: float, hi: float) -> float:
+    """Of the idle ``gaps`` (:func:`idle_gaps`) inside ``[lo, hi]``, the part before the work that
+    ends each was launched (a gap without a launch in the trace counts whole)."""
+    out = 0.0
+    for start, launch, end in gaps:
+        start, end = max(start, lo), min(end, hi)
+        if end > start:
+            out += end - start if launch is None else min(max(launch - start, 0.0), end - start)
+    return out
+
+
 def _collectives(
-    ops: list[GpuOp], steps: list[int | None], regions: list[str | None], origin: float
+    ops: list[GpuOp], steps: list[int | None], regions: list[str | None], origin: float, launches: dict[int, float]
 ) -> list[CollectiveRecord]:
     by_step: dict[int | None, list[int]] = {}
     for i, op in enumerate(ops):
@@ -237,6 +251,7 @@ def _collectives(
         work = [ops[i] for i in members]
         busy_all = union([(op.start, op.end) for op in work])
         busy_other = union([(op.start, op.end) for op in work if op.kind != COMM])
+        gaps = idle_gaps(work, launches, busy_all)
         counts: dict[tuple[str, str], int] = {}
         since = work[0].start
         for i in members:
@@ -249,9 +264,10 @@ def _collectives(
             lead = [(since, op.start)] if op.start > since else []
             busy = length(intersect(busy_other, lead))
             idle = length(lead) - length(intersect(busy_all, lead))
+            host = _host_part(gaps, since, op.start)
             key = ("seq", coll.group, coll.seq) if coll.seq is not None else ("order", step, coll.group, coll.op, k)
             out.append(
-                CollectiveRecord(key, step, k, coll, op.start - origin, op.end - op.start, busy, idle, regions[i])
+                CollectiveRecord(key, step, k, coll, op.start - origin, op.end - op.start, busy, idle, host, regions[i])
             )
             since = max(since, op.end)
     return out
@@ -306,7 +322,9 @@ def summarise(events: RankEvents, rank: int, include_last_step: bool = False) ->
     comm = [i for i, op in enumerate(ops) if op.kind == COMM]
     regions = innermost(events.annotations, [events.launches.get(ops[i].correlation, ops[i].start) for i in comm])
     region_of = dict(zip(comm, regions))
-    summary.collectives = _collectives(ops, steps, [region_of.get(i) for i in range(len(ops))], ops[0].start)
+    summary.collectives = _collectives(
+        ops, steps, [region_of.get(i) for i in range(len(ops))], ops[0].start, events.launches
+    )
     return summary
 
 
