@@ -75,7 +75,8 @@ def test_no_late_rank_is_null_and_said(tmp_path, capsys):
     status, out, _ = _run(capsys, tmp_path, "--json", tmp_path / "l.json")
     assert status == 0
     assert out.splitlines()[-2].startswith("late rank: none (no rank kept the others waiting in 75% of the steps")
-    assert json.loads((tmp_path / "l.json").read_text())["late_rank"]["rank"] is None
+    late = json.loads((tmp_path / "l.json").read_text())["late_rank"]
+    assert late["rank"] is None and late["delay_ms"] is None and (late["steps"], late["of_steps"]) == (0, 3)
 
 
 def test_annotated_traces_carry_the_ledgers_lanes(tmp_path, capsys):
@@ -135,8 +136,11 @@ def _refused(capsys, *args):
     return err.strip()
 
 
+BASE_NS = 1_765_000_000 * 10**9  # the traces' baseTimeNanoseconds: their ts are after it
+
+
 def test_bad_inputs_are_refused_in_one_line_naming_the_file(tmp_path, capsys):
-    a, b = ddp_job(JobSpec(), tmp_path / "job")
+    a, b = ddp_job(JobSpec(), tmp_path / "job", base_ns=BASE_NS)
     (tmp_path / "x.json").write_text('{"rows": []}')
     assert _refused(capsys, tmp_path / "x.json").endswith("x.json: not a Kineto trace (no traceEvents array)")
     cut = tmp_path / "cut.json.gz"
@@ -157,9 +161,9 @@ def test_bad_inputs_are_refused_in_one_line_naming_the_file(tmp_path, capsys):
     assert _refused(capsys, a, four).endswith(
         f"{a} (rank 0) and {four} (rank 1) are not ranks of one run: world size 2 and 4"
     )
-    later = TraceBuilder(1, 2)
-    later.step(0, 1_000_000.0 + 3600e6, 1_000_100.0 + 3600e6)
-    later.compute(1_000_010.0 + 3600e6, 5)
+    later = TraceBuilder(1, 2, base_ns=BASE_NS + 3600 * 10**9)
+    later.step(0, 1_000_000.0, 1_000_100.0)
+    later.compute(1_000_010.0, 5)
     hour = later.write(tmp_path / "later.json")
     assert _refused(capsys, a, hour).endswith(
         f"{a} (rank 0) and {hour} (rank 1) are not ranks of one run: their events are 3600 s apart"
@@ -171,6 +175,8 @@ def test_bad_inputs_are_refused_in_one_line_naming_the_file(tmp_path, capsys):
         "empty: no Kineto trace files (*.json, *.json.gz) in this folder"
     )
     assert _refused(capsys, tmp_path / "nothing").endswith("nothing: no such file or folder")
+    err = _refused(capsys, a, "--trace", a.parent)
+    assert err.endswith(f"--trace {a.parent}: the folder of {a}; give another folder (the inputs stay as they are)")
 
 
 def test_a_run_folder_gives_its_last_cycle(tmp_path):

@@ -45,8 +45,9 @@ step ``step``, the same keys and ``host_ms``), ``host`` (``steps``, ``cpu_ops``,
 excess, the part with nothing launched), ``line``).
 
 Exit status: 0; 2 with one line naming the file for a refused input: not a trace, a truncated
-file, two files claiming one rank, ranks of different runs, a rank that cannot be told, no trace
-in a folder. A trace without GPU events (a CPU-only run) gets one line on stderr naming it and
+file, two files claiming one rank, ranks of different runs (world sizes that differ, or, where the
+traces' times are on the wall clock, events more than :data:`RUN_SLACK_SEC` apart), a rank that
+cannot be told, no trace in a folder, ``--trace`` naming an input's folder. A trace without GPU events (a CPU-only run) gets one line on stderr naming it and
 its host side in the output.
 """
 
@@ -189,6 +190,11 @@ def run(args: argparse.Namespace) -> int:
         names = [p.name for p in files]
         if len(set(names)) != len(names):
             raise ValueError(f"--trace {out}: two input files share a name; give files of distinct names")
+        inside = next((p for p in files if p.parent.resolve() == out.resolve()), None)
+        if inside is not None:
+            raise ValueError(
+                f"--trace {out}: the folder of {inside}; give another folder (the inputs stay as they are)"
+            )
     summaries, told, more = load_ranks(files, args.include_last_step)
     report = build_report(summaries, told, notes + more, args.include_last_step)
     if out is not None:
@@ -307,7 +313,9 @@ def _late(late: Any, ledger: Any, rows: list[dict], ranks: int) -> dict[str, Any
             else f"no rank kept the others waiting in {LATE_RANK_CONSISTENT_PCT:g}% of the steps for "
             f"{LATE_RANK_MIN_PCT:g}% of the step or more"
         )
-        return {"rank": None, "of_steps": len(rows), "line": f"late rank: none ({why})"}
+        empty = dict.fromkeys(("delay_ms", "named_steps", "share_pct", "collective", "op", "region", "cause"))
+        empty.update(dict.fromkeys(("excess_ms", "idle_host_ms")))
+        return {"rank": None, **empty, "steps": 0, "of_steps": len(rows), "line": f"late rank: none ({why})"}
     mine = [ledger.late[row["step"]] for row in rows if row.get("late_rank") == late.rank]
     inst = mine[0].instance
     collective = late.wait_region

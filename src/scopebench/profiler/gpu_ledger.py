@@ -200,7 +200,8 @@ class RankSummary:
     window_info: dict[str, Any] = field(default_factory=dict)
     #: ``world_size``, ``backend``, ``nccl_version`` from ``distributedInfo``; ``device``'s name.
     info: dict[str, Any] = field(default_factory=dict)
-    #: When the trace's host events begin and end, µs since the epoch (the run check).
+    #: When the trace's host events begin and end, µs since the epoch (the run check), ``None``
+    #: where the trace's clock is not the epoch's (:meth:`~scopebench.profiler.kineto.RankEvents.epoch_us`).
     epoch_range: tuple[float, float] | None = None
 
 
@@ -286,7 +287,8 @@ def summarise(events: RankEvents, rank: int, include_last_step: bool = False) ->
     }
     epoch = None
     if events.host_first is not None:
-        epoch = (events.base_us + events.host_first, events.base_us + events.host_last)
+        first, last = events.epoch_us(events.host_first), events.epoch_us(events.host_last)
+        epoch = None if first is None or last is None else (first, last)
     devices = events.meta.get("deviceProperties")
     summary = RankSummary(
         rank,

@@ -170,6 +170,22 @@ class RankEvents:
         base = self.meta.get("baseTimeNanoseconds")
         return base / 1e3 if isinstance(base, (int, float)) else 0.0
 
+    def epoch_us(self, ts: float) -> float | None:
+        """``ts`` as µs since the Unix epoch, where the trace says so: a ``ts`` under a day after its
+        ``baseTimeNanoseconds`` (torch's recent traces), or a ``ts`` that is itself epoch time
+        (after 2001: older ones); ``None`` otherwise (a torch 2.2 trace's ``ts`` on another
+        clock, its base beside it: the A100 trace of tests/data/hta).
+
+        :Examples:
+            >>> RankEvents("t", {"baseTimeNanoseconds": 10**18}).epoch_us(5e6)
+            1000000005000000.0
+            >>> RankEvents("t", {"baseTimeNanoseconds": 10**18}).epoch_us(4.4e12) is None
+            True
+        """
+        if 0 <= ts < 86_400e6 and self.meta.get("baseTimeNanoseconds"):
+            return self.base_us + ts
+        return ts if ts > 1e15 else None
+
 
 def is_comm_kernel(name: str) -> bool:
     """Whether a GPU kernel is NCCL's or RCCL's, of any naming era.
