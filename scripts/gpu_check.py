@@ -512,7 +512,9 @@ def device_ledger_cuda():
         }
     except ImportError as err:
         hta = {"skipped": f"HTA not installed ({err})"}
-    agrees = "skipped" in hta or all(abs(w[k] - v) <= 0.01 * v + eps for k, v in hta.items())
+    except Exception as err:  # HTA's own failure is this check's failure, reported with the rest
+        hta = {"error": f"{type(err).__name__}: {err}"}
+    agrees = "skipped" in hta or ("error" not in hta and all(abs(w[k] - v) <= 0.01 * v + eps for k, v in hta.items()))
     return {
         "ok": ok and adds_up and agrees,
         "per_step_columns": columns,
