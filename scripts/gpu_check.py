@@ -17,7 +17,9 @@ utilisation, SM clock and its max, power, temperature, memory used, throttle rea
 energy per step and other processes, each present or absent with NVML's reason, and the
 GPU rules of the diagnosis read them; (12)
 ``profiler_memory``: categories against the allocator's peak, a memory snapshot, and an OOM
-that writes its snapshot and names it; (13) ``find-max-batch`` on the GPU. Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
+that writes its snapshot and names it; (13) ``find-max-batch`` on the GPU; (14) the ledger on
+GPUs: the torch backend's per-region ledger columns from its own kernels, and ``scopebench
+trace-ledger`` on a scheduled run's cycle folder (its figures add up and match HTA's). Each check prints one JSON line ``{"check": str, "ok": bool, ...}``; the exit
 status is 1 if any check failed, 77 if CUDA is absent.
 
 Run: ``bash scripts/gpu_check.sh`` (under five minutes on one GPU).
@@ -428,6 +430,102 @@ def inference_control_rate_cuda():
     }
 
 
+def _ledger_body(prof, dist):
+    """One iteration: matmuls in region ``mm``, then an all-reduce beside a tanh in ``reduce``."""
+    a = torch.randn(2048, 2048, device="cuda")
+    grads = torch.randn(1 << 22, device="cuda")
+    with prof.track_step("mm"):
+        for _ in range(5):
+            a = torch.tanh(a @ a)
+    with prof.track_step("reduce"):
+        work = dist.all_reduce(grads, async_op=True)
+        a = torch.tanh(a @ a)
+        work.wait()
+
+
+def device_ledger_cuda():
+    """The ledger on GPUs (issue 45) on one rank of a one-rank NCCL group: (1) the torch backend in
+    per-step mode gives each region's ``_compute_sec`` and ``_comm_*_sec`` from its own kernels; (2)
+    ``scopebench trace-ledger`` on a scheduled run's cycle folder: the window's figures add up, the
+    last step is dropped, and they match HTA's (``traceinsight``, ns rounding off) within 1 %."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from scopebench.profiler import create_profiler
+
+    out = Path(tempfile.mkdtemp(prefix="gpu_check_ledger_"))
+    dist.init_process_group("nccl", init_method=f"file://{out / 'store'}", rank=0, world_size=1)
+    try:
+        per_step = create_profiler("torch", "cuda", "gpu_check")
+        calls = iter([True, True, True, False])
+        for _ in per_step.iterate(lambda: next(calls)):
+            _ledger_body(per_step, dist)
+        per_step.finalize()
+        m = per_step.get_current_metrics()
+        scheduled = create_profiler("torch", "cuda", "gpu_check", active=4, per_step=False, trace_dir=out / "traces")
+        calls = iter([True] * 4 + [False])
+        for _ in scheduled.iterate(lambda: next(calls)):
+            _ledger_body(scheduled, dist)
+        scheduled.finalize()
+    finally:
+        dist.destroy_process_group()
+    columns = {
+        k: v
+        for k, v in m.items()
+        if k.endswith(("_compute_sec", "_comm_wait_peer_sec", "_comm_transfer_sec", "_comm_hidden_sec"))
+    }
+    ok = m.get("mm_compute_sec", 0) > 0 and m.get("reduce_compute_sec", 0) > 0
+    ok = ok and m.get("mm_comm_transfer_sec") == 0 and m.get("reduce_comm_wait_peer_sec") == 0
+    (cycle,) = list((out / "traces").glob("*/cycle0"))
+    command = [sys.executable, "-m", "scopebench.cli", "trace-ledger", str(cycle), "--json", str(out / "ledger.json")]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    report = json.loads((out / "ledger.json").read_text()) if proc.returncode == 0 else {}
+    rank = report.get("ranks", {}).get("0", {})
+    w = rank.get("window") or {}
+    eps = 1e-3  # ms
+    adds_up = bool(w) and (
+        0 <= w["idle_ms"] <= w["span_ms"]
+        and w["compute_ms"] <= w["span_ms"] - w["idle_ms"] + eps
+        and w["comm_hidden_ms"] <= min(w["comm_ms"], w["compute_ms"]) + eps
+        and abs(w["comm_exposed_ms"] - (w["comm_ms"] - w["comm_hidden_ms"])) < eps
+        and (w["idle_host_ms"] is None or abs(w["idle_host_ms"] + w["idle_launch_ms"] - w["idle_ms"]) < eps)
+        and [s["step"] for s in rank["steps"]] == [0, 1, 2]
+        and sum(s["compute_ms"] for s in rank["steps"]) <= w["compute_ms"] + eps
+    )
+    hta = {}
+    try:
+        import logging
+
+        from hta.configs.env_options import HTAEnvOptions
+        from hta.trace_analysis import TraceAnalysis
+
+        logging.disable(logging.WARNING)
+        HTAEnvOptions.instance().set_disable_ns_rounding(True)
+        (t,) = TraceAnalysis(trace_dir=str(cycle)).get_temporal_breakdown(visualize=False).to_dict("records")
+        hta = {
+            "span_ms": t["kernel_time(us)"] / 1e3,
+            "idle_ms": t["idle_time(us)"] / 1e3,
+            "compute_ms": t["compute_time(us)"] / 1e3,
+        }
+    except ImportError as err:
+        hta = {"skipped": f"HTA not installed ({err})"}
+    except Exception as err:  # HTA's own failure is this check's failure, reported with the rest
+        hta = {"error": f"{type(err).__name__}: {err}"}
+    agrees = "skipped" in hta or ("error" not in hta and all(abs(w[k] - v) <= 0.01 * v + eps for k, v in hta.items()))
+    return {
+        "ok": ok and adds_up and agrees,
+        "per_step_columns": columns,
+        "window": w,
+        "hta": hta,
+        "adds_up": adds_up,
+        "hta_agrees": agrees,
+        "log_tail": (proc.stdout + proc.stderr)[-600:],
+    }
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"check": "cuda", "ok": False, "error": "CUDA is not available"}))
@@ -452,6 +550,7 @@ def main() -> int:
         policy_memory_by_category,
         find_max_batch_cuda,
         inference_control_rate_cuda,
+        device_ledger_cuda,
     ]
     results = [_report(fn.__name__, fn) for fn in checks]
     return 0 if all(results) else 1

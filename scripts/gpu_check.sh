@@ -4,9 +4,10 @@
 # (reduce-overhead / CUDA graphs), one FSDP2 step in bf16 on one GPU, user policies (examples/ and
 # PaliGemma) training and sampling on CUDA, with two GPUs `scopebench train` under ZeRO-2 and under
 # FSDP2 (bf16, NCCL), and bench-inference's control-rate figures, cold start and a stateful
-# policy's episodes on CUDA. Under five minutes. Prints one JSON line per
-# check (scripts/gpu_check.py), then runs the tests marked `gpu` (the ones pytest skips on
-# a machine without CUDA).
+# policy's episodes on CUDA, and the ledger on GPUs (the torch backend's per-region ledger
+# columns from its own kernels; `scopebench trace-ledger` on a cycle folder, against HTA).
+# Under five minutes. Prints one JSON line per check (scripts/gpu_check.py), then runs the
+# tests marked `gpu` (the ones pytest skips on a machine without CUDA).
 # Usage: bash scripts/gpu_check.sh   (installs into .venv first if needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."

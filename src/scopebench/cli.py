@@ -21,6 +21,7 @@ COMMANDS = (
     "report",
     "compare",
     "profile-step",
+    "trace-ledger",
     "profile-dataloader",
     "find-unused-params",
     "bench-inference",

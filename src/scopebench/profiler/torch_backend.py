@@ -11,7 +11,11 @@ and event processing, outside the iteration clock). On CPU, ``<region>_compute_s
 thread's operators), where the framework marks its hooks
 (:data:`~scopebench.profiler.torch_events.HOOK_PREFIXES`) ``<region>_hooks_compute_sec`` (the
 operators inside them) and, with the ledger, ``<region>_host_hooks_sec`` (the time inside them
-outside operators and blocked waits, mapped from kineto's clock to the ledger's).
+outside operators and blocked waits, mapped from kineto's clock to the ledger's). On CUDA the
+ledger's columns come from the cycle's GPU work instead (:meth:`TorchProfiler._device_ledger`,
+:mod:`scopebench.profiler.gpu_collectives`): ``<region>_compute_sec`` (its compute kernels),
+``_comm_wait_peer_sec``, ``_comm_transfer_sec``, ``_comm_hidden_sec`` (its NCCL kernels' waits for
+the last rank, the rest of their time, the part under compute) and the iteration's ``late_rank``.
 
 Scheduled mode (``per_step=False``) keeps one profiler running over each ``active``-long
 cycle of the window (``repeat`` cycles, 0 = forever), reports only ``total_time_sec``,
@@ -180,7 +184,23 @@ class TorchProfiler(Profiler):
         prof = self._close()
         metrics["callback_time_sec"] = self._callback_sec
         metrics.update(self._analyse(prof, iteration=i))
+        if self.ops.is_cuda:
+            metrics.update(self._device_ledger(prof))
         return metrics
+
+    def _device_ledger(self, prof) -> dict[str, Any]:
+        """The ledger on CUDA (per-step mode): each region's ``_compute_sec``, ``_comm_wait_peer_sec``,
+        ``_comm_transfer_sec`` and ``_comm_hidden_sec``, and the late rank, from this cycle's GPU work
+        and every rank's (:func:`~scopebench.profiler.gpu_collectives.device_columns`; one gather,
+        outside the clock). ``SCOPEBENCH_LEDGER=0`` turns it off."""
+        if os.environ.get("SCOPEBENCH_LEDGER", "1") == "0":
+            return {}
+        from scopebench.distributed.reduce import gather_objects
+        from scopebench.profiler.gpu_collectives import device_columns, device_record
+        from scopebench.profiler.kineto import from_profiler
+
+        record = device_record(from_profiler(kineto_events(prof)), self._regions, self.rank)
+        return device_columns(gather_objects(record), self.rank)
 
     def _end_cycle(self, ledger_pending: bool = False) -> None:
         prof = self._close()

@@ -46,6 +46,7 @@ import re
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, BinaryIO
@@ -62,6 +63,7 @@ __all__ = [
     "ledger_iteration",
     "ledger_rewriter",
     "record_epoch_ns",
+    "splice",
     "splice_events",
 ]
 
@@ -259,12 +261,7 @@ def ledger_events(iterations: list[LedgerIteration], base_ns: int) -> list[dict[
 
 def splice_events(src: BinaryIO, dst: BinaryIO, iterations: list[LedgerIteration]) -> None:
     """Copy an exported Chrome trace from ``src`` to ``dst`` with the ledger's events of
-    ``iterations`` first in its ``traceEvents``.
-
-    torch writes ``"baseTimeNanoseconds"`` and then ``"traceEvents": [`` in the first lines: the
-    events go right after the bracket and the rest is copied as it is, never parsed. An export
-    laid out otherwise is parsed whole (no ``baseTimeNanoseconds``: ``ts`` since the epoch, as
-    kineto wrote before it had one); one that is not JSON is copied unchanged, with a warning.
+    ``iterations`` first in its ``traceEvents`` (:func:`splice`).
 
     :Examples:
         >>> import io
@@ -275,6 +272,21 @@ def splice_events(src: BinaryIO, dst: BinaryIO, iterations: list[LedgerIteration
         >>> [e["name"] for e in json.loads(out.getvalue())["traceEvents"] if e["ph"] == "X"]
         ['iteration 0: no late rank', 'barrier #0']
     """
+    splice(src, dst, partial(ledger_events, iterations))
+
+
+def splice(
+    src: BinaryIO, dst: BinaryIO, make_events: Callable[[int], list[dict[str, Any]]], needs_base: bool = True
+) -> None:
+    """Copy a Chrome trace from ``src`` to ``dst`` with the events ``make_events(base)`` gives first
+    in its ``traceEvents`` (``base``: the file's ``baseTimeNanoseconds``, 0 without one; the device
+    ledger's events, on the file's own ``ts``, do not need it: ``needs_base=False``).
+
+    torch writes ``"baseTimeNanoseconds"`` and then ``"traceEvents": [`` in the first lines: the
+    events go right after the bracket and the rest is copied as it is, never parsed. A file laid
+    out otherwise (no ``baseTimeNanoseconds`` before the events where ``needs_base``) is parsed
+    whole; one that is not JSON is copied unchanged, with a warning.
+    """
     head = b""
     while True:
         chunk = src.read(1 << 16)
@@ -284,10 +296,10 @@ def splice_events(src: BinaryIO, dst: BinaryIO, iterations: list[LedgerIteration
         if (found and after) or not chunk or len(head) > HEAD_LIMIT:
             break
     base = _BASE_TIME.search(head, 0, found.start()) if found else None
-    if found is None or base is None or not after:
-        _rewrite_parsed(head + src.read(), dst, iterations)
+    if found is None or not after or (needs_base and base is None):
+        _rewrite_parsed(head + src.read(), dst, make_events)
         return
-    events = ledger_events(iterations, int(base.group(1)))
+    events = make_events(int(base.group(1)) if base else 0)
     dst.write(head[: found.end()])
     if events:
         text = ",\n".join(json.dumps(e, separators=(",", ":")) for e in events)
@@ -296,7 +308,7 @@ def splice_events(src: BinaryIO, dst: BinaryIO, iterations: list[LedgerIteration
     shutil.copyfileobj(src, dst, 1 << 20)
 
 
-def _rewrite_parsed(data: bytes, dst: BinaryIO, iterations: list[LedgerIteration]) -> None:
+def _rewrite_parsed(data: bytes, dst: BinaryIO, make_events: Callable[[int], list[dict[str, Any]]]) -> None:
     try:
         trace = json.loads(data)
         if not isinstance(trace, dict):
@@ -309,7 +321,7 @@ def _rewrite_parsed(data: bytes, dst: BinaryIO, iterations: list[LedgerIteration
         )
         dst.write(data)
         return
-    events = ledger_events(iterations, int(trace.get("baseTimeNanoseconds", 0)))
+    events = make_events(int(trace.get("baseTimeNanoseconds", 0)))
     trace["traceEvents"] = events + list(trace.get("traceEvents", []))
     dst.write(json.dumps(trace).encode())
 
