@@ -193,7 +193,9 @@ class TorchProfiler(Profiler):
         ``_comm_transfer_sec`` and ``_comm_hidden_sec``, and the late rank, from this cycle's GPU work
         and every rank's (:func:`~scopebench.profiler.gpu_collectives.device_columns`; one gather,
         outside the clock). ``SCOPEBENCH_LEDGER=0`` turns it off."""
-        if os.environ.get("SCOPEBENCH_LEDGER", "1") == "0":
+        from scopebench.environment import env_setting
+
+        if not env_setting("SCOPEBENCH_LEDGER"):
             return {}
         from scopebench.distributed.reduce import gather_objects
         from scopebench.profiler.gpu_collectives import device_columns, device_record
