@@ -20,6 +20,7 @@ REFUSED = {
     "report": [MISSING],
     "compare": [MISSING, MISSING],
     "profile-step": ["--config", f"{MISSING}.yml"],
+    "trace-ledger": [MISSING],
     "profile-dataloader": ["--config", f"{MISSING}.yml"],
     "find-unused-params": ["--config", f"{MISSING}.yml"],
     "bench-inference": ["--config", f"{MISSING}.yml"],
