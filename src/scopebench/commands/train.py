@@ -32,8 +32,9 @@ training config wins and the values in force are printed. Any config key is over
 that already holds checkpoints (``checkpoints/last`` or any finished one); ``--resume true``
 continues from the checkpoint whose ``train_config.yaml`` is given, else from
 ``<output_dir>/checkpoints/last``. Resuming needs the same backend and number of ranks (both
-are in the saved config). One run at a time owns its ``--output_dir``: a second one into it
-exits 2 naming the first (pid, host, start), before any work
+are in the saved config). One run at a time owns its ``--output_dir`` and the folder its
+``checkpoints/`` resolves to (a link to a scratch disk): a second one into either
+exits 2 naming the first (pid, host, start; its output folder), before any work
 (:mod:`scopebench.train.run_folder`: the process the user started holds the lock, also while
 its ranks run). So is ``--json``: a second run writing the same file exits 2 naming the
 first (it holds the file for its ranks too). An unwritable ``--output_dir`` and an
