@@ -164,7 +164,7 @@ def save_checkpoint(
     if accelerator.is_main_process:
         for name, text in (files or {}).items():
             (tmp / name).write_text(text)
-        write_manifest(tmp, settings or {})
+        write_manifest(tmp, settings or {}, {**meta, "step": step})
         with atomic_write(tmp / STEP_FILE) as fh:  # last: it marks the folder finished
             json.dump({**meta, "step": step}, fh, indent=2)
             fh.write("\n")
@@ -268,12 +268,19 @@ def read_step_file(checkpoint: str | Path) -> dict[str, Any]:
 _STEP_FILE_LIMIT = 1 << 20
 
 
-def write_manifest(folder: str | Path, settings: dict[str, Any]) -> Path:
+#: The keys of :data:`STEP_FILE` the manifest repeats (``training_step``): where the data
+#: order continues, which no file's hash covers (the step file is written after the manifest).
+MIRRORED = ("step", "epoch", "position", "world_size")
+
+
+def write_manifest(folder: str | Path, settings: dict[str, Any], step: dict[str, Any] | None = None) -> Path:
     """Write :data:`MANIFEST` of ``folder``: every file under it (relative path, size in bytes,
-    sha256) and ``settings``; the format is in ``docs/distributed.md`` ("What resume checks").
+    sha256), ``settings`` and, as ``training_step``, the :data:`MIRRORED` keys of ``step`` (the
+    step file's facts); the format is in ``docs/distributed.md`` ("What resume checks").
 
     Called by rank 0 once every rank's files are written, before :data:`STEP_FILE` (which
-    the manifest cannot list: it is written after it).
+    the manifest cannot list: it is written after it; its data position is mirrored instead,
+    so an edit of it is detected).
     """
     folder = Path(folder)
     files = {}
@@ -282,8 +289,11 @@ def write_manifest(folder: str | Path, settings: dict[str, Any]) -> Path:
         if name not in (MANIFEST, STEP_FILE):
             size = path.stat().st_size
             files[name] = {"bytes": size, "sha256": sha256_of(path, size)}
+    manifest = {"format": MANIFEST_FORMAT, "files": files, "settings": settings}
+    if step is not None:
+        manifest["training_step"] = {key: step[key] for key in MIRRORED if key in step}
     with atomic_write(folder / MANIFEST) as fh:
-        json.dump({"format": MANIFEST_FORMAT, "files": files, "settings": settings}, fh, indent=2)
+        json.dump(manifest, fh, indent=2)
         fh.write("\n")
     return folder / MANIFEST
 
@@ -292,11 +302,11 @@ def verify_files(checkpoint: str | Path, *, rewritten: tuple[str, ...] = ()) -> 
     """Check a finished checkpoint's files before anything reads them; returns its manifest.
 
     Checks :data:`STEP_FILE` (a JSON object; integer ``step`` >= 1 equal to the folder's
-    number; integer ``epoch`` and ``position`` >= 0), then every :data:`MANIFEST` entry (a
-    relative path inside the checkpoint, a regular file with the recorded size and sha256; a
-    changed file that holds pickled code is named as such), then that the folder holds
-    nothing else (:func:`check_contents`). A resume (:func:`verify_checkpoint`) and
-    ``convert-checkpoint`` both call it.
+    number; integer ``epoch`` and ``position`` >= 0, equal to the manifest's copy of them),
+    then every :data:`MANIFEST` entry (a relative path inside the checkpoint, a regular file
+    with the recorded size and sha256; a changed file that holds pickled code is named as
+    such), then that the folder holds nothing else (:func:`check_contents`). A resume
+    (:func:`verify_checkpoint`) and ``convert-checkpoint`` both call it.
 
     Args:
         checkpoint: A finished checkpoint folder.
@@ -325,11 +335,27 @@ def verify_files(checkpoint: str | Path, *, rewritten: tuple[str, ...] = ()) -> 
             "folder's number (the file was edited or copied from another checkpoint)"
         )
     manifest = read_manifest(checkpoint)
+    _check_mirror(step_file, meta, manifest.get("training_step"))
     for name, entry in manifest["files"].items():
         if name not in rewritten:
             _check_entry(checkpoint, name, entry)
     check_contents(checkpoint, manifest, rewritten=rewritten)
     return manifest
+
+
+def _check_mirror(step_file: Path, meta: dict[str, Any], mirrored: Any) -> None:
+    """The step file's :data:`MIRRORED` keys equal the manifest's copy (a manifest written before
+    the copy existed has none: nothing to compare)."""
+    if mirrored is None:
+        return
+    if not isinstance(mirrored, dict):
+        raise ValueError(f"{step_file.parent / MANIFEST}: training_step must be a JSON object, got {_kind(mirrored)}")
+    for key in MIRRORED:
+        if key in mirrored and meta.get(key, _ABSENT) != mirrored[key]:
+            raise ValueError(
+                f"{step_file}: {key} {_shown(meta, key)}, the manifest records {json.dumps(mirrored[key])}: the step "
+                "file was edited; a resume continues the data order only from where it was saved"
+            )
 
 
 def read_manifest(checkpoint: str | Path) -> dict[str, Any]:
