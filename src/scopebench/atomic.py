@@ -21,6 +21,10 @@ Temporary names are ``.<name>.<pid>.<random>.tmp``, so :func:`remove_stale_tempo
 can remove those left by a process that died (a second Ctrl-C, ``kill -9``) before the
 next write of the same name.
 
+A write that fails leaves its target as it was; :func:`no_space` tells whether the failure was
+a full disk or quota (libraries lose the errno: torch's zip writer says ``unexpected pos``), so
+the caller can say so in one line (a checkpoint save does).
+
 An atomic write keeps a reader from seeing half a file, not two writers from overwriting
 each other: two runs writing the same ``--json`` each print ``wrote``, the file holds the
 last one, and a JSON and a PNG of one command may come from different runs. So a command
@@ -46,6 +50,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -62,6 +67,7 @@ __all__ = [
     "atomic_dir",
     "atomic_write",
     "claim_output",
+    "no_space",
     "claimed_outputs_env",
     "read_lock_record",
     "release_outputs",
@@ -229,6 +235,43 @@ def replace_dir(tmp: str | Path, path: str | Path) -> None:
     os.rename(tmp, path)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# -- a full disk ------------------------------------------------------------------------------------
+#: Space left below which a failed write is taken for a full disk: a write that fails on a
+#: full file system leaves less than a block (torch's ``unexpected pos`` loses the errno).
+FULL_BYTES = 1 << 20
+#: How an error that lost its errno says the disk is full (``os error 28``: Rust's ENOSPC).
+_SPACE_TEXT = re.compile(r"No space left on device|Disk quota exceeded|os error (?:28|122)\b")
+
+
+def no_space(err: BaseException, folder: Path) -> tuple[int, int | None] | None:
+    """(errno, bytes left) when the failed write ``err`` met a full disk or quota, else None: an
+    ``ENOSPC`` / ``EDQUOT`` anywhere in its causes (or their text, where a library kept only
+    that), or under :data:`FULL_BYTES` left on the file system of ``folder`` (torch's zip writer
+    says only ``unexpected pos ...``). Root's bytes include the file system's reserve.
+
+    :Examples:
+        >>> import errno, tempfile
+        >>> no_space(OSError(errno.ENOSPC, "No space left on device"), tempfile.gettempdir())[0] == errno.ENOSPC
+        True
+    """
+    found, seen = None, 0
+    cause: BaseException | None = err
+    while cause is not None and seen < 16 and found is None:
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            found = cause.errno
+        elif _SPACE_TEXT.search(str(cause)):  # safetensors' Rust error keeps only the text
+            found = errno.EDQUOT if "quota" in str(cause).lower() or "os error 122" in str(cause) else errno.ENOSPC
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    try:
+        fs = os.statvfs(folder)
+        left = (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail) * fs.f_frsize  # root may use the reserve
+    except OSError:
+        left = None
+    if found is None and (left is None or left >= FULL_BYTES):
+        return None
+    return found or errno.ENOSPC, left
 
 
 # -- one writer per file: locks -------------------------------------------------------------------

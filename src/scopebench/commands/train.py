@@ -60,8 +60,16 @@ and ``host_steal_pct`` (rank 0's record per trained step: the busiest rank's val
 (as ``profile-step``'s, its steps numbered as the log's; null with the sampler off),
 ``profiler_cost`` (as ``profile-step``'s, over the steps trained).
 
+A checkpoint that cannot be written for want of space says so in one line, naming the
+folder and the checkpoint kept (its partial folder is removed, ``checkpoints/last`` is
+untouched), exit status 1: ``scopebench train: checkpoint 000004 could not be written: no
+space left on the device of out/checkpoints (0.0 KB left; RuntimeError: ... unexpected pos
+...); its partial folder was removed and the last checkpoint, step 2, is kept as
+out/checkpoints/last``.
+
 Exit status: 0; 2 with one line for a refused input (before any work); 1 when the run
-failed (a rank died, stopped or hung: named) or stopped at a non-finite loss.
+failed (a rank died, stopped or hung: named; the disk filled up: named) or stopped at a
+non-finite loss.
 """
 
 from __future__ import annotations
@@ -104,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from scopebench.policy.tools import check_json_path, load_config, write_json
     from scopebench.profiler.config import check_writable_dir
     from scopebench.train import load_accelerate_file
+    from scopebench.train.checkpoint import CheckpointSpaceError
     from scopebench.train.run_folder import own_run_folder
 
     try:
@@ -141,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
                     result = train_policy(config, resume_from=resume_from)
                 except RankFailure as err:  # rank 0 names the rank that died, stopped or hung
                     print(f"scopebench train: the run failed:\n{err}", file=sys.stderr, flush=True)
+                    return 1
+                except CheckpointSpaceError as err:  # a full disk, said so (torch: "unexpected pos ...")
+                    print(f"scopebench train: {err}", file=sys.stderr, flush=True)
                     return 1
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench train: {err}", file=sys.stderr)

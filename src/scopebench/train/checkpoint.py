@@ -53,10 +53,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
-from scopebench.atomic import atomic_write, replace_dir, temporary_dir
+from scopebench.atomic import atomic_write, no_space, replace_dir, temporary_dir
 from scopebench.train.backends import DEFAULT_BACKEND, MODEL_FILE, TrainingBackend, find_backend, get_backend
 from scopebench.train.checkpoint_files import (
     bounded_ranks,
@@ -73,6 +74,7 @@ __all__ = [
     "CHECKPOINTS",
     "CONFIG_FILE",
     "LAST",
+    "CheckpointSpaceError",
     "MANIFEST",
     "MODEL_FILE",
     "STEP_FILE",
@@ -142,6 +144,10 @@ def save_checkpoint(
     """Write the checkpoint of ``step``; every rank calls this (DeepSpeed, FSDP2 and HSDP save
     their shards on every rank). Returns the checkpoint folder.
 
+    A write that fails removes the partial folder (rank 0), so ``last`` and the checkpoint it
+    names are untouched; a full disk or quota (torch only says ``unexpected pos ...``) is said
+    so in one line (:class:`CheckpointSpaceError`).
+
     Args:
         accelerator: The run's accelerator (``save_state``).
         output_dir: The run's output folder.
@@ -152,26 +158,63 @@ def save_checkpoint(
             in :data:`MANIFEST` for :func:`verify_checkpoint`.
         backend: The run's backend, which writes what ``save_state`` does not.
         state: The run's ``(model, optimizer)``, for the backend's own files.
+
+    Raises:
+        CheckpointSpaceError: the file system holding the checkpoints is full (or the quota
+            exceeded), naming the folder, the space left and the checkpoint kept.
     """
     from scopebench.distributed import gather_objects
 
     final = checkpoint_dir(output_dir, step)
-    tmp = temporary_dir(final) if accelerator.is_main_process else None
-    tmp = Path(gather_objects(None if tmp is None else str(tmp))[0])
-    accelerator.save_state(str(tmp))
-    get_backend(backend).save(*(state or (None, None)), tmp)
-    accelerator.wait_for_everyone()  # every rank's files are complete: the manifest covers them all
-    if accelerator.is_main_process:
-        for name, text in (files or {}).items():
-            (tmp / name).write_text(text)
-        write_manifest(tmp, settings or {}, {**meta, "step": step})
-        with atomic_write(tmp / STEP_FILE) as fh:  # last: it marks the folder finished
-            json.dump({**meta, "step": step}, fh, indent=2)
-            fh.write("\n")
-        replace_dir(tmp, final)
-        _point_last(final)
+    tmp = None
+    try:
+        tmp = temporary_dir(final) if accelerator.is_main_process else None
+        tmp = Path(gather_objects(None if tmp is None else str(tmp))[0])
+        accelerator.save_state(str(tmp))
+        get_backend(backend).save(*(state or (None, None)), tmp)
+        accelerator.wait_for_everyone()  # every rank's files are complete: the manifest covers them all
+        if accelerator.is_main_process:
+            for name, text in (files or {}).items():
+                (tmp / name).write_text(text)
+            write_manifest(tmp, settings or {}, {**meta, "step": step})
+            with atomic_write(tmp / STEP_FILE) as fh:  # last: it marks the folder finished
+                json.dump({**meta, "step": step}, fh, indent=2)
+                fh.write("\n")
+            replace_dir(tmp, final)
+            _point_last(final)
+    except Exception as err:
+        full = no_space(err, final.parent)  # before the clean-up frees it: what the writes met
+        if accelerator.is_main_process and tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)  # the partial folder: its space back, never taken as finished
+        if full is None:
+            raise
+        raise CheckpointSpaceError(_no_space_message(final, err, *full)) from err
     accelerator.wait_for_everyone()
     return final
+
+
+class CheckpointSpaceError(OSError):
+    """A checkpoint could not be written for want of space; its message says so in one line,
+    naming the folder, the space left and the checkpoint kept (``last`` is untouched)."""
+
+
+def _no_space_message(final: Path, err: BaseException, code: int, left: int | None) -> str:
+    """``checkpoint 000004 could not be written: no space left on the device of <folder> (12.0 KB
+    left; RuntimeError: ... unexpected pos ...); its partial folder was removed and the last
+    checkpoint, step 2, is kept as <folder>/last``."""
+    what = "the disk quota is exceeded on" if code == errno.EDQUOT else "no space left on the device of"
+    room = "" if left is None else f"{left / 1024:.1f} KB left; "
+    cause = " ".join(f"{type(err).__name__}: {err}".split())
+    cause = cause if len(cause) <= 160 else cause[:157] + "..."
+    last = final.parent / LAST
+    try:
+        kept = f"the last checkpoint, step {read_step_file(last)['step']}, is kept as {last}"
+    except (OSError, ValueError, KeyError):
+        kept = "no earlier checkpoint is there"
+    return (
+        f"checkpoint {final.name} could not be written: {what} {final.parent} ({room}{cause}); its partial folder "
+        f"was removed and {kept}"
+    )
 
 
 def _point_last(final: Path) -> None:
