@@ -192,7 +192,9 @@ def test_an_unlisted_link_replacing_a_file_is_refused(ddp_run, tmp_path, capsys)
 def test_an_unlisted_file_is_refused(ddp_run, tmp_path, capsys):
     run = _copy(ddp_run[0], tmp_path)
     (run / CHECKPOINT / "custom_checkpoint_0.pkl").write_bytes(b"x")  # accelerate would load it
-    _both_refuse(run, ddp_run[1], capsys, "custom_checkpoint_0.pkl: not listed in ", "a file added after it was written")
+    _both_refuse(
+        run, ddp_run[1], capsys, "custom_checkpoint_0.pkl: not listed in ", "a file added after it was written"
+    )
 
 
 # -- nothing is read or allocated without bound ---------------------------------------------------------
@@ -304,7 +306,9 @@ def test_a_dcp_byte_range_past_its_files_end_is_refused(fsdp_run, tmp_path, caps
         next(iter(metadata.storage_data.values())).length = 10**12
 
     _replant_metadata(run / CHECKPOINT, change)
-    _both_refuse(run, fsdp_run[1], capsys, "fsdp_model/.metadata: bytes 0..1000000000000 of '__0_0.distcp', which holds")
+    _both_refuse(
+        run, fsdp_run[1], capsys, "fsdp_model/.metadata: bytes 0..1000000000000 of '__0_0.distcp', which holds"
+    )
 
 
 def test_a_genuine_fsdp_checkpoint_converts_and_lists_its_weights(fsdp_run, tmp_path, capsys):
