@@ -193,3 +193,73 @@ def test_one_process_cannot_claim_a_file_under_two_keys_and_hands_its_claims_to_
         text=True,
     )
     assert ran.returncode != 0 and "is being written by another run" in ran.stderr
+
+
+# -- a lock file is never a link ---------------------------------------------------------------------
+def _acquire(path):
+    from scopebench.atomic import FileLock
+
+    return FileLock.acquire(path, busy=lambda record: "busy", unprotected=lambda err: "unprotected")
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_left_as_it_was(tmp_path, dangling):
+    """A lock followed through a link truncated and overwrote its target (``~/.bashrc``); a
+    dangling link made ``O_CREAT`` create its target."""
+    victim = tmp_path / "victim"
+    if not dangling:
+        victim.write_bytes(b"export PATH=...\n")
+    lock = tmp_path / ".scopebench_run.lock"
+    lock.symlink_to(victim)
+    with pytest.raises(ValueError) as refused:
+        _acquire(lock)
+    assert str(refused.value) == (
+        f"{lock} -> {victim}: a lock file is never a link; refused, nothing was written to it "
+        "(remove it if you did not put it there)"
+    )
+    if dangling:
+        assert not victim.exists()
+    else:
+        assert victim.read_bytes() == b"export PATH=...\n"
+    assert lock.is_symlink()  # left for the user to look at
+
+
+def test_a_lock_file_that_is_a_fifo_or_a_hard_link_is_refused_without_blocking_or_writing(tmp_path):
+    fifo = tmp_path / ".a.lock"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=rf"^{fifo} is a FIFO, not a regular file: a lock file is a regular file; "):
+        _acquire(fifo)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    linked = tmp_path / ".b.lock"
+    os.link(victim, linked)
+    with pytest.raises(ValueError, match=rf"^{linked} has 2 hard links \(it is another file's name too\)"):
+        _acquire(linked)
+    assert victim.read_bytes() == b"keep"
+    folder = tmp_path / ".c.lock"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=rf"^{folder} is a directory, not a regular file"):
+        _acquire(folder)
+
+
+def test_a_claimed_outputs_lock_that_is_a_link_is_refused(tmp_path, released):
+    from scopebench.atomic import claim_output
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    (tmp_path / ".res.json.lock").symlink_to(victim)
+    with pytest.raises(ValueError, match=r"\.res\.json\.lock -> .*victim: a lock file is never a link"):
+        claim_output("--json", tmp_path / "res.json")
+    assert victim.read_bytes() == b"keep"
+
+
+def test_reading_a_lock_record_never_reads_through_a_link_or_a_device(tmp_path):
+    from scopebench.atomic import read_lock_record
+
+    record = tmp_path / "record"
+    record.write_text('{"pid": 1}')
+    (tmp_path / "link").symlink_to(record)
+    (tmp_path / "zero").symlink_to("/dev/zero")  # read_text would read for ever
+    assert read_lock_record(record) == {"pid": 1}
+    assert read_lock_record(tmp_path / "link") is None
+    assert read_lock_record(tmp_path / "zero") is None

@@ -21,6 +21,10 @@ Temporary names are ``.<name>.<pid>.<random>.tmp``, so :func:`remove_stale_tempo
 can remove those left by a process that died (a second Ctrl-C, ``kill -9``) before the
 next write of the same name.
 
+A write that fails leaves its target as it was; :func:`no_space` tells whether the failure was
+a full disk or quota (libraries lose the errno: torch's zip writer says ``unexpected pos``), so
+the caller can say so in one line (a checkpoint save does).
+
 An atomic write keeps a reader from seeing half a file, not two writers from overwriting
 each other: two runs writing the same ``--json`` each print ``wrote``, the file holds the
 last one, and a JSON and a PNG of one command may come from different runs. So a command
@@ -32,6 +36,11 @@ at once, naming the holder's pid and host. The kernel drops a ``flock`` when its
 exits in any way (``kill -9`` too), so a lock file left behind by a dead run never blocks:
 the next run takes it over. The same :class:`FileLock` guards a training run's output
 folder (:mod:`scopebench.train.run_folder`).
+
+A lock file is never a link: it is opened with ``O_NOFOLLOW`` and refused, in one line naming
+it and before anything is written to it, when it is a symbolic link, not a regular file, or a
+second name (hard link) of another file. Otherwise a folder someone shipped with
+``.scopebench_run.lock -> ~/.bashrc`` would have the lock truncate and overwrite that file.
 """
 
 from __future__ import annotations
@@ -41,8 +50,10 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -56,6 +67,7 @@ __all__ = [
     "atomic_dir",
     "atomic_write",
     "claim_output",
+    "no_space",
     "claimed_outputs_env",
     "read_lock_record",
     "release_outputs",
@@ -225,20 +237,133 @@ def replace_dir(tmp: str | Path, path: str | Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+# -- a full disk ------------------------------------------------------------------------------------
+#: Space left below which a failed write is taken for a full disk: a write that fails on a
+#: full file system leaves less than a block (torch's ``unexpected pos`` loses the errno).
+FULL_BYTES = 1 << 20
+#: How an error that lost its errno says the disk is full (``os error 28``: Rust's ENOSPC).
+_SPACE_TEXT = re.compile(r"No space left on device|Disk quota exceeded|os error (?:28|122)\b")
+
+
+def no_space(err: BaseException, folder: Path) -> tuple[int, int | None] | None:
+    """(errno, bytes left) when the failed write ``err`` met a full disk or quota, else None: an
+    ``ENOSPC`` / ``EDQUOT`` anywhere in its causes (or their text, where a library kept only
+    that), or under :data:`FULL_BYTES` left on the file system of ``folder`` (torch's zip writer
+    says only ``unexpected pos ...``). Root's bytes include the file system's reserve.
+
+    :Examples:
+        >>> import errno, tempfile
+        >>> no_space(OSError(errno.ENOSPC, "No space left on device"), tempfile.gettempdir())[0] == errno.ENOSPC
+        True
+    """
+    found, seen = None, 0
+    cause: BaseException | None = err
+    while cause is not None and seen < 16 and found is None:
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            found = cause.errno
+        elif _SPACE_TEXT.search(str(cause)):  # safetensors' Rust error keeps only the text
+            found = errno.EDQUOT if "quota" in str(cause).lower() or "os error 122" in str(cause) else errno.ENOSPC
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    try:
+        fs = os.statvfs(folder)
+        left = (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail) * fs.f_frsize  # root may use the reserve
+    except OSError:
+        left = None
+    if found is None and (left is None or left >= FULL_BYTES):
+        return None
+    return found or errno.ENOSPC, left
+
+
 # -- one writer per file: locks -------------------------------------------------------------------
 
 #: ``flock`` errors saying another descriptor holds the lock (the rest: no locking here).
 _HELD = (errno.EAGAIN, errno.EACCES)
 
 
+#: The most of a lock file :func:`read_lock_record` reads (a record is about 80 bytes).
+_RECORD_BYTES = 1 << 16
+
+
 def read_lock_record(path: str | Path) -> dict[str, Any] | None:
     """The holder's record in the lock file ``path``; None when there is none or it is
-    unreadable (its holder has just created it and not yet written it)."""
+    unreadable (its holder has just created it and not yet written it), or when ``path`` is
+    not a regular file of its own (a link, a FIFO, ``/dev/zero``: nothing is read through it)."""
     try:
-        record = json.loads(Path(path).read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        record = json.loads(os.read(fd, _RECORD_BYTES).decode())
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
     return record if isinstance(record, dict) else None
+
+
+#: How a lock file is opened: never through a link, never blocking on a FIFO or a device.
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
+def _not_a_lock(path: Path, found: os.stat_result | None) -> str | None:
+    """Why ``path`` cannot be a lock file (``found``: its ``lstat``, None when absent), or None."""
+    if found is None:
+        return None
+    if stat.S_ISLNK(found.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return f"{path} -> {target}: a lock file is never a link"
+    if not stat.S_ISREG(found.st_mode):
+        return f"{path} is {_file_kind(found.st_mode)}, not a regular file: a lock file is a regular file"
+    if found.st_nlink > 1:
+        return f"{path} has {found.st_nlink} hard links (it is another file's name too): a lock file has one"
+    return None
+
+
+def _file_kind(mode: int) -> str:
+    """``a directory``, ``a FIFO``... for the refusal of a lock path that is no regular file."""
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _open_lock(path: Path) -> int:
+    """A descriptor of the lock file ``path`` (created if absent), which is a regular file of
+    its own: refused otherwise, before anything is written to it.
+
+    Raises:
+        ValueError: ``path`` is a link, not a regular file, or has several hard links, named.
+    """
+    refusal = _not_a_lock(path, _lstat(path))  # before opening: opening a device may act on it
+    if refusal is None:
+        try:
+            fd = os.open(path, _LOCK_FLAGS, 0o644)
+        except OSError as err:
+            if err.errno != errno.ELOOP:  # O_NOFOLLOW's answer for a link planted meanwhile
+                raise
+            refusal = _not_a_lock(path, _lstat(path)) or f"{path}: a lock file is never a link"
+        else:
+            refusal = _not_a_lock(path, os.fstat(fd))
+            if refusal is None:
+                return fd
+            os.close(fd)
+    raise ValueError(f"{refusal}; refused, nothing was written to it (remove it if you did not put it there)")
 
 
 class FileLock:
@@ -265,6 +390,7 @@ class FileLock:
         *,
         busy: Callable[[dict[str, Any] | None], str],
         unprotected: Callable[[OSError], str],
+        extra: dict[str, Any] | None = None,
     ) -> FileLock:
         """Lock ``path`` (created if needed; its folder must exist), without waiting.
 
@@ -274,14 +400,18 @@ class FileLock:
             unprotected: On a file system without ``flock`` (some Lustre mounts): the error ->
                 the warning printed on stderr; the caller goes on unprotected rather than
                 refusing every run there.
+            extra: More facts for the record (JSON values), for a second process's message.
 
         Raises:
-            ValueError: another live process holds it (``busy``'s message).
+            ValueError: another live process holds it (``busy``'s message); ``path`` is a
+                symbolic link, not a regular file, or a hard link of another file (named,
+                nothing written to it).
         """
         path = Path(path)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        record.update(extra or {})
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = _open_lock(path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as err:
@@ -292,8 +422,8 @@ class FileLock:
                 return cls(path, None, record)
             # The previous holder removes the file before it unlocks: a lock on a removed
             # file protects nothing (a third process creates a new one), so open it again.
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            try:  # lstat: a link planted in its place is not the file we locked
+                same = os.path.samestat(os.fstat(fd), os.lstat(path))
             except FileNotFoundError:
                 same = False
             if same:

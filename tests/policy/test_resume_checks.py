@@ -187,6 +187,48 @@ def test_a_bad_step_or_a_missing_key_is_named(run, resume, changes, expected):
     _refused(resume(), expected)
 
 
+def _edit_mirror(run: Path, **changes) -> None:
+    """Edit the manifest's copy of the step file's data position as a planter would (None: drop it)."""
+    path = run / CHECKPOINT / "manifest.json"
+    manifest = json.loads(path.read_text())
+    if changes.pop("drop", False):
+        del manifest["training_step"]
+    manifest.get("training_step", {}).update(changes)
+    path.write_text(json.dumps(manifest))
+
+
+def test_the_manifest_mirrors_the_data_position(finished):
+    manifest = json.loads((finished[0] / CHECKPOINT / "manifest.json").read_text())
+    assert manifest["training_step"] == {"step": 2, "epoch": 0, "position": 2, "world_size": 1}
+
+
+@pytest.mark.parametrize("key", ["position", "epoch"])
+def test_an_edited_data_position_is_refused_naming_the_key(run, resume, key):
+    """``position`` / ``epoch`` 10^15 passed as integers >= 0, and the resume said the data order
+    continued where it stopped (its losses differed from an uninterrupted run's)."""
+    _edit_step(run, **{key: 10**15})
+    was = {"position": 2, "epoch": 0}[key]
+    _refused(resume(), f"training_step.json: {key} {10**15}, the manifest records {was}: the step file was edited")
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"position": 10**15}, f"training_step.json: position {10**15} is more than the 24 batches of an epoch"),
+        ({"epoch": 10**15}, f"training_step.json: epoch {10**15}, position 2 is {24 * 10**15 + 2} batches of 24 per"),
+        ({"epoch": 1, "position": 0}, "epoch 1, position 0 is 24 batches of 24 per epoch, more than the 2 the saved"),
+    ],
+)
+def test_a_data_position_past_what_the_run_took_is_refused_whatever_the_manifest_says(run, resume, changes, expected):
+    """The manifest rewritten to match (or from before it mirrored the position): bounded by the
+    data, named."""
+    _edit_step(run, **changes)
+    _edit_mirror(run, **changes)
+    _refused(resume(), expected, "the data order cannot continue there")
+    _edit_mirror(run, drop=True)
+    _refused(resume(), expected)
+
+
 # -- the last link ---------------------------------------------------------------------------------
 def _relink(link: Path, target: str) -> None:
     link.unlink()
@@ -254,10 +296,10 @@ def test_the_manifest_covers_every_ranks_files_and_comes_before_the_step_file(tm
     accelerator = _TwoRankSave()
     real = checkpoint.write_manifest
 
-    def write_manifest(folder, settings):
+    def write_manifest(folder, settings, step):
         assert not (Path(folder) / "training_step.json").exists()  # the step file stays last
         accelerator.events.append("manifest")
-        return real(folder, settings)
+        return real(folder, settings, step)
 
     monkeypatch.setattr(checkpoint, "write_manifest", write_manifest)
     meta = {"epoch": 0, "position": 3, "backend": "zero2", "world_size": 2}
@@ -268,4 +310,5 @@ def test_the_manifest_covers_every_ranks_files_and_comes_before_the_step_file(tm
         "latest", "pytorch_model/shard_rank1.pt", "random_states_0.pkl", "random_states_1.pkl"
     ]  # fmt: skip
     assert manifest["settings"] == {"batch_size": 4} and manifest["format"] == 1
+    assert manifest["training_step"] == {"step": 3, "epoch": 0, "position": 3, "world_size": 2}
     assert checkpoint.verify_checkpoint(folder, settings={"batch_size": 4}) == manifest

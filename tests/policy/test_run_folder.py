@@ -21,6 +21,7 @@ from .helpers import train_tool as train
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "policy" / "tiny.yml")
 #: A process that takes a folder's run lock, says so, and holds it until its stdin closes.
+LOCK = ".scopebench_run.lock"
 HOLD = (
     "import sys\n"
     "from scopebench.train.run_folder import RunFolderLock\n"
@@ -106,6 +107,82 @@ def test_ranks_started_by_the_owner_do_not_refuse_its_lock(tmp_path, monkeypatch
     with own_run_folder(tmp_path, info=rank0):  # a stale variable: nobody holds the folder, rank 0 takes it
         assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
     assert not (tmp_path / LOCK_FILE).exists()
+
+
+@pytest.fixture
+def holding(tmp_path):
+    """Start a process holding an output folder's run lock; yields it once it holds it (it said so)."""
+    procs = []
+
+    def hold(folder: Path) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLD, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        procs.append(proc)
+        assert proc.stdout.readline() == "holding\n"  # the event: it holds both locks now
+        return proc
+
+    yield hold
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("layout", ["both_linked", "second_linked_to_the_first"])
+def test_two_output_folders_sharing_one_checkpoints_folder_are_refused(tmp_path, holding, layout):
+    """Each run's checkpoints/ a link to one scratch folder: both ran and replaced each other's
+    checkpoints (only the output folder's name was locked)."""
+    from scopebench.train.run_folder import RunFolderLock
+
+    first, second, scratch = tmp_path / "a", tmp_path / "b", tmp_path / "scratch" / "ckpt"
+    first.mkdir()
+    second.mkdir()
+    if layout == "both_linked":
+        scratch.mkdir(parents=True)
+        (first / "checkpoints").symlink_to(scratch)
+    (second / "checkpoints").symlink_to(scratch if layout == "both_linked" else first / "checkpoints")
+    holder = holding(first)
+    real = (second / "checkpoints").resolve()
+    with pytest.raises(ValueError) as busy:
+        RunFolderLock.acquire(second)
+    assert str(busy.value).startswith(
+        f"checkpoints folder {real} ({second / 'checkpoints'} -> {real}) is in use by another scopebench train run "
+        f"(pid {holder.pid} on host {socket.gethostname()}, started "
+    ), busy.value
+    assert str(busy.value).endswith(
+        f", output_dir {first.resolve()}): its checkpoints would replace each other's; wait for it, or give each run "
+        "a checkpoints folder of its own"
+    ), busy.value
+    assert not (second / ".scopebench_run.lock").exists()  # the output folder's lock was given back
+    holder.stdin.close()
+    assert holder.wait() == 0
+    RunFolderLock.acquire(second).release()  # the first run ended: the folder is free
+
+
+def test_a_run_whose_checkpoints_folder_another_run_writes_is_refused_in_one_line(data_args, tmp_path, holding, capsys):
+    first, second = tmp_path / "a", tmp_path / "b"
+    (tmp_path / "scratch").mkdir()
+    for run in (first, second):
+        run.mkdir()
+        (run / "checkpoints").symlink_to(tmp_path / "scratch")
+    holder = holding(first)
+    code, out, err = train([*data_args, "--output_dir", str(second), "--steps", "2"], capsys)
+    assert code == 2, out + err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"scopebench train: checkpoints folder {(tmp_path / 'scratch').resolve()} "
+    ), err
+    assert f"(pid {holder.pid} on host " in lines[0] and f"output_dir {first.resolve()})" in lines[0], err
+    assert not step_lines(out) and list((tmp_path / "scratch").iterdir()) == [(tmp_path / "scratch" / LOCK)]
+
+
+def test_a_checkpoints_link_that_dangles_is_named(tmp_path):
+    from scopebench.train.run_folder import RunFolderLock
+
+    (tmp_path / "checkpoints").symlink_to(tmp_path / "unmounted")
+    with pytest.raises(ValueError, match=r"checkpoints -> .*unmounted cannot be the checkpoints folder \(File exists\)"):
+        RunFolderLock.acquire(tmp_path)
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ What it does: reads the ``pytorch_model/`` shards and ``latest`` of a checkpoint
 ``scopebench train`` under ZeRO-2 or ZeRO-3 (DeepSpeed's ``zero_to_fp32``: the fp32 master
 weights of every rank's partition, put back together on one process, no GPU needed), or the
 ``fsdp_model/`` shards of an FSDP2 or HSDP checkpoint (torch.distributed.checkpoint, read without a
-process group, its ``.metadata`` unpickled from DCP's own classes only), and writes ``model.safetensors`` into the checkpoint folder, atomically. A DDP checkpoint
+process group, its ``.metadata`` unpickled from DCP's own classes only), and writes ``model.safetensors`` into the checkpoint folder, atomically, listing it in its ``manifest.json``. A DDP checkpoint
 already holds it (nothing to do). The file loads with
 ``scopebench.policy.checkpoint.load_policy(<checkpoint>)`` (``make_policy`` on the saved
 ``policy_config.json``, then the weights). Why: use the weights for inference or
@@ -26,6 +26,8 @@ resume checks them: :func:`scopebench.train.checkpoint.verify_files`), then load
 (``torch.load(weights_only=True)`` and DCP's metadata from exact types, see
 :mod:`scopebench.train.data_only`): a file holding pickled Python code is refused with
 ``scopebench convert-checkpoint: <file> holds ...`` and exit code 2, before anything in it runs.
+So is a checkpoint that names a path outside itself or holds a file its manifest does not
+list (docs/distributed.md, "What a checkpoint may reference").
 """
 
 from __future__ import annotations

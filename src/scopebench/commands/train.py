@@ -32,8 +32,9 @@ training config wins and the values in force are printed. Any config key is over
 that already holds checkpoints (``checkpoints/last`` or any finished one); ``--resume true``
 continues from the checkpoint whose ``train_config.yaml`` is given, else from
 ``<output_dir>/checkpoints/last``. Resuming needs the same backend and number of ranks (both
-are in the saved config). One run at a time owns its ``--output_dir``: a second one into it
-exits 2 naming the first (pid, host, start), before any work
+are in the saved config). One run at a time owns its ``--output_dir`` and the folder its
+``checkpoints/`` resolves to (a link to a scratch disk): a second one into either
+exits 2 naming the first (pid, host, start; its output folder), before any work
 (:mod:`scopebench.train.run_folder`: the process the user started holds the lock, also while
 its ranks run). So is ``--json``: a second run writing the same file exits 2 naming the
 first (it holds the file for its ranks too). An unwritable ``--output_dir`` and an
@@ -59,8 +60,16 @@ and ``host_steal_pct`` (rank 0's record per trained step: the busiest rank's val
 (as ``profile-step``'s, its steps numbered as the log's; null with the sampler off),
 ``profiler_cost`` (as ``profile-step``'s, over the steps trained).
 
+A checkpoint that cannot be written for want of space says so in one line, naming the
+folder and the checkpoint kept (its partial folder is removed, ``checkpoints/last`` is
+untouched), exit status 1: ``scopebench train: checkpoint 000004 could not be written: no
+space left on the device of out/checkpoints (0.0 KB left; RuntimeError: ... unexpected pos
+...); its partial folder was removed and the last checkpoint, step 2, is kept as
+out/checkpoints/last``.
+
 Exit status: 0; 2 with one line for a refused input (before any work); 1 when the run
-failed (a rank died, stopped or hung: named) or stopped at a non-finite loss.
+failed (a rank died, stopped or hung: named; the disk filled up: named) or stopped at a
+non-finite loss.
 """
 
 from __future__ import annotations
@@ -103,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from scopebench.policy.tools import check_json_path, load_config, write_json
     from scopebench.profiler.config import check_writable_dir
     from scopebench.train import load_accelerate_file
+    from scopebench.train.checkpoint import CheckpointSpaceError
     from scopebench.train.run_folder import own_run_folder
 
     try:
@@ -140,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
                     result = train_policy(config, resume_from=resume_from)
                 except RankFailure as err:  # rank 0 names the rank that died, stopped or hung
                     print(f"scopebench train: the run failed:\n{err}", file=sys.stderr, flush=True)
+                    return 1
+                except CheckpointSpaceError as err:  # a full disk, said so (torch: "unexpected pos ...")
+                    print(f"scopebench train: {err}", file=sys.stderr, flush=True)
                     return 1
     except (ValueError, FileNotFoundError) as err:
         print(f"scopebench train: {err}", file=sys.stderr)

@@ -12,7 +12,6 @@ arguments, ``policy`` and ``policy_args``) and, under DDP or after
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 __all__ = ["POLICY_CONFIG_FILE", "RESUME_MAY_CHANGE", "load_policy"]
@@ -42,26 +41,33 @@ def load_policy(checkpoint: str | Path, device: str = "cpu"):
     (:func:`scopebench.policy.user.build_policy`; the factory must be importable here, as
     when it trained).
 
+    The two files read are files of the checkpoint its manifest lists, regular, not links out
+    of it (:func:`scopebench.train.checkpoint.listed_file`; ``convert-checkpoint`` lists the
+    weights it writes).
+
     Raises:
         FileNotFoundError: no finished checkpoint there, or no ``model.safetensors`` yet
             (a ZeRO or FSDP2 checkpoint: run ``scopebench convert-checkpoint`` first).
         ValueError: ``policy_config.json`` holds neither record, named; a factory that cannot
-            be found or raises (:class:`~scopebench.policy.user.PolicyError`).
+            be found or raises (:class:`~scopebench.policy.user.PolicyError`); either file not
+            listed in the manifest, a link out of the checkpoint or not a regular file.
     """
     from safetensors.torch import load_file
 
     from scopebench.policy import make_policy
-    from scopebench.train.checkpoint import MODEL_FILE, resolve_checkpoint
+    from scopebench.train.checkpoint import MODEL_FILE, listed_file, resolve_checkpoint
+    from scopebench.train.checkpoint_files import read_json
 
     checkpoint = resolve_checkpoint(checkpoint)
     weights = checkpoint / MODEL_FILE
-    if not weights.is_file():
+    if not (weights.exists() or weights.is_symlink()):
         raise FileNotFoundError(
             f"{weights} is missing: a ZeRO or FSDP2 checkpoint holds sharded weights; run "
             f"`scopebench convert-checkpoint {checkpoint}` first"
         )
-    record_file = checkpoint / POLICY_CONFIG_FILE
-    saved = json.loads(record_file.read_text())
+    weights = listed_file(checkpoint, MODEL_FILE, hint=f"run `scopebench convert-checkpoint {checkpoint}` again")
+    record_file = listed_file(checkpoint, POLICY_CONFIG_FILE)
+    saved = read_json(record_file, POLICY_CONFIG_FILE)
     if isinstance(saved, dict) and {"preset", "config"} <= set(saved):
         model = make_policy(saved["preset"], **saved["config"])
     elif isinstance(saved, dict) and isinstance(saved.get("policy"), str):

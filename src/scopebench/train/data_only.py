@@ -120,17 +120,25 @@ def read_dcp_metadata(path: str | Path) -> Any:
 
 
 def checked_reader(folder: str | Path) -> Any:
-    """A :class:`DataOnlyReader` of ``folder`` whose metadata was read once here, and every
-    shard file it names found: DCP itself folds a reader's error into an ``AssertionError``
-    or a ``CheckpointException`` of every rank's attempts, two tracebacks long.
+    """A :class:`DataOnlyReader` of ``folder`` whose metadata was read once here and checked
+    (:func:`scopebench.train.checkpoint_files.check_dcp_metadata`: every shard it names is a
+    regular file inside ``folder``, every byte range inside its file, every tensor no larger
+    than the bytes stored for it), and every shard file it names found: DCP itself joins
+    ``relative_path`` as given (absolute, ``..``), allocates what the sizes say, and folds a
+    reader's error into an ``AssertionError`` or a ``CheckpointException`` of every rank's
+    attempts, two tracebacks long.
 
     Raises:
-        ValueError: the metadata holds more than data (:func:`read_dcp_metadata`).
+        ValueError: the metadata holds more than data (:func:`read_dcp_metadata`), names a
+            path outside ``folder``, a file that is not regular, or sizes past what is stored.
         FileNotFoundError: a shard the metadata names is missing, named.
     """
+    from scopebench.train.checkpoint_files import check_dcp_metadata
+
     folder = Path(folder)
     reader = _data_only_reader_class()(folder)
     metadata = reader.read_metadata()
+    check_dcp_metadata(folder, metadata, folder / ".metadata")
     names = {getattr(item, "relative_path", None) for item in (metadata.storage_data or {}).values()}
     missing = sorted(name for name in names if isinstance(name, str) and not (folder / name).is_file())
     if missing:

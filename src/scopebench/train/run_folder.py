@@ -20,6 +20,11 @@ Who takes it (:func:`own_run_folder`): exactly one process per run.
   protected by their rank 0, and a stale variable names nothing (the record also holds
   the start time, so it matches only the run that wrote it).
 
+What is written is locked too: ``checkpoints/`` may be a link to a scratch disk, and two runs
+whose output folders differ may have one checkpoints folder. So the run also holds a lock in
+the folder ``<output_dir>/checkpoints`` resolves to (created at set-up), whose record names
+its output folder: a second run writing there is refused naming the first and its folder.
+
 Limit: when only the user's process is killed, the ranks it launched may outlive it
 unprotected (the launcher normally stops them).
 """
@@ -50,22 +55,28 @@ def read_owner(output_dir: str | Path) -> dict[str, Any] | None:
 
 class RunFolderLock:
     """The lock on one output folder, held from :meth:`acquire` to :meth:`release`
-    (a :class:`scopebench.atomic.FileLock` on :data:`LOCK_FILE`).
+    (a :class:`scopebench.atomic.FileLock` on :data:`LOCK_FILE`), and on the folder its
+    ``checkpoints/`` resolves to (:data:`LOCK_FILE` in it).
 
     Attributes:
-        path: The lock file.
+        path: The output folder's lock file.
         owner: The record written into it (``pid``, ``host``, ``started``).
+        checkpoints_path: The checkpoints folder's lock file.
     """
 
-    def __init__(self, lock: FileLock) -> None:
+    def __init__(self, lock: FileLock, checkpoints: FileLock) -> None:
         self._lock, self.path, self.owner = lock, lock.path, lock.record
+        self._checkpoints, self.checkpoints_path = checkpoints, checkpoints.path
 
     @classmethod
     def acquire(cls, output_dir: str | Path) -> RunFolderLock:
-        """Take ``output_dir``'s lock (the folder is created if needed), without waiting.
+        """Take ``output_dir``'s lock, then its checkpoints folder's (both folders are created
+        if needed; ``checkpoints/`` may be a link to another disk), without waiting.
 
         Raises:
-            ValueError: another live run holds it, named by pid, host and start time.
+            ValueError: another live run holds either, named by pid, host and start time (and
+                its output folder, for the checkpoints folder); ``checkpoints/`` cannot be a
+                folder (a dangling link, a file), named.
         """
         folder = Path(output_dir)
         folder.mkdir(parents=True, exist_ok=True)
@@ -76,13 +87,56 @@ class RunFolderLock:
                 f"output_dir {folder} would not be detected"
             )
 
-        return cls(
-            FileLock.acquire(folder / LOCK_FILE, busy=lambda owner: _busy(folder, owner), unprotected=unprotected)
-        )
+        lock = FileLock.acquire(folder / LOCK_FILE, busy=lambda owner: _busy(folder, owner), unprotected=unprotected)
+        try:
+            return cls(lock, _lock_checkpoints(folder))
+        except BaseException:
+            lock.release()
+            raise
 
     def release(self) -> None:
-        """Remove the lock file, then unlock it (:meth:`scopebench.atomic.FileLock.release`)."""
+        """Remove the lock files, then unlock them (:meth:`scopebench.atomic.FileLock.release`)."""
+        self._checkpoints.release()
         self._lock.release()
+
+
+def _lock_checkpoints(folder: Path) -> FileLock:
+    """Lock the folder ``folder/checkpoints`` resolves to, naming ``folder`` in the record."""
+    from scopebench.train.checkpoint import CHECKPOINTS
+
+    link = folder / CHECKPOINTS
+    try:
+        link.mkdir(exist_ok=True)
+    except OSError as err:
+        target = f" -> {os.readlink(link)}" if link.is_symlink() else ""
+        raise ValueError(
+            f"output_dir {folder}: {link}{target} cannot be the checkpoints folder ({err.strerror}): it must be "
+            "a folder or a link to one"
+        ) from None
+    real = link.resolve()
+    where = f"checkpoints folder {real}" + (f" ({link} -> {real})" if real != folder.resolve() / CHECKPOINTS else "")
+
+    def busy(owner: dict[str, Any] | None) -> str:
+        if owner is None:
+            who = "whose pid is not written yet: it is starting"
+        else:
+            who = (
+                f"pid {owner.get('pid')} on host {owner.get('host')}, started {owner.get('started')}, "
+                f"output_dir {owner.get('output_dir')}"
+            )
+        return (
+            f"{where} is in use by another scopebench train run ({who}): its checkpoints would replace each "
+            "other's; wait for it, or give each run a checkpoints folder of its own"
+        )
+
+    def unprotected(err: OSError) -> str:
+        return (
+            f"scopebench train: warning: cannot lock {real / LOCK_FILE} ({err.strerror}): a second run writing "
+            f"into {where} would not be detected"
+        )
+
+    extra = {"output_dir": str(folder.resolve())}
+    return FileLock.acquire(real / LOCK_FILE, busy=busy, unprotected=unprotected, extra=extra)
 
 
 def _handed_owner() -> dict[str, Any] | None:

@@ -63,7 +63,16 @@ class BatchStream:
         """``{"epoch", "position"}``: what :meth:`resume` needs."""
         return {"epoch": self.epoch, "position": self.position}
 
-    def resume(self, epoch: int, position: int, sampler: Any, samples_per_batch: int) -> None:
+    def resume(
+        self,
+        epoch: int,
+        position: int,
+        sampler: Any,
+        samples_per_batch: int,
+        *,
+        taken: int | None = None,
+        source: str = "training_step.json",
+    ) -> None:
         """Continue at batch ``position`` of epoch ``epoch``, as if never interrupted.
 
         Args:
@@ -72,10 +81,30 @@ class BatchStream:
             sampler: The loader's index sampler (``skip_next``/``set_epoch``).
             samples_per_batch: Indices the sampler yields per batch of this rank (all ranks'
                 batches: accelerate hands each rank every ``world_size``-th batch).
+            taken: Batches the saved steps took (steps x accumulation), a bound on ``epoch``
+                and ``position`` (None: not checked).
+            source: Where ``epoch`` and ``position`` come from, for the messages.
+
+        Raises:
+            ValueError: ``position`` is more than an epoch's batches, or ``epoch`` and
+                ``position`` more batches than ``taken``: the data order cannot continue
+                there (an edited file, another dataset), naming ``source`` and the key.
         """
         if self._iter is not None:
             raise RuntimeError("resume() must come before the first batch")
-        if position >= len(self.loader):  # saved at the end of an epoch: the next one starts
+        per_epoch = len(self.loader)
+        if position > per_epoch:
+            raise ValueError(
+                f"{source}: position {position} is more than the {per_epoch} batches of an epoch of this run: the "
+                "data order cannot continue there (the file was edited, or the data changed); refused"
+            )
+        if taken is not None and epoch * per_epoch + position > taken:
+            raise ValueError(
+                f"{source}: epoch {epoch}, position {position} is {epoch * per_epoch + position} batches of "
+                f"{per_epoch} per epoch, more than the {taken} the saved steps took: the data order cannot continue "
+                "there (the file was edited); refused"
+            )
+        if position >= per_epoch:  # saved at the end of an epoch: the next one starts
             epoch, position = epoch + 1, 0
         set_epoch = getattr(self.loader, "set_epoch", None) or sampler.set_epoch
         set_epoch(epoch)

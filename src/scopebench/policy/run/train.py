@@ -554,9 +554,13 @@ class PolicyTrainRun(RankRun):
             backend=self.backend,
             state=(self.work.model, self.work.optimizer),
         )
+        from scopebench.train.checkpoint import STEP_FILE
+
         self.work.steps = meta["step"]
         per_batch = self.settings.batch_size * self.world_size
-        self.work.batches.resume(meta["epoch"], meta["position"], self._sampler, per_batch)
+        taken = meta["step"] * self.settings.gradient_accumulation_steps  # each step takes that many batches
+        source = str(Path(checkpoint) / STEP_FILE)
+        self.work.batches.resume(meta["epoch"], meta["position"], self._sampler, per_batch, taken=taken, source=source)
 
     # -- the loop --------------------------------------------------------------------
     def loop(

@@ -44,6 +44,8 @@ ZERO_KEYS = {
 }
 #: DeepSpeed's periodic log line, effectively off (the profiler reports the steps).
 _NEVER = 2**31 - 1
+#: The most of ``latest`` read: it holds the tag, one folder name.
+_TAG_BYTES = 4096
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,12 +188,23 @@ class ZeroBackend(TrainingBackend):
     def check_shards(self, checkpoint: Any, world_size: int) -> None:
         """Each rank's optimizer shard, ``<tag>/..._pp_rank_<r>_..._optim_states.pt`` (the tag:
         ``latest``'s): ``zero_to_fp32`` only counts them ("Expected 2 of '*_optim_states.pt' ...
-        but found 1 files") and DeepSpeed's engine fails on the missing one."""
+        but found 1 files") and DeepSpeed's engine fails on the missing one. The tag must name a
+        folder inside the checkpoint (``zero_to_fp32`` joins it as given: ``../other-run``).
+
+        Raises:
+            FileNotFoundError: a rank's shard missing, named.
+            ValueError: a tag that leads out of the checkpoint, named.
+        """
+        from scopebench.train.checkpoint_files import confined
+
         checkpoint = Path(checkpoint)
         try:
-            folder = checkpoint / (checkpoint / "latest").read_text().strip()
+            with open(checkpoint / "latest", "rb") as fh:
+                tag = fh.read(_TAG_BYTES).decode().strip()
         except (OSError, UnicodeDecodeError):
             return  # named before (resolve_checkpoint: ``latest`` missing) or by DeepSpeed
+        # zero_to_fp32 joins the tag to the checkpoint as given: it must name a folder inside it
+        folder = confined(checkpoint, tag, checkpoint / "latest")
         rank = re.compile(r"_pp_rank_(\d+)_")
         found = {int(m.group(1)): p.name for p in folder.glob("*_optim_states.pt") if (m := rank.search(p.name))}
         missing = [r for r in range(world_size) if r not in found]
