@@ -168,18 +168,19 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None, mode: st
         profiler=ProfilerConfig(mode=mode, warmup=warmup, active=steps),
         name="profile_step",
         keep_rows=True,
+        defer_exchange=True,  # the rows are read after the loop: the profiler's exchange waits for its end
     )
-    per_step: list[dict] = []
     with run:
         main = run.rank == 0
         with progress_bar(warmup + steps, "profile-step", enabled=main) as bar:
-            counter = StepCounter(warmup + steps, lambda: per_step.append(run.metrics()), bar)
+            counter = StepCounter(warmup + steps, None, bar)
             start = time.perf_counter()
             run.loop(counter)
-            wall = time.perf_counter() - start
+            # the loop's iterations, not the exchange and row gathers after its last one
+            wall = (run.profiler.loop_ended_at or time.perf_counter()) - start
         if not writes_reports():
             return 0
-        recorded = [_wall_times(m) for m in per_step if "total_time_sec" in m]
+        recorded = [_wall_times(run.metrics(row)) for row in run.profiler.reduced_rows]
         run.rank_rows = [[_wall_times(row) for row in rows] for rows in run.rank_rows]
         report = build_report(run, recorded, warmup, steps, wall)
     report["nonfinite_loss"] = _nonfinite(run.work.nonfinite, warmup)
@@ -285,7 +286,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
         **ledger_report(run.rank_rows, per_step),
         "samples": {**samples, "total": step_times},
         **measured_steps(per_step),
-        **measured_cost(per_step),
+        **measured_cost(per_step, after_window_sec=run.profiler.after_window_sec),
         "environment": environment_info(run.device),
     }
 
