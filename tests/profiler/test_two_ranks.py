@@ -94,3 +94,78 @@ def test_reduced_step_time_is_the_slowest_rank_own_step(tmp_path, worker_path):
         assert m["step_time_sec"] == max(float(row["step_time_sec"]) for row in rows), (m, rows)
         # never below the difference of the reduced total and callback (their maxima may be different ranks')
         assert m["step_time_sec"] >= m["total_time_sec"] - m["callback_time_sec"] - 1e-12
+
+
+def _deferred(tmp_path, monkeypatch, iterations: int, chunk: int, slow_sec: float = 0.0):
+    """A run of ``comm_loop`` with the exchange deferred; on rank 0, each gather the profiler makes:
+    whether the loop had ended, and the bytes rank 0 sent (pickled, as ``all_gather_object`` does)."""
+    import pickle
+
+    from profiler.workloads import comm_loop
+    from scopebench.profiler import base
+
+    gathers: list[tuple[bool, int]] = []
+    holder: dict = {}
+    plain = base.gather_objects
+
+    def gather_objects(obj):
+        gathers.append((holder["prof"].loop_ended_at is not None, len(pickle.dumps(obj))))
+        return plain(obj)
+
+    monkeypatch.setattr(base, "gather_objects", gather_objects)
+    kwargs = dict(
+        mode="custom",
+        iterations=iterations,
+        slow_rank=1,
+        extra_sec=slow_sec,
+        save_file=True,
+        output_dir=str(tmp_path),
+        defer=True,
+        exchange_chunk=chunk,
+    )
+    real_create = base.Profiler.__init__
+
+    def remember(self, *args, **kw):  # the profiler comm_loop makes, for the gather recorder
+        real_create(self, *args, **kw)
+        holder["prof"] = self
+
+    monkeypatch.setattr(base.Profiler, "__init__", remember)
+    with DistSession(2, worker="profiler.workloads:comm_loop", worker_kwargs=kwargs, timeout_sec=120):
+        prof = comm_loop(**kwargs)
+    return prof, gathers
+
+
+def test_a_deferred_exchange_crosses_the_ranks_only_after_the_loop(tmp_path, worker_path, monkeypatch):
+    """Nothing crosses the ranks between the steps (beyond the loop's own go / stop), then each
+    iteration gets the ledger's columns and rank 0's reduced row as the per-iteration exchange
+    gives them: rank 1, 0.3 s slower in ``compute``, is the late rank of every iteration."""
+    iterations = 5
+    prof, gathers = _deferred(tmp_path, monkeypatch, iterations, chunk=2, slow_sec=0.3)
+    # the run's start-up gathers its run id before the loop; the rest come after its last iteration
+    assert [ended for ended, _ in gathers[1:]] == [True] * 6, gathers  # 3 chunks: records, then metrics
+    assert len(prof.rows) == len(prof.reduced_rows) == iterations
+    for row, reduced in zip(prof.rows, prof.reduced_rows):
+        assert row["late_rank"] == 1 and row["late_rank_region"] == "compute", row
+        assert row["late_rank_delay_sec"] >= 0.25 and row["sync_comm_wait_peer_sec"] >= 0.25, row
+        assert reduced["compute_time_sec"] >= 0.3 and reduced["late_rank"] == 1, reduced
+        assert reduced["step_time_sec"] >= row["step_time_sec"]  # the slowest rank's step
+    assert prof.after_window_sec > 0
+    assert all(row["profiler_overhead_sec"] < 0.25 for row in prof.rows)  # no step paid for the exchange
+
+
+def test_what_one_gather_of_an_exchange_sends_does_not_grow_with_the_steps(tmp_path, worker_path, monkeypatch):
+    """Each gather carries one chunk of iterations, whatever the run's length: a run three times
+    longer makes three times as many gathers, none larger than the short run's (the records'
+    within the few bytes the numbers' own pickles differ by; the first chunk's metrics also carry
+    the first iterations' ``ledger_timeline``, the later ones do not)."""
+    chunk = 3
+    sizes = {}
+    for iterations in (3, 9):
+        _, gathers = _deferred(tmp_path / str(iterations), monkeypatch, iterations, chunk)
+        sizes[iterations] = [size for _, size in gathers[1:]]
+    assert len(sizes[9]) == 3 * len(sizes[3]) == 6
+    records, metrics = sizes[3]
+    for k in range(3):
+        assert sizes[9][2 * k] == pytest.approx(records, rel=0.05)
+        assert sizes[9][2 * k + 1] <= metrics * 1.05
+    assert sizes[9][1] == pytest.approx(metrics, rel=0.05)

@@ -22,6 +22,8 @@ def comm_loop(
     seen: list | None = None,
     profiler_kwargs: dict | None = None,
     raise_at: int = -1,
+    defer: bool = False,
+    exchange_chunk: int | None = None,
 ):
     """Two regions: ``compute`` sleeps (longer on ``slow_rank``), ``sync`` all-reduces; every
     rank raises ``RuntimeError`` inside iteration ``raise_at``, after its all-reduce.
@@ -29,7 +31,8 @@ def comm_loop(
     Rank 0 stops after ``iterations`` iterations and the other ranks follow the
     broadcast decision; rank 0 appends the metrics each callback sees to ``seen``.
     ``profiler_kwargs``: more keyword arguments of ``create_profiler`` (window, scheduled
-    mode, ``trace_dir``). Returns the finalized profiler.
+    mode, ``trace_dir``); ``defer``, ``exchange_chunk``: the profiler's ``defer_exchange`` and
+    ``exchange_chunk`` (every rank alike). Returns the finalized profiler.
     """
     rank = dist.get_rank() if dist.is_initialized() else 0
     count = {"n": 0}
@@ -43,6 +46,9 @@ def comm_loop(
     prof = create_profiler(
         mode, "cpu", "comm_test", save_file=save_file, output_dir=output_dir, **(profiler_kwargs or {})
     )
+    prof.defer_exchange = defer
+    if exchange_chunk is not None:
+        prof.exchange_chunk = exchange_chunk
     with prof:
         for _ in prof.iterate(callback if rank == 0 else None):
             with prof.track_step("compute"):

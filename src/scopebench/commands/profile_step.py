@@ -28,7 +28,8 @@ Output: the upstream text layout on rank 0 (header, one line per phase, ``backwa
 ``PROFILE_STEP_JSON``), keys: ``tool`` ("profile-step"), ``config``, ``settings``,
 ``warmup``, ``measured``, ``world_size``, ``backend``, ``phase_contents`` (what each
 phase holds under that backend), ``batch_size``, ``gradient_accumulation_steps``, ``num_workers``,
-``prefetch_factor``, ``wall_clock_sec``, ``setup_time_sec``, ``phases`` (phase ->
+``prefetch_factor``, ``wall_clock_sec`` (the loop's iterations, warm-up included, up to the end
+of the last: not the profiler's exchange after it), ``setup_time_sec``, ``phases`` (phase ->
 ``mean_sec, median_sec, p95_sec, share``; also ``backward_step`` and ``total``),
 ``throughput`` (``steps_per_sec``, ``global_samples_per_sec``), ``memory``
 (``max_rss_mb``, ``max_gpu_mb``, ``per_rank``: list of ``rank, max_rss_mb, max_gpu_mb``),
@@ -40,7 +41,8 @@ sampler's other-process share and steal per measured step, null where it gave no
 ``contention`` (``other_pct``, ``other_max_pct``, ``steal_pct``, ``steal_max_pct``,
 ``affected`` (measured steps, from 0), ``sampled``, ``contended``, ``line``; null with the
 sampler off), ``profiler_cost`` (``per_step_sec``, ``share_pct``, ``inside_sec``,
-``outside_sec``, ``startup_sec``, ``sampler_cpu_sec``, ``steps``, ``line``: what the profiler
+``outside_sec``, ``startup_sec``, ``sampler_cpu_sec``, ``steps``, ``after_window_sec`` (the
+exchange of every rank's records and metrics after the loop, once), ``line``: what the profiler
 cost the measured steps, :func:`scopebench.report.cost.measured_cost`; null without
 ``profiler_overhead_sec``), ``environment``; the ledger (docs/profiler.md, "Why a distributed
 step is slow"):
@@ -168,18 +170,19 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None, mode: st
         profiler=ProfilerConfig(mode=mode, warmup=warmup, active=steps),
         name="profile_step",
         keep_rows=True,
+        defer_exchange=True,  # the rows are read after the loop: the profiler's exchange waits for its end
     )
-    per_step: list[dict] = []
     with run:
         main = run.rank == 0
         with progress_bar(warmup + steps, "profile-step", enabled=main) as bar:
-            counter = StepCounter(warmup + steps, lambda: per_step.append(run.metrics()), bar)
+            counter = StepCounter(warmup + steps, None, bar)
             start = time.perf_counter()
             run.loop(counter)
-            wall = time.perf_counter() - start
+            # the loop's iterations, not the exchange and row gathers after its last one
+            wall = (run.profiler.loop_ended_at or time.perf_counter()) - start
         if not writes_reports():
             return 0
-        recorded = [_wall_times(m) for m in per_step if "total_time_sec" in m]
+        recorded = [_wall_times(run.metrics(row)) for row in run.profiler.reduced_rows]
         run.rank_rows = [[_wall_times(row) for row in rows] for rows in run.rank_rows]
         report = build_report(run, recorded, warmup, steps, wall)
     report["nonfinite_loss"] = _nonfinite(run.work.nonfinite, warmup)
@@ -285,7 +288,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
         **ledger_report(run.rank_rows, per_step),
         "samples": {**samples, "total": step_times},
         **measured_steps(per_step),
-        **measured_cost(per_step),
+        **measured_cost(per_step, after_window_sec=run.profiler.after_window_sec),
         "environment": environment_info(run.device),
     }
 

@@ -62,6 +62,9 @@ class RankRun:
         keep_rows: Keep every recorded iteration's raw metrics in ``profiler.rows`` on
             each rank (the tools report every sample); otherwise only when
             ``profiler_save_file`` writes them.
+        defer_exchange: The profiler's cross-rank exchange once per window, not after every
+            iteration (:attr:`scopebench.profiler.Profiler.defer_exchange`): for a driver that
+            reads the rows after the loop (``profile-step``), not rank 0's row at each callback.
     """
 
     #: ``"module:function"`` that spawned ranks run (the subclass module's ``run_worker``).
@@ -78,6 +81,7 @@ class RankRun:
         group_timeout_sec: float | None = None,
         worker: str | None = None,
         keep_rows: bool = False,
+        defer_exchange: bool = False,
     ) -> None:
         from scopebench.distributed.device import check_device, resolve_device
         from scopebench.distributed.launch import check_launcher_nproc, check_local_nproc
@@ -99,6 +103,7 @@ class RankRun:
         self.group_timeout_sec = optional(number, "group_timeout_sec", group_timeout_sec, low=0, low_open=True)
         self.name = name
         self.keep_rows = flag("keep_rows", keep_rows)
+        self.defer_exchange = flag("defer_exchange", defer_exchange)
         self.worker = worker or self.worker_target
         self.info = launcher
         self.session = None
@@ -141,6 +146,7 @@ class RankRun:
             "name": self.name,
             "group_timeout_sec": self.group_timeout_sec,
             "keep_rows": self.keep_rows,
+            "defer_exchange": self.defer_exchange,
         }
 
     # -- lifecycle -------------------------------------------------------------------
@@ -189,6 +195,7 @@ class RankRun:
                 self.profiler_config, device=self.device, name=self.name, output_dir=self.output_dir
             )
             self.profiler.keep_rows |= self.keep_rows
+            self.profiler.defer_exchange = self.defer_exchange  # alike on every rank: a collective pattern
             subjects = self.memory_subjects() if self.profiler_config.memory else None
             if subjects:
                 self.profiler.track_memory(**subjects)
@@ -236,12 +243,16 @@ class RankRun:
         self.host_records = gather_objects({"rank": self.info.rank, **host_record(self.device)})
         self._host_json = json.dumps(self.host_records)
 
-    def metrics(self) -> dict[str, Any]:
-        """The profiler's metrics of the last iteration, the constant ``setup_time_sec`` and
+    def metrics(self, row: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The profiler's metrics of the last iteration (or ``row``, one of its
+        :attr:`~scopebench.profiler.Profiler.reduced_rows`), the constant ``setup_time_sec`` and
         the host: ``host_records_json`` (one :func:`scopebench.host.host_record` per rank, as
         at the start, its ``load_average`` included), ``load_average_1m_start`` (rank 0's)
         and ``load_average_1m_end`` (now: on the last row, the end of the run)."""
-        out = self.profiler.get_current_metrics() if self.profiler is not None else {}
+        if row is not None:
+            out = dict(row)
+        else:
+            out = self.profiler.get_current_metrics() if self.profiler is not None else {}
         if self.setup_time_sec is not None:
             out["setup_time_sec"] = self.setup_time_sec
         if self._host_json is not None:

@@ -59,7 +59,15 @@ from scopebench.profiler.device import DeviceOps
 from scopebench.profiler.files import METRICS_FILE, new_run_id, run_name, write_csv
 from scopebench.profiler.memory import cross_rank_memory
 
-__all__ = ["Profiler", "reduce_across_ranks"]
+__all__ = ["BUFFER_MAX", "EXCHANGE_CHUNK", "Profiler", "reduce_across_ranks"]
+
+#: Recorded iterations per gather of an exchange: what one gather sends per rank, and what a rank
+#: holds of every rank's records at once, stay bounded whatever the number of steps
+#: (docs/performance.md, "What watching costs").
+EXCHANGE_CHUNK = 64
+#: With :attr:`Profiler.defer_exchange`, the most recorded iterations a rank buffers before it
+#: exchanges inside the window (a very long window): its own records stay bounded too.
+BUFFER_MAX = 4096
 
 
 def reduce_across_ranks(per_rank: list[dict[str, Any]], time_keys: list[str]) -> dict[str, Any]:
@@ -155,6 +163,9 @@ class Profiler:
     #: and ``_exit_region`` (which find the device idle), outside ``profiler_inside_sec``, so
     #: the wait for work queued before and inside a region is never taken for the profiler's.
     region_sync = False
+    #: Whether a collective the step leaves running past its iteration's end is safe: the
+    #: training step's loss gather is then waited for later, outside the step (else inside it).
+    async_collectives = True
 
     def __init__(self, config: ProfilerConfig, device: Any = "cpu", name: str = "run", output_dir: Any = "outputs"):
         self.config = config
@@ -203,6 +214,27 @@ class Profiler:
         #: their ``ledger_timeline`` so far.
         self.ledger_records: list[Any] = []
         self._timelines = 0
+        #: Exchange once per window instead of after every recorded iteration (set by a run that
+        #: reads the rows after its loop, ``profile-step``): the ledger's records and the metrics
+        #: cross the ranks when the window or the loop ends (or every :data:`BUFFER_MAX` recorded
+        #: iterations), never on the step path. Until then rank 0's :meth:`get_current_metrics` is
+        #: its own iteration's, without the ledger's columns.
+        self.defer_exchange = False
+        #: Recorded iterations per gather of an exchange (:data:`EXCHANGE_CHUNK`; the same on
+        #: every rank).
+        self.exchange_chunk = EXCHANGE_CHUNK
+        #: Rank 0's reduced row of every recorded iteration, what :meth:`get_current_metrics`
+        #: shows after an exchange (with :attr:`keep_rows`; on other ranks empty).
+        self.reduced_rows: list[dict[str, Any]] = []
+        #: Recorded iterations whose cross-rank part waits for :meth:`_exchange`: ``(i, metrics,
+        #: ledger record)``.
+        self._pending: list[tuple[int, dict[str, Any], Any]] = []
+        #: When :meth:`iterate`'s loop ended (its last iteration's end, before the exchange that
+        #: follows it), and what the exchanges after the window's (or the loop's) last recorded
+        #: iteration cost (seconds, in no iteration's ``profiler_overhead_sec``: no recorded step
+        #: waited for them).
+        self.loop_ended_at: float | None = None
+        self.after_window_sec = 0.0
 
     # -- public API ----------------------------------------------------------------
     @property
@@ -276,8 +308,7 @@ class Profiler:
         # The one place step time is derived: consumers read it rather than subtract.
         metrics = {"total_time_sec": total, "step_time_sec": total - self._callback_sec}
         metrics.update(self._iteration_metrics(i, total))
-        if self._ledger is not None:
-            metrics.update(self._ledger_metrics(stop, metrics))
+        record = self._ledger_record(i, stop, metrics) if self._ledger is not None else None
         if self.sampler is not None:
             metrics.update(self.sampler.window(self._sample_mark, total))
         if self._memory is not None:
@@ -288,7 +319,12 @@ class Profiler:
                 self._sampler_cpu(metrics)
             metrics["profiler_overhead_sec"] = self._overhead_sec + (time.perf_counter() - stop)
         self.recorded += 1
-        self._record(i, metrics)
+        self.last_local = metrics
+        self._pending.append((i, metrics, record))
+        if not self.defer_exchange or len(self._pending) >= BUFFER_MAX or self._exchange_due(i):
+            self._exchange()
+        else:
+            self._current = metrics
 
     def get_current_metrics(self) -> dict[str, Any]:
         """Metrics of the last finished iteration; ``{}`` when it was not recorded."""
@@ -324,6 +360,10 @@ class Profiler:
             go = self._should_continue(callback)
             callback_sec = time.perf_counter() - start
             if not go:
+                # every rank stops here together; what the loop left for the exchange crosses
+                # after its last iteration, in no iteration's time (``after_window_sec``)
+                self.loop_ended_at = time.perf_counter()
+                self._exchange(after_window=True)
                 return
             self._ensure_begun()
             self._callback_sec = callback_sec
@@ -349,6 +389,10 @@ class Profiler:
         self._finalized = True
         if self._begun:
             self._abandon_iteration()
+        if partial:  # a failed run: no collective (a rank may be gone); its rows stay its own
+            self._keep_unexchanged()
+        else:
+            self._exchange(after_window=True)
         if self.sampler is not None:
             self.sampler.stop()
         self._finish()
@@ -416,8 +460,11 @@ class Profiler:
                 recorder.start()
             self._t0 = time.perf_counter()
             self._overhead_sec = self._t0 - start
-        elif self.sampler is not None and self.sampler.running:
-            self.sampler.stop()  # the window is over
+        else:
+            if self._pending:  # the window is over (every rank is at the same iteration)
+                self._exchange(after_window=True)
+            if self.sampler is not None and self.sampler.running:
+                self.sampler.stop()
 
     def _ledger_possible(self) -> bool:
         """The ledger runs on CPU under a backend that reports its own cost (``custom``,
@@ -436,17 +483,17 @@ class Profiler:
         grouped = dist.is_available() and dist.is_initialized()
         return self.reports_overhead and not self.ops.is_cuda and (grouped or self._trains)
 
-    def _ledger_metrics(self, stop: float, metrics: dict[str, Any]) -> dict[str, Any]:
-        """This rank's ledger columns and the iteration's late rank (:mod:`scopebench.profiler.ledger`),
-        from every rank's record (one gather, outside the clock)."""
+    def _ledger_record(self, i: int, stop: float, metrics: dict[str, Any]) -> Any:
+        """This rank's :class:`~scopebench.profiler.ledger.RankRecord` of recorded iteration ``i``
+        (on rank 0's clock), kept until the exchange."""
         from scopebench.profiler.collectives import recorder
-        from scopebench.profiler.ledger import TIMELINE_ITERATIONS, RankRecord, ledger_metrics, ledger_timeline
+        from scopebench.profiler.ledger import RankRecord
 
-        offset, error, _how = self._ledger
+        offset = self._ledger[0]
         calls, waits = recorder.take()
         spans, self._spans = self._spans or [], None
         regions = {name for name, _s, _e in spans}
-        mine = RankRecord(
+        return RankRecord(
             self.rank,
             [(name, s - offset, e - offset) for name, s, e in spans],
             [
@@ -459,10 +506,15 @@ class Profiler:
             {name: metrics[f"{name}_compute_sec"] for name in regions if f"{name}_compute_sec" in metrics},
             self._region_times(metrics, regions),
         )
-        records = gather_objects(mine)
+
+    def _ledger_columns(self, i: int, records: list[Any], metrics: dict[str, Any]) -> dict[str, Any]:
+        """This rank's ledger columns and iteration ``i``'s late rank (:mod:`scopebench.profiler.ledger`),
+        from every rank's record of it."""
+        from scopebench.profiler.ledger import TIMELINE_ITERATIONS, ledger_metrics, ledger_timeline
+
         self.ledger_records = records
         out = ledger_metrics(records, self.rank)
-        out["clock_align_error_sec"] = error
+        out["clock_align_error_sec"] = self._ledger[1]
         if self._timelines < TIMELINE_ITERATIONS and len(records) > 1:  # one rank: no lanes to compare
             self._timelines += 1
             out["ledger_timeline"] = ledger_timeline(records)
@@ -509,32 +561,82 @@ class Profiler:
                 self._memory.stop()
         self._begun = False
 
-    def _record(self, i: int, metrics: dict[str, Any]) -> None:
+    def _exchange(self, after_window: bool = False) -> None:
+        """The cross-rank part of the iterations recorded since the last exchange (a collective:
+        every rank exchanges at the same iteration), :data:`EXCHANGE_CHUNK` iterations at a time:
+        every rank's ledger records (one gather; each rank then computes its own columns), then
+        every rank's metrics (one gather; rank 0 reduces them, :func:`reduce_across_ranks`). Inside
+        the window its time is shared out over those iterations' ``profiler_overhead_sec`` (on
+        each rank its own, on rank 0's reduced rows the reduction too); ``after_window`` (the
+        window or the loop is over: no recorded step waits for it) it is :attr:`after_window_sec`."""
+        items, self._pending = self._pending, []
+        begin = time.perf_counter()
+        try:
+            step = self.exchange_chunk
+            for k in range(0, len(items), step):
+                self._exchange_items(items[k : k + step], charge=not after_window)
+        finally:
+            if after_window and items:
+                self.after_window_sec += time.perf_counter() - begin
+
+    def _exchange_items(self, items: list[tuple[int, dict[str, Any], Any]], charge: bool) -> None:
         rank, size = self._world
-        self.last_local = metrics
+        start = time.perf_counter()
+        if self._ledger is not None:
+            mine = [record for _, _, record in items]
+            per_rank = gather_objects(mine) if size > 1 else [mine]
+            for k, (i, metrics, _record) in enumerate(items):
+                metrics.update(self._ledger_columns(i, [records[k] for records in per_rank], metrics))
+        if self.reports_overhead and charge:
+            share = (time.perf_counter() - start) / len(items)
+            for _, metrics, _record in items:
+                metrics["profiler_overhead_sec"] += share
         if self.keep_rows:
-            self.rows.append({"iter": i, "rank": rank, **metrics})
+            self.rows.extend({"iter": i, "rank": rank, **metrics} for i, metrics, _record in items)
+        self.last_local = items[-1][1]
         if size == 1:
-            self._current = metrics
+            self._current = items[-1][1]
+            if self.keep_rows:
+                self.reduced_rows.extend(metrics for _, metrics, _record in items)
             return
         start = time.perf_counter()
-        per_rank = gather_objects(metrics)
+        per_rank = gather_objects([metrics for _, metrics, _record in items])
         if rank != 0:
-            self._current = metrics
+            self._current = items[-1][1]
             return
         time_keys = ["total_time_sec"]
         if self.region_time_key:
             time_keys += [self.region_time_key.format(r) for r in self._region_wall]
-        current = reduce_across_ranks(per_rank, time_keys)
-        current.update(self._cross_rank_metrics(per_rank))
-        if self.sampler is not None:
-            current.update(self.sampler.cross_rank(per_rank))
-        if self._memory is not None:
-            current.update(cross_rank_memory(per_rank))
-        if self.reports_overhead:
+        reduced = []
+        for k in range(len(items)):
+            rows = [metrics[k] for metrics in per_rank]
+            current = reduce_across_ranks(rows, time_keys)
+            current.update(self._cross_rank_metrics(rows))
+            if self.sampler is not None:
+                current.update(self.sampler.cross_rank(rows))
+            if self._memory is not None:
+                current.update(cross_rank_memory(rows))
+            reduced.append(current)
+        if self.reports_overhead and charge:
             # The slowest rank's own overhead, plus the gather and reduction rank 0 waited for.
-            current["profiler_overhead_sec"] += time.perf_counter() - start
-        self._current = current
+            share = (time.perf_counter() - start) / len(items)
+            for current in reduced:
+                current["profiler_overhead_sec"] += share
+        self._current = reduced[-1]
+        if self.keep_rows:
+            self.reduced_rows.extend(reduced)
+
+    def _keep_unexchanged(self) -> None:
+        """The iterations not exchanged yet, kept as this rank's own rows (no ledger columns)."""
+        items, self._pending = self._pending, []
+        if self.keep_rows:
+            self.rows.extend({"iter": i, "rank": self.rank, **metrics} for i, metrics, _record in items)
+
+    def _exchange_due(self, i: int) -> bool:
+        """Whether the backend needs the exchange right after recorded iteration ``i`` (deferred
+        exchanges otherwise wait for the window's end): a trace written at a cycle's end carries
+        its iterations' ledger."""
+        return False
 
     def _try_write(self, key: str, path: Path, write: Callable[[], Any]) -> bool:
         """Run ``write``; on ``OSError`` warn (naming ``key``, the path, the error) and go on."""

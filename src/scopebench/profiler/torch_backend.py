@@ -76,6 +76,10 @@ class TorchProfiler(Profiler):
 
     region_time_key = "{}_cpu_sec"
     reports_overhead = True
+    #: A collective still running on gloo's thread when a cycle stops races kineto's teardown of
+    #: the cycle (a rank died with SIGSEGV at the loop's end, DDP under per-step cycles): the
+    #: training step's loss gather completes inside its iteration here.
+    async_collectives = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -92,6 +96,8 @@ class TorchProfiler(Profiler):
         #: The last analysed iteration's framework-hook intervals per region (ns, kineto's clock;
         #: :func:`~scopebench.profiler.torch_events.analyse_events`), for the ledger's host hooks.
         self._hooks: dict[str, list[tuple[int, int]]] = {}
+        #: Recorded iteration -> its hook intervals, until the exchange gives its ledger.
+        self._pending_hooks: dict[int, dict[str, list[tuple[int, int]]]] = {}
         #: Operator rows only exist to be written (``save_file``).
         self._with_ops = self.config.save_file
         self.op_rows: list[dict[str, Any]] = []
@@ -215,22 +221,32 @@ class TorchProfiler(Profiler):
                 self._write_trace()
         self._cycle += 1
 
-    def _ledger_metrics(self, stop: float, metrics: dict[str, Any]) -> dict[str, Any]:
-        out = super()._ledger_metrics(stop, metrics)
+    def _ledger_record(self, i: int, stop: float, metrics: dict[str, Any]) -> Any:
+        record = super()._ledger_record(i, stop, metrics)
         hooks, self._hooks = self._hooks, {}
+        if hooks:  # the iteration's framework-hook intervals wait for the exchange with it
+            self._pending_hooks[i] = hooks
+        return record
+
+    def _ledger_columns(self, i: int, records: list[Any], metrics: dict[str, Any]) -> dict[str, Any]:
+        out = super()._ledger_columns(i, records, metrics)
+        hooks = self._pending_hooks.pop(i, None)
         if hooks:
             # kineto's clock is the wall clock's; the record's, perf_counter's less the offset
             # to rank 0's (the trace ledger's mapping, within ±0.5 µs).
             shift = record_epoch_ns(self._ledger[0])
-            mine = next(rec for rec in self.ledger_records if rec.rank == self.rank)
+            mine = next(rec for rec in records if rec.rank == self.rank)
             on_record = {name: [((s - shift) / 1e9, (e - shift) / 1e9) for s, e in ivs] for name, ivs in hooks.items()}
             out.update(host_hooks(mine, on_record, out))
         if self.config.trace_dir is not None and not self.config.per_step:
-            # end_iteration counted the iteration already: it is self.iteration - 1
-            item = ledger_iteration(self.iteration - 1, self.ledger_records, self.rank, out, self._ledger[0])
-            self._trace_ledger.append(item)
-            self._write_trace()
+            self._trace_ledger.append(ledger_iteration(i, records, self.rank, out, self._ledger[0]))
+            if self._cycle_ends_at(i):  # the cycle's last iteration: its trace has every ledger now
+                self._write_trace()
         return out
+
+    def _exchange_due(self, i: int) -> bool:
+        # A cycle's trace carries the ledger of its iterations: it is written once they are in.
+        return self.config.trace_dir is not None and not self.config.per_step and self._cycle_ends_at(i)
 
     def _write_trace(self) -> None:
         """The stopped cycle's gzipped Chrome trace in its cycle folder, with this rank's ledger of

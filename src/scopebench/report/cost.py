@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from scopebench import stats
@@ -55,6 +55,10 @@ class ProfilerCost:
     """Median ``profiler_sampler_cpu_sec`` per step (the sampler thread's CPU), ``None`` when off."""
     steps: int
     """Iterations the medians are taken over."""
+    after_window_sec: float | None = None
+    """What the profiler's exchange after the loop's last iteration cost (the cross-rank gathers and
+    the ledger's analysis of what a deferred exchange left, :attr:`~scopebench.profiler.Profiler.after_window_sec`):
+    once, no step waited for it; ``None`` where the tool does not say."""
 
     def text(self) -> str:
         """The one line summary and every tool print.
@@ -71,6 +75,8 @@ class ProfilerCost:
         )
         if self.sampler_cpu_sec is not None:
             line += f"; sampler thread {_duration(self.sampler_cpu_sec)} CPU / step"
+        if self.after_window_sec:
+            line += f"; exchange after the window {_duration(self.after_window_sec)} once"
         return line
 
 
@@ -138,21 +144,25 @@ def profiler_cost(config: Configuration) -> ProfilerCost | None:
     return result
 
 
-def measured_cost(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def measured_cost(steps: Sequence[Mapping[str, Any]], after_window_sec: float | None = None) -> dict[str, Any]:
     """A tool's JSON key for its measured steps' profiler cost (docs/tools.md, "Profiler cost").
 
     Args:
         steps: One metrics dict per measured step, in order (the profiler's ``step_time_sec``
             or ``total_time_sec``, and the :data:`COST_COLUMNS`).
+        after_window_sec: What the profiler's exchange after the loop cost, where the tool knows
+            it (:attr:`ProfilerCost.after_window_sec`).
 
     Returns:
         ``profiler_cost``: ``None`` when no step carries ``profiler_overhead_sec`` (the ``null``
         or ``nvidia`` backend), else ``per_step_sec``, ``share_pct``, ``inside_sec``,
-        ``outside_sec``, ``startup_sec``, ``sampler_cpu_sec``, ``steps`` and ``line``
+        ``outside_sec``, ``startup_sec``, ``sampler_cpu_sec``, ``steps``, ``after_window_sec`` and ``line``
         (:meth:`ProfilerCost.text`).
     """
     rows = [m if "step_time_sec" in m else {**m, "step_time_sec": m.get("total_time_sec", 0.0)} for m in steps]
     found = cost_of(rows)
     if found is None:
         return {"profiler_cost": None}
+    if after_window_sec is not None:
+        found = replace(found, after_window_sec=after_window_sec)
     return {"profiler_cost": {**asdict(found), "line": found.text()}}

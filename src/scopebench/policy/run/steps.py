@@ -29,6 +29,10 @@ __all__ = [
 
 #: Per-rank memory peaks gathered in ``sync_gather``, after the loss and its terms.
 MEMORY_KEYS = ("max_rss_mb", "max_gpu_mb")
+#: Loss gathers a training step keeps in flight before it takes those that have completed itself
+#: (a driver that reads the losses, a save or the loop's end takes them before): the values of a
+#: run that nobody reads stay bounded, taken in one batch every this many gathers.
+IN_FLIGHT_MAX = 64
 
 
 class BatchStream:
@@ -132,11 +136,19 @@ class TrainStep:
         accumulation: Micro-batches per optimizer step.
         memory: ``() -> (rss_mb, gpu_mb)`` of this rank, read in ``sync_gather``.
 
-    Each gather carries the loss and terms of every step since the previous gather, and checks
-    them on the host (:mod:`scopebench.policy.run.nonfinite`): the first step whose loss is not
-    finite becomes :attr:`nonfinite`, the same record on every rank since every rank reads the
-    same gathered values. Between gathers nothing is synchronised (a step keeps its detached
-    scalars until the next gather); :meth:`check` gathers them earlier, before a checkpoint.
+    Each gather carries the loss and terms of every step since the previous gather. It is
+    started in ``sync_gather`` and never waited for there: an asynchronous all-gather (on CUDA
+    followed by a copy to pinned host memory, both queued behind the step's own work), so the step
+    adds no host-device synchronisation and no wait for the other ranks.
+    Reading :attr:`gathered` or :attr:`nonfinite`, or calling :meth:`check` (before a
+    checkpoint, at the loop's end), takes every gather started, waiting for those not complete,
+    and checks them on the host (:mod:`scopebench.policy.run.nonfinite`): the first step whose
+    loss is not finite becomes :attr:`nonfinite`, the same record on every rank since every rank
+    reads the same gathered values. The callers do it outside the step's clock (a callback that
+    logs every step therefore waits every step, in its own time). Gathers nobody reads are taken
+    by the step itself once :data:`IN_FLIGHT_MAX` are in flight, those complete only (no wait).
+    Under a profiler whose ``async_collectives`` is false (the torch backend: a collective running
+    when its cycle stops races kineto) the step waits for its gather in ``sync_gather``, as before.
     """
 
     def __init__(
@@ -204,12 +216,12 @@ class TrainStep:
         self.steps = 0
         #: The gathered names: ``train_loss`` and the loss's terms (fixed at the first gather).
         self.loss_keys: tuple[str, ...] | None = None
-        #: Every rank's loss, terms and :data:`MEMORY_KEYS` at the last gather (rank order), or None.
-        self.gathered: list[dict[str, float]] | None = None
-        #: The first non-finite loss found (the same on every rank), or None.
-        self.nonfinite: NonFiniteLoss | None = None
-        #: The steps not checked yet: (step, its micro-batches' detached loss and terms).
+        self._gathered: list[dict[str, float]] | None = None
+        self._nonfinite: NonFiniteLoss | None = None
+        #: The steps not gathered yet: (step, its micro-batches' detached loss and terms).
         self._unchecked: list[tuple[int, list]] = []
+        #: Gathers started and not taken yet, oldest first.
+        self._in_flight: list[_Gather] = []
 
     def __call__(self, prof) -> None:
         acc, engine = self.accelerator, self.engine
@@ -261,21 +273,39 @@ class TrainStep:
         self._unchecked.append((self.steps + 1, losses))
         with prof.track_step("sync_gather"):
             if self.steps % self.gather_every == 0:
-                self._gather()
+                self._start_gather()
+            if not getattr(prof, "async_collectives", True):  # the torch profiler's cycles
+                self._take(wait=True)
+            elif len(self._in_flight) >= IN_FLIGHT_MAX:  # nobody read them: take those done, at once
+                self._take(wait=False)
         self.steps += 1
 
+    @property
+    def gathered(self) -> list[dict[str, float]] | None:
+        """Every rank's loss, terms and :data:`MEMORY_KEYS` at the last gather started (rank
+        order), or None before the first; waits for the gathers in flight."""
+        self._take(wait=True)
+        return self._gathered
+
+    @property
+    def nonfinite(self) -> NonFiniteLoss | None:
+        """The first non-finite loss among the steps gathered so far (the same on every rank), or
+        None; waits for the gathers in flight (the steps not gathered yet: :meth:`check`)."""
+        self._take(wait=True)
+        return self._nonfinite
+
     def check(self) -> NonFiniteLoss | None:
-        """Gather the steps not checked yet now, then :attr:`nonfinite`.
+        """Gather the steps not gathered yet now, wait for every gather, then :attr:`nonfinite`.
 
         A collective when there are several ranks: every rank calls it at the same step (they
         all hold the same unchecked steps). ``scopebench train`` calls it before each save, so
         with ``gather_every > 1`` no checkpoint is written after a non-finite loss either.
         """
         if self._unchecked:
-            self._gather()
+            self._start_gather()
         return self.nonfinite
 
-    def _gather(self) -> None:
+    def _start_gather(self) -> None:
         pending, self._unchecked = self._unchecked, []
         steps = [_mean_over_micro_batches(losses) for _, losses in pending]
         loss, terms = steps[-1]
@@ -292,17 +322,94 @@ class TrainStep:
             for step_loss, step_terms in steps
             for value in (step_loss.float(), *(step_terms.get(key, nan).to(device).float() for key in keys[1:]))
         ]
-        if self._alone:  # nothing to gather: one host sync of the loss and its terms
-            rows = [[*torch.stack(values).tolist(), rss, gpu]]
-        else:
-            peaks = [torch.tensor(rss, device=device), torch.tensor(gpu, device=device)]
-            rows = self.accelerator.gather(
-                torch.stack([*values, *peaks])[None]
-            ).tolist()  # (ranks, keys); the host sync
-        last = len(keys) + len(MEMORY_KEYS)
-        self.gathered = [dict(zip(keys + MEMORY_KEYS, row[-last:])) for row in rows]
-        if self.nonfinite is None:
-            self.nonfinite = _first_nonfinite(rows, [step for step, _ in pending], keys, self.gather_every)
+        peaks = torch.tensor([rss, gpu], device=device)
+        mine = torch.cat([torch.stack(values), peaks])
+        self._in_flight.append(_Gather(mine, None if self._alone else self.world_size, [s for s, _ in pending]))
+
+    def _take(self, wait: bool) -> None:
+        """Check the gathers that have completed (``wait``: every one started), oldest first."""
+        while self._in_flight and (wait or self._in_flight[0].ready()):
+            gather = self._in_flight.pop(0)
+            rows, keys = gather.rows(), self.loss_keys
+            last = len(keys) + len(MEMORY_KEYS)
+            self._gathered = [dict(zip(keys + MEMORY_KEYS, row[-last:])) for row in rows]
+            if self._nonfinite is None:
+                self._nonfinite = _first_nonfinite(rows, gather.steps, keys, self.gather_every)
+
+    @property
+    def world_size(self) -> int:
+        return self.accelerator.num_processes
+
+
+class _Gather:
+    """Every rank's values (a 1-D float tensor per rank) gathered without waiting: started here,
+    :meth:`ready` polls, :meth:`rows` takes them.
+
+    Gloo: ``all_gather`` into one tensor per rank, asynchronous (gloo's own threads run it), its
+    completion polled on its future. NCCL: ``all_gather_into_tensor``; its
+    ``Work.wait`` only makes the current stream wait for it (not the host), then a copy to pinned
+    host memory and an event are queued behind it, and :meth:`ready` queries the event: nothing
+    here waits for the device. One process: nothing to gather (on CUDA the copy and event alone).
+
+    Args:
+        mine: This rank's values.
+        world_size: Ranks to gather from; None: this process alone.
+        steps: The optimizer steps whose losses the values hold.
+    """
+
+    def __init__(self, mine: torch.Tensor, world_size: int | None, steps: list[int]) -> None:
+        self.steps = steps
+        self._width = mine.numel()
+        self._work: Any = None
+        self._event: Any = None
+        out: Any = mine
+        nccl = False
+        if world_size is not None:
+            import torch.distributed as dist
+
+            nccl = dist.get_backend() == "nccl"
+            if nccl:
+                from scopebench.profiler.collectives import recorder
+
+                out = torch.empty(world_size * self._width, dtype=mine.dtype, device=mine.device)
+                with recorder.completion_at_wait():
+                    self._work = dist.all_gather_into_tensor(out, mine, async_op=True)
+                self._work.wait()  # NCCL: a stream dependency, the host goes on
+            else:  # gloo has no all_gather_into_tensor
+                out = [torch.empty_like(mine) for _ in range(world_size)]
+                from scopebench.profiler.collectives import recorder
+
+                with recorder.completion_at_wait():  # no Python callback on gloo's thread
+                    self._work = dist.all_gather(out, mine, async_op=True)
+        if mine.is_cuda and (self._work is None or nccl):
+            flat = torch.cat(out) if isinstance(out, list) else out
+            out = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            out.copy_(flat, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+            self._work = None
+        self._out = out
+
+    def ready(self) -> bool:
+        """Whether :meth:`rows` would return without waiting."""
+        if self._event is not None:
+            return bool(self._event.query())
+        return self._work is None or self._work.get_future().done()
+
+    def rows(self) -> list[list[float]]:
+        """Every rank's values in rank order, waiting for them if need be (a ``Work.wait``, which
+        the ledger sees as the rank blocked, only then)."""
+        if self._event is not None:
+            self._event.synchronize()
+        elif self._work is not None:
+            future = self._work.get_future()
+            if future.done():
+                future.value()  # a failed gather raises its error here
+            else:
+                self._work.wait()
+        out = self._out
+        flat = torch.cat(out) if isinstance(out, list) else out
+        return flat.view(-1, self._width).tolist()
 
 
 def _first_nonfinite(

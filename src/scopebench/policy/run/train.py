@@ -659,11 +659,11 @@ class PolicyTrainRun(RankRun):
                     out[key] = sum(values) / len(values)
         return out
 
-    def metrics(self) -> dict[str, Any]:
-        """The metrics now: the last iteration's profiler metrics and ``setup_time_sec``
-        (:meth:`RankRun.metrics`) plus derived and constant columns (rank 0's row covers
-        every rank); only the constant columns outside the profiler's window."""
-        metrics = super().metrics()
+    def metrics(self, row: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The metrics now: the last iteration's profiler metrics (or ``row``) and
+        ``setup_time_sec`` (:meth:`RankRun.metrics`) plus derived and constant columns (rank 0's
+        row covers every rank); only the constant columns outside the profiler's window."""
+        metrics = super().metrics(row)
         return {**metrics, **self.derived_metrics(metrics), **self.constant_metrics()}
 
 
