@@ -15,6 +15,8 @@ then the set-up, so that a value refused before any work is said in one line),
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,29 @@ from typing import Any
 from scopebench.profiler.config import PROFILER_DEFAULTS, ProfilerConfig
 
 __all__ = ["LayoutReason", "MachineReason", "ProfiledSolverMixin"]
+
+#: The solvers whose run finished in this process and whose run object is still held.
+_FINISHED: list[weakref.ref] = []
+
+
+def _release_finished_runs(keep: Any) -> None:
+    """Drop the run objects of the solvers whose run finished, but ``keep``'s.
+
+    benchopt keeps every solver instance of its grid until it exits, and each kept its run
+    object: a finished cell's model, optimizer, open video files and process groups stayed
+    for the rest of the run (on a GPU, every earlier cell's model in its memory). A finished
+    run stays readable until the next cell starts (benchopt's last ``get_result`` comes after
+    ``run`` returns); the next cell's ``skip`` lets it go.
+    """
+    released = False
+    for ref in _FINISHED:
+        solver = ref()
+        if solver is not None and solver is not keep and solver.run_object is not None:
+            solver.run_object = solver.profiler = None
+            released = True
+    _FINISHED.clear()
+    if released:
+        gc.collect()  # a run object sits in reference cycles: free its memory and files now
 
 
 class MachineReason(str):
@@ -54,6 +79,10 @@ class ProfiledSolverMixin:
     skipped silently: :func:`scopebench.runs.run_benchopt` counts a ``refused:`` skip as a
     failure (:data:`scopebench.runs.REFUSED_SKIP`). ``(False, None)`` otherwise; the run
     object ``skip`` built is the one ``set_objective`` then keeps (built once).
+
+    A finished run object is dropped when the next cell's ``skip`` runs in the process
+    (benchopt keeps every solver instance until it exits: each would keep its run's model,
+    files and process groups).
     """
 
     parameters: dict[str, list[Any]] = {key: [value] for key, value in PROFILER_DEFAULTS.items()}
@@ -130,6 +159,7 @@ class ProfiledSolverMixin:
         skip rule of the class docstring)."""
         from scopebench.runs import REFUSED_SKIP
 
+        _release_finished_runs(keep=self)
         self._set_up_for = None
         try:
             reason = self.check_cell(self.cell_params(), self.cell_spec(**objective), self.launcher_world_size())
@@ -197,11 +227,15 @@ class ProfiledSolverMixin:
     def finish_run(self, run: Any, callback: Callable[[], bool] | None) -> None:
         """The whole ``Solver.run`` of a run object: iterate until told to stop, then tear down.
 
-        Teardown happens on any exit; after a failure it names the rank that caused it.
+        Teardown happens on any exit; after a failure it names the rank that caused it. The
+        run object stays readable until the next cell's ``skip`` in this process drops it.
         """
-        with run:
-            run.loop(callback)
-            self.close_callback(run.info.rank, callback)
+        try:
+            with run:
+                run.loop(callback)
+                self.close_callback(run.info.rank, callback)
+        finally:
+            _FINISHED.append(weakref.ref(self))
 
     @staticmethod
     def close_callback(rank: int, callback: Callable[[], bool] | None) -> None:
