@@ -155,6 +155,7 @@ def matrix(table) -> list[dict[str, Any]]:
                 "named_right_pct": _NAN if fault == "none" else _mean_pct(group["named_right"]),
                 "error_median_pct": _median(group["error_pct"]),
                 "error_p95_pct": _p95(group["error_pct"]),
+                "delay_error_median_pct": _median(group["delay_error_pct"]) if "delay_error_pct" in group else _NAN,
                 "false_positive_pct": _mean_pct(group["false_positive"]),
                 "steps_to_detect": _median(group["steps_to_detect"]),
                 "overhead_pct": _median(group["overhead_pct"]),
@@ -240,7 +241,8 @@ def tables(table) -> dict[str, str]:
         [
             m["case"], m["backend"], m["mode"], str(m["runs"]), _fmt(m["detected_pct"], ".0f", " %"),
             _fmt(m["named_right_pct"], ".0f", " %"), _fmt(m["error_median_pct"], ".1f", " %"),
-            _fmt(m["error_p95_pct"], ".1f", " %"), _fmt(m["false_positive_pct"], ".0f", " %"),
+            _fmt(m["error_p95_pct"], ".1f", " %"), _fmt(m["delay_error_median_pct"], ".1f", " %"),
+            _fmt(m["false_positive_pct"], ".0f", " %"),
             _fmt(m["steps_to_detect"], ".0f"),
             f"{_fmt(m['overhead_pct'], '+.1f', ' %')} [{_fmt(m['overhead_low_pct'], '+.1f')}, "
             f"{_fmt(m['overhead_high_pct'], '+.1f')}]",
@@ -248,7 +250,7 @@ def tables(table) -> dict[str, str]:
         for m in matrix(table)
     ]  # fmt: skip
     header = ["fault", "backend", "mode", "runs", "detected", "named right", "median error", "p95 error",
-              "false positive", "steps to detect", "overhead [95 % interval]"]  # fmt: skip
+              "median delay error", "false positive", "steps to detect", "overhead [95 % interval]"]  # fmt: skip
     nulls = [
         [n["backend"], n["mode"], str(n["runs"]), _fmt(n["false_positives_per_100"], ".0f"),
          n["rules"] or "–", _fmt(n["late_rank_per_100"], ".0f"), _fmt(n["contended_pct"], ".0f", " %")]

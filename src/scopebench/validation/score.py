@@ -13,8 +13,11 @@ objective columns of the validation benchmark (docs/validation.md, "Columns"):
   ``named_right``: it named the faulty rank and phase (``late_rank``), the injected step and rank
   (``nonfinite``), the input (``slow_input``: ``dataload_wait``), or fired at all (``contention``,
   ``memory_growth``, ``comm_heavy``: a finding without a rank or phase); ``error_pct``: the
-  reported magnitude against what the policy measured it injected; ``false_positive``: a finding
-  about the step of another kind than the fault's (on a ``none`` run, any).
+  reported magnitude against what the policy measured it injected (``late_rank``: the late rank's
+  own extra work in the region; ``delay_error_pct``: the delay the others waited, which a busy
+  machine makes longer than the fault); ``false_positive``: a finding about the step of another
+  kind than the fault's (on a ``none`` run, any); ``steps_to_detect``: recorded iterations until
+  the fault was first named right (``nonfinite``: from the NaN to the stop).
 * :data:`CONDITION_RULES` judge the measurement, not the step: ``contended`` (other processes'
   work, which a shared machine has on every run) and ``profiler-too-costly``; they are reported
   (``contended``, ``findings``) but are never a false positive, except ``contended`` being the
@@ -48,6 +51,7 @@ COLUMNS = (
     "detected",
     "named_right",
     "error_pct",
+    "delay_error_pct",
     "false_positive",
     "false_positive_rules",
     "findings",
@@ -126,16 +130,20 @@ def _error_pct(reported: float | None, injected: float | None) -> float:
     return abs(reported - injected) / injected * 100.0
 
 
-def _late(record: RunRecord, config, spec: FaultSpec) -> tuple[bool, float | None, float | None]:
+def _late(record: RunRecord, config, spec: FaultSpec) -> tuple[bool, float | None, float | None, float | None]:
+    """(named right, reported extra work, injected, reported delay) of a late rank: the ledger's
+    ``late_rank_work_excess_sec`` (its own work in the region over the other ranks') is the claim
+    the injected work checks on any machine; the delay (how long the others waited) adds whatever
+    else made the rank late, which on a busy machine is more than the fault."""
     from scopebench.report.ledger import config_late_rank
 
     found = config_late_rank(config) if config is not None else None
     if found is None:
-        return False, None, None
+        return False, None, None, None
     named = found.rank == spec.rank and found.region == spec.phase
-    # the injected delay of the iterations that carry it (the policy measured its extra work)
+    # the injected work of the iterations that carry it (the policy measured its extra work)
     hits = [x for x in record.injected if x == x and x > 0]
-    return named, found.delay_sec, stats.median(hits) if hits else None
+    return named, found.work_excess_sec, stats.median(hits) if hits else None, found.delay_sec
 
 
 def _magnitudes(record: RunRecord, config, spec: FaultSpec, found: set[str]) -> tuple[bool, Any, Any]:
@@ -202,8 +210,9 @@ def score(spec: FaultSpec, record: RunRecord) -> dict[str, Any]:
     reported = injected = None
     if fault == "late_rank":
         detected = "late-rank" in rules
-        named, reported, injected = _late(record, config, spec)
+        named, reported, injected, delay = _late(record, config, spec)
         named = detected and named
+        out["delay_error_pct"] = _error_pct(delay, injected)
     elif fault == "nonfinite":
         detected = record.stopped_at is not None
         named = detected and record.stopped_at == spec.step and record.stopped_rank == spec.rank
