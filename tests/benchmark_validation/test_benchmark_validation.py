@@ -16,6 +16,7 @@ from conftest import REPO, run_benchopt_test
 
 from scopebench.runs import run_benchopt
 from scopebench.validation import FaultSpec
+from scopebench.validation.page import PERFORMANCE_REFERENCE
 from scopebench.validation.score import COLUMNS
 
 BENCH = REPO / "benchmark_validation"
@@ -69,6 +70,17 @@ def test_the_quickstart_without_a_fault_names_no_late_rank(quickstart):
     last = rows.iloc[-1]
     assert math.isnan(last["objective_detected"])
     assert "late-rank" not in last["objective_findings"].split(","), last["objective_findings"]
+
+
+@pytest.mark.slow
+def test_the_overhead_agrees_with_performance_md_within_its_interval(quickstart):
+    """Each quickstart run's step ratio, profiled over unprofiled (its 95 % interval), meets the
+    interval docs/performance.md measured for the custom profiler's ledger on 2 gloo ranks."""
+    _, low, high = PERFORMANCE_REFERENCE["custom"]
+    for fault, rows in quickstart.groupby("p_dataset_fault"):
+        last = rows.sort_values("stop_val").iloc[-1]
+        ours = (1 + last["objective_overhead_low_pct"] / 100, 1 + last["objective_overhead_high_pct"] / 100)
+        assert ours[0] <= high and low <= ours[1], (fault, ours, (low, high))
 
 
 @pytest.mark.slow

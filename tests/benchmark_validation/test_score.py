@@ -76,6 +76,9 @@ def test_steps_to_detect_is_the_first_prefix_that_found_the_fault():
         seen.append(score(spec, rec)["steps_to_detect"])
     # rank 1 in 1 of 3, 2 of 4 ... 5 of 7 iterations (71 %), then 6 of 8: 75 %, late-rank's threshold
     assert all(math.isnan(x) for x in seen[:7]) and seen[7:] == [8.0, 8.0, 8.0]
+    for _ in range(6):  # rank 0 again, until rank 1 is under 75 %: no finding, nothing detected
+        rec.add(row(**{**LATE, "late_rank": 0}), 0.05)
+    assert math.isnan(score(spec, rec)["steps_to_detect"]) and score(spec, rec)["detected"] == 0.0
 
 
 def test_on_a_run_without_a_fault_any_finding_about_the_step_is_a_false_positive():

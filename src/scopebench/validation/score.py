@@ -233,7 +233,8 @@ def score(spec: FaultSpec, record: RunRecord) -> dict[str, Any]:
                 record.first_detected = max(1, record.stopped_at - spec.step + 1)
             elif fault != "nonfinite" and named:
                 record.first_detected = len(record.rows)
-        if record.first_detected is not None:
+        holds = detected if fault == "nonfinite" else named
+        if record.first_detected is not None and holds:  # a finding that came and went is not one
             out["steps_to_detect"] = float(record.first_detected)
     out.update(_overhead(record))
     right = not wrong if fault == "none" else (named and not wrong)
