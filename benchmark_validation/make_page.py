@@ -36,9 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         default="benchopt run benchmark_validation --config benchmark_validation/configs/full.yml --no-cache",
         help="the command that produced the results, quoted on the page",
     )
+    parser.add_argument("--note", default="", help="a paragraph after the conditions (a preliminary run...)")
     args = parser.parse_args(argv)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    paths = write_page(args.results, args.template, args.page, args.out, command=args.command, date=date)
+    paths = write_page(
+        args.results, args.template, args.page, args.out, command=args.command, date=date, note=args.note
+    )
     print(json.dumps({k: str(v) for k, v in paths.items()}))
     return 0
 

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="hsdp")
     parser.add_argument("--profiler-mode", nargs="+", default=["custom", "torch"])
     parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument("--faults", nargs="+", default=None, help="only the default cells of these faults")
     parser.add_argument("--output", default=str(HERE / "outputs" / "hsdp.parquet"))
     args = parser.parse_args(argv)
     info = get_dist_info()
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.profiler_mode:
             profiler = ProfilerConfig(mode=mode, warmup=1)
             for seed, spec in enumerate(DEFAULT_CELLS):
+                if args.faults and spec.fault not in args.faults:
+                    continue
                 rows += detect_rows(
                     spec,
                     profiler=profiler,

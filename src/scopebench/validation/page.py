@@ -121,7 +121,14 @@ def _p95(values) -> float:
 
 
 def _case(row) -> str:
-    """A fault's short name with what varies: ``late_rank bwd 100 ms``, ``late_rank bwd 100 ms 1/4``."""
+    """A fault's short name with what varies.
+
+    :Examples:
+        >>> _case({"fault": "late_rank", "phase": "bwd", "delay_ms": 100.0, "every": 4})
+        'late_rank bwd 100 ms 1/4'
+        >>> _case({"fault": "memory_growth", "magnitude": 4.0, "every": 1})
+        'memory_growth 4 MiB/step'
+    """
     fault = row["fault"]
     if fault == "late_rank":
         name = f"late_rank {row['phase']} {row['delay_ms']:g} ms"
@@ -342,16 +349,22 @@ def _html(parts: dict[str, str], png: Path, header: str) -> str:
 
 
 def write_page(
-    paths: Iterable[str | Path], template: str | Path, page: str | Path, out_dir: str | Path, command: str, date: str
+    paths: Iterable[str | Path],
+    template: str | Path,
+    page: str | Path,
+    out_dir: str | Path,
+    command: str,
+    date: str,
+    note: str = "",
 ) -> dict[str, Path]:
     """Write the page (``template`` with its ``<!-- NAME -->`` lines replaced by :func:`tables`
-    and ``<!-- CONDITIONS -->`` by the command, the date and :func:`conditions`), ``matrix.png``
-    and ``matrix.html`` in ``out_dir``; returns their paths."""
+    and ``<!-- CONDITIONS -->`` by the command, the date, :func:`conditions` and ``note``),
+    ``matrix.png`` and ``matrix.html`` in ``out_dir``; returns their paths."""
     from scopebench.atomic import atomic_write
 
     table = runs(list(paths))
     parts = tables(table)
-    header = f"`{command}`, {date}: {conditions(table)}."
+    header = f"`{command}`, {date}: {conditions(table)}." + (f"\n\n{note}" if note else "")
     text = Path(template).read_text(encoding="utf-8")
     for name, markdown in {**parts, "CONDITIONS": header}.items():
         marker = f"<!-- {name} -->"

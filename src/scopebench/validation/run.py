@@ -7,8 +7,9 @@ iteration runs one step of the same model, data and ranks with no profiler first
 loop's ``before_callback`` (every rank, outside the profiled clock), then the profiled step: the
 overhead column compares the two, step by step, under the same load (docs/validation.md). The
 fault's "one step in ``every``" and ``step`` count iterations (both steps of an iteration get the
-same fault). Rank 0 keeps, per recorded iteration, the reduced row, its own unprofiled and profiled step
-times and what the fault policy measured it injected (:attr:`DetectRun.record`). With a ``contention`` fault rank 0 also starts the CPU hogs
+same fault). Rank 0 keeps, per recorded iteration, the reduced row, its own unprofiled and
+profiled step times and what the fault policy measured it injected (:attr:`DetectRun.record`).
+With a ``contention`` fault rank 0 also starts the CPU hogs
 (:class:`~scopebench.validation.faults.CpuHogs`) once the ranks are set up, and stops them at
 the end, also on error.
 

@@ -22,7 +22,8 @@ objective columns of the validation benchmark (docs/validation.md, "Columns"):
   work, which a shared machine has on every run) and ``profiler-too-costly``; they are reported
   (``contended``, ``findings``) but are never a false positive, except ``contended`` being the
   very fault of a ``contention`` run. :data:`ALSO_RIGHT` lists the findings that describe the same
-  fault from another side (``rank-imbalance`` naming the late rank).
+  fault from another side (``rank-imbalance`` naming the late rank; ``input-bound`` for a rank late
+  in its input).
 * ``overhead_pct``: the median profiled step over the median unprofiled step of the same run,
   interleaved (rank 0's own clock), less 1, in %, with its 95 % bootstrap interval
   (:func:`scopebench.stats.median_ratio_ci`); ``overhead_total_pct`` adds the profiler's own time
@@ -125,6 +126,12 @@ def _findings(record: RunRecord):
 
 
 def _error_pct(reported: float | None, injected: float | None) -> float:
+    """``100 * |reported - injected| / injected``; NaN without both or without an injected magnitude.
+
+    :Examples:
+        >>> round(_error_pct(0.051, 0.050), 6), _error_pct(None, 0.05) != _error_pct(None, 0.05)
+        (2.0, True)
+    """
     if reported is None or injected is None or not injected > 0 or reported != reported:
         return _NAN
     return abs(reported - injected) / injected * 100.0
