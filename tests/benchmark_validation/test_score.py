@@ -114,6 +114,11 @@ def test_slow_input_reports_the_input_s_time():
     out = score(FaultSpec(fault="slow_input", delay_ms=30), record(rows, injected=0.030))
     assert (out["detected"], out["named_right"]) == (1.0, 1.0)
     assert out["error_pct"] == pytest.approx(100 * 0.0005 / 0.030)
+    # under the torch profiler a region's wall time is its _cpu_sec
+    whole = ("total_time_sec", "step_time_sec", "callback_time_sec")
+    torch_rows = [{(k if k in whole else k.replace("_time_sec", "_cpu_sec")): v for k, v in r.items()} for r in rows]
+    torch_out = score(FaultSpec(fault="slow_input", delay_ms=30), record(torch_rows, injected=0.030))
+    assert torch_out["error_pct"] == pytest.approx(100 * 0.0005 / 0.030)
 
 
 def test_memory_growth_reports_the_peak_s_slope():

@@ -156,10 +156,9 @@ def _late(record: RunRecord, config, spec: FaultSpec) -> tuple[bool, float | Non
 def _magnitudes(record: RunRecord, config, spec: FaultSpec, found: set[str]) -> tuple[bool, Any, Any]:
     """(named right, reported, injected) for the faults scored by a finding without a rank."""
     fault = spec.fault
-    if fault == "slow_input":
-        reported = (
-            stats.median(config.values("dataload_wait_time_sec")) if config.values("dataload_wait_time_sec") else None
-        )
+    if fault == "slow_input":  # the region's wall time (custom: _time_sec; torch: _cpu_sec)
+        waits = config.region_values("dataload_wait") if "dataload_wait" in config.region_columns else []
+        reported = stats.median(waits) if waits else None
         hits = [x for x in record.injected if x == x and x > 0]
         return "input-bound" in found, reported, stats.median(hits) if hits else None
     if fault == "contention":
