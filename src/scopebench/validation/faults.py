@@ -70,7 +70,7 @@ RULES = {
 INJECTED_TERM = "fault_injected_sec"
 #: A fault's ``magnitude`` when the dataset leaves it ``None``: hog processes, MiB kept per
 #: step, million idle parameters.
-DEFAULT_MAGNITUDE = {"contention": 2.0, "memory_growth": 4.0, "comm_heavy": 8.0}
+DEFAULT_MAGNITUDE = {"contention": 2.0, "memory_growth": 4.0, "comm_heavy": 16.0}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -76,6 +76,8 @@ def run_table(df):
             **{c.removeprefix("objective_"): last[c] for c in last.columns if c.startswith("objective_")},
         }
     )
+    memory = out["profiler_memory"].map(lambda v: v is True or v == 1 or str(v).lower() == "true")
+    out["mode"] = [f"{m} + memory" if on else str(m) for m, on in zip(out["profiler_mode"], memory)]
     return out.reset_index(drop=True)
 
 
@@ -149,7 +151,7 @@ def matrix(table) -> list[dict[str, Any]]:
     """Per case (:func:`_case`) x backend x profiler mode, the figures of the page's first table."""
     out = []
     table = table.assign(case=[_case(r) for _, r in table.iterrows()])
-    for (case, backend, mode), group in table.groupby(["case", "backend", "profiler_mode"], sort=True):
+    for (case, backend, mode), group in table.groupby(["case", "backend", "mode"], sort=True):
         fault = group["fault"].iloc[0]
         out.append(
             {
@@ -177,7 +179,7 @@ def null_runs(table) -> list[dict[str, Any]]:
     """Per backend x mode, the runs without a fault: false positives per 100 runs and their rules."""
     out = []
     none = table[table["fault"] == "none"]
-    for (backend, mode), group in none.groupby(["backend", "profiler_mode"], sort=True):
+    for (backend, mode), group in none.groupby(["backend", "mode"], sort=True):
         rules: dict[str, int] = {}
         for text in group["false_positive_rules"].fillna(""):
             for rule in filter(None, str(text).split(",")):
@@ -203,7 +205,7 @@ def delay_sweep(table) -> list[dict[str, Any]]:
     and the smallest delay from which every run at that delay and above was named right."""
     sweep = table[(table["fault"] == "late_rank") & (table["phase"] == "bwd") & (table["every"] == 1)]
     out = []
-    for (backend, mode), group in sweep.groupby(["backend", "profiler_mode"], sort=True):
+    for (backend, mode), group in sweep.groupby(["backend", "mode"], sort=True):
         rates = {float(d): _mean_pct(g["named_right"]) for d, g in group.groupby("delay_ms")}
         smallest = None
         for delay in sorted(rates, reverse=True):
@@ -218,9 +220,9 @@ def against_performance(table) -> list[dict[str, Any]]:
     """Per mode, the median ``overhead_pct`` of every run beside :data:`PERFORMANCE_REFERENCE`:
     whether the step ratio falls in the interval docs/performance.md measured."""
     out = []
-    for mode, group in table.groupby("profiler_mode", sort=True):
-        if "profiler_memory" in group:
-            group = group[group["profiler_memory"] != True]  # noqa: E712 (a column of bools or NaN)
+    for mode, group in table.groupby("mode", sort=True):
+        if mode.endswith("+ memory"):  # the tracker's cost is another figure
+            continue
         ratio = 1.0 + _median(group["overhead_pct"]) / 100.0
         low = 1.0 + _median(group["overhead_low_pct"]) / 100.0
         high = 1.0 + _median(group["overhead_high_pct"]) / 100.0
