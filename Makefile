@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.scopebench-installed
 BENCHOPT := $(VENV)/bin/benchopt
 PYTEST_ARGS ?=
-LINT_PATHS := src tests perf scripts examples objective.py solvers datasets plots benchmark_inference benchmark_training
+LINT_PATHS := src tests perf scripts examples objective.py solvers datasets plots benchmark_inference benchmark_training benchmark_validation
 
 .PHONY: install system-packages demo test test-fast lint clean-outputs
 

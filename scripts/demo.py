@@ -1,7 +1,8 @@
 """``make demo``: run each benchmark's quickstart config on the CPU and show the results.
 
 What: ``benchopt run <benchmark> --config <benchmark>/configs/quickstart.yml`` for the
-policy benchmark (repository root), ``benchmark_inference`` and ``benchmark_training``;
+policy benchmark (repository root), ``benchmark_inference``, ``benchmark_training`` and
+``benchmark_validation`` (a run without a fault and a late rank, scored: docs/validation.md);
 each run is checked for solver errors (``benchopt run`` itself exits 0 on them), then its
 phase table is printed with the path of its parquet file. At the end, the report of the
 quickstart runs (``scopebench report``: PNG plots, diagnosis and a self-contained HTML
@@ -22,7 +23,7 @@ from scopebench.report.tables import format_tables
 from scopebench.runs import run_benchopt
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = (".", "benchmark_inference", "benchmark_training")
+BENCHMARKS = (".", "benchmark_inference", "benchmark_training", "benchmark_validation")
 REPORT_DIR = ROOT / "outputs" / "demo_report"
 
 

@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("train",),
     ("imaging", "policy"),  # the benchmarks' libraries
     ("report", "preflight"),
-    ("commands",),
+    ("commands", "validation"),  # the command-line tools; the validation benchmark's library (report's rules scored)
     ("cli",),
 )
 

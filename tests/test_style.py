@@ -26,7 +26,7 @@ def test_no_run_config_at_benchopt_settings_path():
     import yaml
     from benchopt.config import DEFAULT_BENCHMARK_CONFIG
 
-    for bench in (REPO, REPO / "benchmark_inference", REPO / "benchmark_training"):
+    for bench in (REPO, *(REPO / f"benchmark_{name}" for name in ("inference", "training", "validation"))):
         settings = bench / "config.yml"
         if settings.exists():
             keys = set(yaml.safe_load(settings.read_text()) or {})

@@ -19,12 +19,24 @@ from dataclasses import dataclass
 from scopebench import stats
 from scopebench.report.results import Configuration
 
-__all__ = ["INPUT_WAIT_PCT", "SKEW_PCT", "SYNC_PCT", "Finding", "metric_median", "step_share_pct"]
+__all__ = [
+    "INPUT_WAIT_PCT",
+    "SKEW_PCT",
+    "SYNC_PCT",
+    "SYNC_REGION",
+    "Finding",
+    "metric_median",
+    "step_share_pct",
+    "waiting_share_pct",
+]
 
 #: input-bound: ``dataload_wait`` above this share of the step (%).
 INPUT_WAIT_PCT = 5.0
 #: host-sync-bound: ``sync_gather`` above this share of the step (%).
 SYNC_PCT = 5.0
+#: The policy training step's region of metric gathers and host syncs: host-sync-bound judges it
+#: (its collectives are the loss gather, not what communication-bound's advice is about).
+SYNC_REGION = "sync_gather"
 #: rank imbalance: ``rank_skew_pct`` (or a region's, for regions above
 #: :data:`scopebench.report.diagnosis.SKEW_REGION_MIN_PCT` of the step) above this (%).
 SKEW_PCT = 10.0
@@ -59,3 +71,15 @@ def step_share_pct(config: Configuration, region: str) -> float | None:
     if not values or not step or stats.mean(step) <= 0:
         return None
     return stats.mean(values) / stats.mean(step) * 100.0
+
+
+def waiting_share_pct(config: Configuration, region: str) -> float | None:
+    """Mean ``<region>_comm_wait_peer_sec`` (the per-rank ledger: blocked until the last rank
+    arrived) over the mean step, in %; ``None`` without the ledger's column.
+
+    A rank that waits for a late peer spends that time in the region, but the region does not
+    cost it: the late peer does (``late-rank``)."""
+    waits, step = config.values(f"{region}_comm_wait_peer_sec"), config.step_values()
+    if not waits or not step or stats.mean(step) <= 0:
+        return None
+    return stats.mean(waits) / stats.mean(step) * 100.0
