@@ -98,7 +98,7 @@ def test_model_states_follow_each_backends_sharding():
 
 def test_a_batch_that_cannot_fit_is_refused_naming_batch_size(monkeypatch):
     import scopebench.train.memory as memory
-    from scopebench.policy.run.train import training_memory_check
+    from scopebench.policy.run.checks import training_memory_check
     from scopebench.policy.settings import TrainSettings
 
     config = make_config("tiny")

@@ -28,7 +28,7 @@ def test_every_backend_is_found_in_order_with_its_shipped_file():
 
     assert backend_names() == ("ddp", "zero2", "zero3", "fsdp2", "hsdp")
     for backend in all_backends():
-        assert load_accelerate_file(shipped_accelerate_file(backend.name)).backend == backend.name
+        assert load_accelerate_file(shipped_accelerate_file(backend.name)).backend == backend
         assert set(backend.phase_contents) <= {"forward", "bwd", "unscale_clip", "optim_step", "zero_grad_sched"}
         assert all(find_backend(other) for other in backend.compared_with)
     assert find_backend("nccl") is None
