@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import yaml
 from conftest import REPO
 
 from scopebench.runs import run_benchopt
+from scopebench.train.backends import backend_names
 
 BACKENDS = ("ddp", "zero2", "zero3", "fsdp2")
 #: The backends the driver trains (HSDP on 2 local ranks: one replica group, a (1, 2) mesh).
@@ -230,3 +232,25 @@ def test_every_backend_gives_the_golden_losses(trained, precision):
     for backend, values in losses.items():
         for step, (a, b) in enumerate(zip(values, golden[backend]), 1):
             assert abs(a - b) <= stored * abs(b), (precision, backend, step, values, golden[backend])
+
+
+@pytest.mark.parametrize("backend", backend_names())
+def test_load_policy_names_the_backend_whose_checkpoint_lacks_whole_weights(tmp_path, backend):
+    """The message names the checkpoint's own backend, from its step file: a list written into the
+    message had missed HSDP."""
+    from scopebench.policy.checkpoint import load_policy
+    from scopebench.train.backends import MODEL_FILE, get_backend
+
+    chosen = get_backend(backend)
+    if MODEL_FILE in chosen.checkpoint_files:
+        pytest.skip(f"{backend} writes whole weights")
+    folder = tmp_path / "000001"
+    folder.mkdir()
+    for name in chosen.checkpoint_files:
+        path = folder / name.format(rank=0)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    step = {"step": 1, "epoch": 0, "position": 1, "backend": backend, "world_size": 1}
+    (folder / "training_step.json").write_text(json.dumps(step))
+    with pytest.raises(FileNotFoundError, match=rf"is missing: a {re.escape(chosen.title)} checkpoint holds sharded"):
+        load_policy(folder)
