@@ -2,10 +2,10 @@
 
 What it estimates: for the config's preset (``pi05`` at its real size included), backend,
 number of ranks and per-rank batch, the bytes per rank at the step's peak by category —
-``parameters``, ``gradients``, ``optimizer_state`` (each backend's sharding: DDP holds all,
-ZeRO-2 shards gradients and optimizer state, ZeRO-3 and FSDP2 shard all three; DeepSpeed's
-optimizer state holds an fp32 master copy), the backend's buffers by name (DDP's, FSDP2's
-and HSDP's ``gather_buffers``; DeepSpeed's ``reduce_bucket`` and ZeRO-3's
+``parameters``, ``gradients``, ``optimizer_state`` (each whole or sharded over the ranks as the
+backend holds it: the backend table of docs/distributed.md; DeepSpeed's optimizer state holds
+an fp32 master copy), the backend's buffers by name (DDP's and ``fully_shard``'s
+``gather_buffers``; DeepSpeed's ``reduce_bucket`` and ZeRO-3's
 ``persistent_parameters`` and ``live_parameters``, read from the DeepSpeed config the
 backend builds over DeepSpeed's defaults), what only the optimizer step holds (ZeRO's
 ``fp32_gradient_partition``) and ``activations`` (measured by one fake forward of the

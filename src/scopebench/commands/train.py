@@ -82,8 +82,9 @@ import sys
 from pathlib import Path
 
 from scopebench.commands._common import refuses
+from scopebench.train.backends import backend_names
 
-HELP = "train the policy (pi05 or yours) with checkpoints and resume (DDP, DeepSpeed ZeRO-2/3, FSDP2, HSDP)"
+HELP = f"train the policy (pi05 or yours) with checkpoints and resume (backend {', '.join(backend_names())})"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -2,8 +2,8 @@
 
 The model code (``scopebench.policy``) knows nothing about distribution; a run object
 (:class:`scopebench.policy.run.train.PolicyTrainRun`) resolves the ``backend`` setting to a
-:class:`~scopebench.train.backends.TrainingBackend` (``ddp``, ``zero2``, ``zero3``, ``fsdp2``,
-``hsdp``: DDP, DeepSpeed ZeRO-2/3, torch's FSDP2 and its hybrid sharding), which builds the
+:class:`~scopebench.train.backends.TrainingBackend` (one of :func:`~scopebench.train.backends.all_backends`:
+DDP, DeepSpeed's ZeRO stages, torch's FSDP2 and its hybrid sharding...), which builds the
 accelerator with :func:`build_accelerator` and wraps the model, optimizer, scheduler and
 dataloader.
 

@@ -19,7 +19,7 @@ process-wide singletons; :func:`release_accelerator` clears them so that the nex
 starts from scratch.
 
 ``backend`` is the run's :class:`~scopebench.train.backends.TrainingBackend` (resolved once,
-by the run), whose ``accelerator_kwargs`` build the accelerator (DDP; DeepSpeed ZeRO-2 / ZeRO-3 through
+by the run), whose ``accelerator_kwargs`` build the accelerator (DDP; DeepSpeed's ZeRO stages through
 accelerate's DeepSpeed plugin; FSDP2 and HSDP, sharded by the suite itself, seen by accelerate
 as a ``MULTI_CPU`` / ``MULTI_GPU`` run); the backend's ``prepare`` then wraps the model.
 DeepSpeed reads the launcher variables for the whole run, not only the constructor

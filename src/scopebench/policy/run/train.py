@@ -102,7 +102,7 @@ class PolicyTrainRun(RankRun):
         eval_batch_size: Before each callback every rank computes the held-out validation loss of
             the objective (:func:`scopebench.policy.user.validation_loss` on the same
             ``eval_batch_size`` samples of the policy's dataset, :func:`~scopebench.policy.user.fixed_batch`;
-            under ZeRO-3 and FSDP2 a forward needs every rank's shard); it becomes :attr:`val_loss`.
+            where the backend shards the parameters a forward needs every rank's shard); it becomes :attr:`val_loss`.
         resume_from: A checkpoint (folder, ``checkpoints/`` or output folder with a
             ``last`` pointer) to continue from: weights, optimizer, scheduler, RNG states,
             step count and data position (:mod:`scopebench.train.checkpoint`).
@@ -183,7 +183,7 @@ class PolicyTrainRun(RankRun):
         )
         #: The run's :class:`~scopebench.policy.user.UserPolicy` (after start).
         self.policy = None
-        #: Whether every rank holds only a shard of each parameter (ZeRO-3, FSDP2, HSDP).
+        #: Whether every rank holds only a shard of each parameter (the backend's ``shards_parameters``).
         self.sharded = task == "train" and self.backend.shards_parameters
         self.accelerator = None
         self.model = None

@@ -1,7 +1,7 @@
 """What a training backend is: :class:`TrainingBackend`, the one object every layer asks.
 
-A backend owns everything that differs between DDP, DeepSpeed ZeRO-2 / ZeRO-3, FSDP2 and
-HSDP: its name and prose name, its shipped accelerate file and how a file selects it, what it
+A backend owns everything that differs between backends (DDP, DeepSpeed's ZeRO stages, torch's
+``fully_shard``...): its name and prose name, its shipped accelerate file and how a file selects it, what it
 shards, its minimum ranks, the settings it cannot run with, its model-state and buffer
 memory, how the accelerator is built for it and how it wraps the model, optimizer,
 scheduler and loader, how the training step runs under it (the step hooks: a micro-batch's
@@ -99,7 +99,9 @@ class TrainingBackend:
     shards_parameters: bool = False
     """Every rank holds a shard of each parameter (no rank has the whole model)."""
     shards_optimizer: bool = False
-    """Gradients and optimizer state are sharded over the ranks."""
+    """The optimizer state is sharded over the ranks."""
+    shards_gradients: bool = False
+    """The gradients are sharded over the ranks (reduced to their owner, not all-reduced)."""
     min_ranks: int = 1
     """Fewest processes it runs on."""
     zero_stage: int | None = None

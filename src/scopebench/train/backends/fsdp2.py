@@ -30,6 +30,7 @@ class FSDPBackend(TrainingBackend):
 
     shards_parameters: bool = True
     shards_optimizer: bool = True
+    shards_gradients: bool = True
     fully_shards: bool = True
     checkpoint_files: tuple[str, ...] = ("fsdp_model/.metadata", RNG_FILES)
     host_hooks: str = (
