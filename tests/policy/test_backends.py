@@ -48,7 +48,7 @@ def trained(tmp_path_factory):
 def _weights(checkpoint: Path) -> dict:
     from safetensors.torch import load_file
 
-    from scopebench.train.checkpoint import consolidate
+    from scopebench.train.consolidate import consolidate
 
     return load_file(str(consolidate(checkpoint)))
 

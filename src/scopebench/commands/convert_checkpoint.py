@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     from safetensors import safe_open
 
     from scopebench.policy.tools import check_json_path
-    from scopebench.train.checkpoint import consolidate, read_step_file, resolve_checkpoint
+    from scopebench.train.checkpoint import read_step_file, resolve_checkpoint
+    from scopebench.train.consolidate import consolidate
     from scopebench.train.data_only import data_only_loading
 
     check_json_path("--json", args.json)

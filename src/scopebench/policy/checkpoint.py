@@ -42,7 +42,7 @@ def load_policy(checkpoint: str | Path, device: str = "cpu"):
     when it trained).
 
     The two files read are files of the checkpoint its manifest lists, regular, not links out
-    of it (:func:`scopebench.train.checkpoint.listed_file`; ``convert-checkpoint`` lists the
+    of it (:func:`scopebench.train.consolidate.listed_file`; ``convert-checkpoint`` lists the
     weights it writes).
 
     Raises:
@@ -57,8 +57,9 @@ def load_policy(checkpoint: str | Path, device: str = "cpu"):
 
     from scopebench.policy import make_policy
     from scopebench.train.backends import find_backend
-    from scopebench.train.checkpoint import MODEL_FILE, listed_file, read_step_file, resolve_checkpoint
+    from scopebench.train.checkpoint import MODEL_FILE, read_step_file, resolve_checkpoint
     from scopebench.train.checkpoint_files import read_json
+    from scopebench.train.consolidate import listed_file
 
     checkpoint = resolve_checkpoint(checkpoint)
     weights = checkpoint / MODEL_FILE

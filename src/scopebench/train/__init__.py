@@ -9,8 +9,8 @@ dataloader.
 
 Modules: ``backends`` (one object per backend: everything that differs between them),
 ``accelerator`` (accelerate set-up and teardown), ``accelerate_file`` (the shipped accelerate
-config files), ``fsdp`` (FSDP's sharding and DCP checkpoints), ``checkpoint`` (save / resume /
-consolidate), ``data_only`` (checkpoints loaded as data, never code), ``checkpoint_files`` (what a
+config files), ``fsdp`` (FSDP's sharding and DCP checkpoints), ``checkpoint`` (save / resume),
+``consolidate`` (sharded weights into one file), ``data_only`` (checkpoints loaded as data, never code), ``checkpoint_files`` (what a
 checkpoint may name and hold: nothing outside it, nothing unbounded), ``optim`` (AdamW, LR
 schedules), ``peak`` (peak FLOP/s of a device, for MFU), ``memory`` (will the run fit).
 """
