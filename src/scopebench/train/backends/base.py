@@ -90,8 +90,9 @@ class TrainingBackend:
     """The ``backend`` setting's value."""
     title: str
     """Its name in prose (``DeepSpeed ZeRO-2``)."""
-    order: int
-    """Where it comes in listings (choices, tables)."""
+    order: float
+    """Where it comes in listings (choices, tables); a fraction places a new backend between two
+    others without renumbering them."""
     accelerate_file: str
     """The shipped accelerate config file (``configs/accelerate/<file>``)."""
     phase_contents: Mapping[str, str]
