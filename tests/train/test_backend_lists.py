@@ -79,8 +79,9 @@ def lists(text: str, backends=None) -> list[set[str]]:
 
 
 def lists_missing_a_backend(text: str, backends=None) -> list[str]:
-    """Lines of ``text`` (outside the generated blocks) holding a list of :data:`LIST` backends or
-    more that misses one, each with what it misses."""
+    """Paragraphs of ``text`` (outside the generated blocks; a paragraph's lines joined, so a list
+    wrapped over two lines is one) holding a list of :data:`LIST` backends or more that misses one,
+    each with its first line's number and what it misses."""
     backends = backends or all_backends()
     every = {b.name for b in backends}
     text = re.sub(
@@ -90,10 +91,13 @@ def lists_missing_a_backend(text: str, backends=None) -> list[str]:
         flags=re.DOTALL,
     )
     found = []
-    for number, line in enumerate(text.splitlines(), 1):
-        for seen in lists(line, backends):
+    number = 1
+    for paragraph in re.split(r"(\n\s*\n)", text):
+        joined = " ".join(paragraph.split())
+        for seen in lists(joined, backends):
             if len(seen) >= LIST and seen != every:
-                found.append(f"{number}: misses {sorted(every - seen)}: {line.strip()[:120]}")
+                found.append(f"{number}: misses {sorted(every - seen)}: {joined[:120]}")
+        number += paragraph.count("\n")
     return found
 
 
@@ -171,5 +175,7 @@ def test_the_check_finds_a_list_that_misses_a_backend():
     backends = (*all_backends(), sixth)
     line = "`backend` is " + ", ".join(f"`{b.name}`" for b in all_backends())
     assert lists_missing_a_backend(line, backends) == [f"1: misses ['sixth']: {line[:120]}"]
+    wrapped = "Intro.\n\n" + line.replace(", ", ",\n", 1)  # a list wrapped over two lines is one list
+    assert lists_missing_a_backend(wrapped, backends) == [f"3: misses ['sixth']: {line[:120]}"]
     assert lists_missing_a_backend(line) == []
     assert not lists_missing_a_backend("ZeRO-2 against DDP", backends)  # a comparison is not a list

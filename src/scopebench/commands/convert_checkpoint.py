@@ -37,12 +37,8 @@ from __future__ import annotations
 import argparse
 
 from scopebench.commands._common import refuses
-from scopebench.train.backends import MODEL_FILE, backend_titles
 
-HELP = (
-    "consolidate the shards of a training checkpoint into model.safetensors "
-    f"({backend_titles(lambda b: MODEL_FILE not in b.checkpoint_files)})"
-)
+HELP = "consolidate a sharded training checkpoint (a backend that saves no whole weights) into model.safetensors"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

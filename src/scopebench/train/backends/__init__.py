@@ -39,7 +39,6 @@ __all__ = [
     "all_backends",
     "backend_names",
     "backend_table",
-    "backend_titles",
     "check_launcher",
     "deepspeed_config",
     "find_backend",
@@ -76,17 +75,6 @@ def backend_names() -> tuple[str, ...]:
         ('ddp', True)
     """
     return tuple(b.name for b in all_backends())
-
-
-def backend_titles(where: Any = None) -> str:
-    """The backends' names in prose, in order, joined for a sentence (``where(backend)``: only
-    those it keeps).
-
-    :Examples:
-        >>> backend_titles(lambda b: b.shards_parameters)
-        'DeepSpeed ZeRO-3, FSDP2, HSDP (FSDP2, 2-D mesh)'
-    """
-    return ", ".join(b.title for b in all_backends() if where is None or where(b))
 
 
 def backend_table() -> str:
