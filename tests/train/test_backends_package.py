@@ -26,7 +26,7 @@ PACKAGE = SRC / "train" / "backends"
 def test_every_backend_is_found_in_order_with_its_shipped_file():
     from scopebench.train import load_accelerate_file, shipped_accelerate_file
 
-    assert backend_names() == ("ddp", "zero2", "zero3", "fsdp2", "hsdp")
+    assert backend_names() == ("ddp", "zero1", "zero2", "zero3", "fsdp2", "hsdp")
     for backend in all_backends():
         assert load_accelerate_file(shipped_accelerate_file(backend.name)).backend == backend
         assert set(backend.phase_contents) <= {"forward", "bwd", "unscale_clip", "optim_step", "zero_grad_sched"}
@@ -35,7 +35,8 @@ def test_every_backend_is_found_in_order_with_its_shipped_file():
 
 
 def test_an_unknown_backend_is_refused_naming_the_key_and_the_backends():
-    with pytest.raises(ValueError, match=r"backend must be one of 'ddp', 'zero2', 'zero3', 'fsdp2', 'hsdp', got 'x'"):
+    allowed = ", ".join(repr(name) for name in backend_names())
+    with pytest.raises(ValueError, match=rf"backend must be one of {re.escape(allowed)}, got 'x'"):
         get_backend("x")
 
 
