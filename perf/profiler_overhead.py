@@ -28,18 +28,30 @@ What it measures, in one process, one intra-op thread:
    regions, minus an empty loop's), both in the same round, rounds interleaved; per round
    the ratio reported / measured, then its median and spread (min-max) over the rounds. The
    goal: within 2x either way.
-6. With ``--baseline SRC`` (a ``src/`` folder of another version, e.g. extracted with
+6. **Against a minimal timer** (``custom``, thread CPU time). Per iteration with two empty
+   regions, the ``custom`` backend's bookkeeping against a minimal wall-clock timer doing the
+   least any wall-clock profiler must (``perf_counter`` at the iteration's start and end and
+   around each region, the region times stored in a dict), both minus an empty loop, timed by
+   ``time.thread_time()`` (the loop thread's CPU: on a shared machine wall clock is mostly
+   other processes' time slices); loops interleaved in rounds (their order rotating), each
+   timing ``--minimal-iterations`` iterations after 200 untimed ones. ``custom`` with the
+   defaults (host sampler on) and with the sampler off; per round the ratio to the minimal
+   timer, then its median and spread (min-max) over rounds. Goal: at most 8x (issue 47).
+   ``--minimal-timer-only`` runs this item alone.
+7. With ``--baseline SRC`` (a ``src/`` folder of another version, e.g. extracted with
    ``git archive <commit> src | tar -x -C /tmp/base``): items 2-4 for both versions in
    subprocesses, alternating A, B, A, B over ``--rounds``; medians per version, the
    spread over rounds (min-max), and the ratio of medians new / baseline.
 
 Why: the suite is only useful if measuring does not change what is measured. Goals:
-``custom`` bookkeeping at most 12 µs per iteration and within 1 % of the workload,
+``custom`` bookkeeping at most 12 µs per iteration and within 1 % of the workload, and at
+most 8x a minimal timer's in thread CPU time,
 ``null`` within 0.2 %, ``custom`` time after the clock at most 30 µs or accounted for,
 torch per-step overhead on tiny operators at most a third of the former code path's.
 
 Run: ``.venv/bin/python perf/profiler_overhead.py [--rounds 10 --steps 30]
-[--baseline /tmp/base/src]``.
+[--baseline /tmp/base/src]``; item 6 alone:
+``.venv/bin/python perf/profiler_overhead.py --minimal-timer-only --rounds 15``.
 
 Output: human-readable lines, then one JSON object on the last line::
 
@@ -53,6 +65,10 @@ Output: human-readable lines, then one JSON object on the last line::
      "in_run": {"custom"|"torch": {"reported_us": float, "measured_us": float,
                                     "ratio_median": float, "ratio_min": float, "ratio_max": float,
                                     "rounds": [{"reported_us", "measured_us", "ratio"}]}},
+     "minimal_timer": {"iterations": int, "rounds": [{"empty_us", "minimal_us", "custom_us",
+                       "custom_no_sampler_us", "ratio", "ratio_no_sampler"}],
+                       "minimal_us"|"custom_us"|"custom_no_sampler_us"|"ratio"|"ratio_no_sampler":
+                           {"median": float, "min": float, "max": float}},
      "torch_tiny": {"bare_ms": float, "torch_ms": float, "overhead_ms": float,
                     "reported_overhead_ms": float, "phases_ms": {phase: float}},
      "baseline": null | {"src": str, "rounds": int,
@@ -234,6 +250,111 @@ def sampler_cost() -> dict[str, float]:
     return {"bookkeeping_us": off * 1e6, "sampler_thread_pct_of_a_core": share}
 
 
+#: Untimed iterations before item 6's timed ones (the sampler's start, first-seen regions).
+MINIMAL_WARMUP = 200
+
+
+def _thread_clocked_callback(iterations: int, marks: list[float]):
+    """A loop's callback for item 6: :data:`MINIMAL_WARMUP` untimed iterations, then
+    ``iterations`` timed ones, the loop thread's CPU clock read into ``marks`` where they begin
+    and end (the same callback in every loop, so the empty loop takes its cost out)."""
+    count = iter(range(MINIMAL_WARMUP + iterations + 1))
+    first, last = MINIMAL_WARMUP, MINIMAL_WARMUP + iterations
+
+    def callback():
+        k = next(count)
+        if k == first or k == last:
+            marks.append(time.thread_time())
+        return k < last
+
+    return callback
+
+
+def _empty_loop(callback) -> None:
+    while callback():
+        pass
+
+
+def _minimal_timer_loop(callback) -> None:
+    """The least a wall-clock profiler must do per iteration: the clock at the iteration's start
+    and end and around each region, the region times stored in a dict."""
+    clock = time.perf_counter
+    times: dict[str, float] = {}
+    while callback():
+        start = clock()
+        begin = clock()
+        times["first"] = clock() - begin
+        begin = clock()
+        times["second"] = clock() - begin
+        times["total"] = clock() - start
+
+
+def _custom_loop(callback) -> None:
+    _two_empty_regions(create_profiler("custom", "cpu", "minimal_timer"), callback)
+
+
+def _custom_no_sampler_loop(callback) -> None:
+    os.environ["SCOPEBENCH_SAMPLER_PERIOD_SEC"] = "0"
+    try:
+        _custom_loop(callback)
+    finally:
+        del os.environ["SCOPEBENCH_SAMPLER_PERIOD_SEC"]
+
+
+MINIMAL_LOOPS = {
+    "empty": _empty_loop,
+    "minimal": _minimal_timer_loop,
+    "custom": _custom_loop,
+    "custom_no_sampler": _custom_no_sampler_loop,
+}
+
+
+def against_minimal_timer(rounds: int, iterations: int, conditions: RoundConditions) -> dict:
+    """Item 6: per round, each loop's thread CPU time per iteration (µs; the loops' order
+    rotating by round) and the custom backend's bookkeeping over the minimal timer's, both
+    minus the empty loop's; then medians and spreads over rounds."""
+    names = list(MINIMAL_LOOPS)
+    per_round = []
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        row: dict[str, float] = {}
+        with conditions.round():
+            for name in order:
+                marks: list[float] = []
+                MINIMAL_LOOPS[name](_thread_clocked_callback(iterations, marks))
+                row[f"{name}_us"] = (marks[1] - marks[0]) / iterations * 1e6
+        empty = row.pop("empty_us")
+        row = {key: value - empty for key, value in row.items()}
+        row["empty_us"] = empty
+        row["ratio"] = row["custom_us"] / row["minimal_us"]
+        row["ratio_no_sampler"] = row["custom_no_sampler_us"] / row["minimal_us"]
+        per_round.append(row)
+        print(
+            f"minimal timer round {r}: minimal {row['minimal_us']:.3f} us, custom {row['custom_us']:.3f} us "
+            f"(x{row['ratio']:.2f}), sampler off {row['custom_no_sampler_us']:.3f} us "
+            f"(x{row['ratio_no_sampler']:.2f}) {conditions.tag()}",
+            flush=True,
+        )
+    out: dict = {"iterations": iterations, "rounds": per_round}
+    for key in ("minimal_us", "custom_us", "custom_no_sampler_us", "ratio", "ratio_no_sampler"):
+        values = [row[key] for row in per_round]
+        out[key] = {"median": median(values), "min": min(values), "max": max(values)}
+    return out
+
+
+def print_minimal_timer(result: dict) -> None:
+    m = result
+    print(
+        f"custom against a minimal timer (thread CPU per iteration, two empty regions, minus an empty loop; "
+        f"{len(m['rounds'])} rounds x {m['iterations']} iterations; median [min-max]): minimal "
+        f"{m['minimal_us']['median']:.3f} us, custom {m['custom_us']['median']:.3f} us "
+        f"[{m['custom_us']['min']:.3f}-{m['custom_us']['max']:.3f}] = x{m['ratio']['median']:.2f} "
+        f"[{m['ratio']['min']:.2f}-{m['ratio']['max']:.2f}] (goal <= 8); sampler off "
+        f"{m['custom_no_sampler_us']['median']:.3f} us = x{m['ratio_no_sampler']['median']:.2f} "
+        f"[{m['ratio_no_sampler']['min']:.2f}-{m['ratio_no_sampler']['max']:.2f}]"
+    )
+
+
 def after_clock(region, steps: int) -> tuple[list[float], list[float]]:
     """``custom`` after real work: time of ``end_iteration() + get_current_metrics()`` and
     the ``profiler_overhead_sec`` each iteration reports (s)."""
@@ -371,11 +492,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--workload-ms", type=float, default=7.0)
     parser.add_argument("--baseline", type=Path, help="src/ folder of the version to compare with")
+    parser.add_argument("--minimal-iterations", type=int, default=50000, help="timed iterations per loop, item 6")
+    parser.add_argument("--minimal-timer-only", action="store_true", help="run item 6 alone")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.worker:
         print(json.dumps(measure_version(args.steps, args.workload_ms)))
+        return
+    if args.minimal_timer_only:
+        conditions = RoundConditions()
+        result = {"minimal_timer": against_minimal_timer(args.rounds, args.minimal_iterations, conditions)}
+        result["conditions"] = conditions.as_dict()
+        print(conditions.summary_line())
+        print_minimal_timer(result["minimal_timer"])
+        print(json.dumps(result))
         return
     region, _ = make_workload(args.workload_ms)
     samples: dict[str, list[float]] = {m: [] for m in MODES}
@@ -431,6 +562,10 @@ def main() -> None:
             f"(medians over {args.rounds} rounds); ratio reported/measured {row['ratio_median']:.2f} "
             f"[{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]"
         )
+    minimal_conditions = RoundConditions()
+    result["minimal_timer"] = against_minimal_timer(args.rounds, args.minimal_iterations, minimal_conditions)
+    result["minimal_timer"]["conditions"] = minimal_conditions.as_dict()
+    print_minimal_timer(result["minimal_timer"])
     tiny = torch_tiny(args.rounds, max(5, args.steps // 3))
     tiny["phases_ms"] = torch_phases(15)
     result["torch_tiny"] = tiny

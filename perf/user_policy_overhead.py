@@ -7,8 +7,10 @@ the suite's period, so a burst of background load hits both sides alike), in rou
 
 * **A, the suite**: the period of one iteration of the ``PolicyTrainRun`` loop that
   ``scopebench profile-step`` runs (accelerate, the custom profiler's seven regions, the
-  per-step gather of the loss and memory peaks, and the callback that collects
-  ``run.metrics()`` every step, as ``profile-step`` does);
+  loss gather started every step; the profiler's exchange deferred to the loop's end, as
+  ``profile-step`` does); with ``--exchange step`` the loop of ``Pi05Train`` under benchopt
+  instead (the exchange after every iteration, and a callback that collects ``run.metrics()``
+  every step, as benchopt's does);
 * **B, bare**: the loop a user would write for the same step, on the same model object (two
   separately allocated copies of a model differ by a few percent in speed on their own, from
   where their memory lies), with its own AdamW and its own ``DataLoader`` of the same data:
@@ -29,10 +31,16 @@ How to run (a single process, no launcher)::
 
     python perf/user_policy_overhead.py                       # PaliGemma, 2 threads
     python perf/user_policy_overhead.py --policy examples/flow_policy.py:make_policy --policy-arg hidden=256
+    python perf/user_policy_overhead.py --policy examples/flow_policy.py:make_policy --policy-arg hidden=256 \
+        --batch-size 32 --threads 1 --clock thread    # CPU time: on a shared machine
+
+``--clock thread`` times each side by the main thread's CPU time (``time.thread_time``): with one
+thread and no loader workers (the default) that is all of a step's work, and what other processes
+change least (wall clock on a loaded machine is mostly their time slices).
 
 Output: readable lines, then one JSON object on the last line::
 
-    {"policy", "policy_args", "torch_version", "num_threads", "batch_size", "load_average_start",
+    {"policy", "policy_args", "torch_version", "num_threads", "clock", "exchange", "batch_size", "load_average_start",
      "load_average_end", "suite_step_sec": [...], "bare_step_sec": [...], "ratio": float,
      "ratio_per_round": [...], "paired_ratio", "p10_ratio", "control_step_sec": [...], "control_paired_ratio",
      "control_ratio", "control_ratio_per_round": [...],
@@ -54,12 +62,14 @@ from scopebench.policy.run.steps import BatchStream
 from scopebench.policy.run.train import PolicyTrainRun
 from scopebench.policy.settings import TrainSettings
 from scopebench.policy.tools import policy_flags
-from scopebench.policy.user import build_policy, make_policy_loader, policy_loss, to_device
+from scopebench.policy.user import build_policy, make_policy_loader, to_device
 from scopebench.profiler import ProfilerConfig
 from scopebench.stats import median, percentile
 from scopebench.train import build_adamw
 
 GOAL = 1.02
+#: What a step's time is read from (``--clock``).
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 PALIGEMMA = "scopebench.policy.paligemma:make_paligemma_policy"
 
 
@@ -73,7 +83,11 @@ def bare_loop(settings: TrainSettings, model: torch.nn.Module):
     device = torch.device("cpu")
 
     def step() -> None:
-        loss, _ = policy_loss(policy, model, to_device(next(batches), device))
+        # The user's own call, as written by hand: policy_loss's checks watch the policy's own
+        # model object (this loop trains the suite's, so they would never see it called).
+        loss = policy.loss(model, to_device(next(batches), device))
+        if isinstance(loss, tuple):  # (loss, {name: term})
+            loss = loss[0]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
         optimizer.step()
@@ -91,16 +105,38 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=20, help="steps of each side per round")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="what a step's time is: wall clock, or the process's main thread's CPU time (with --threads 1 "
+        "and no loader workers all of the step's work: what other processes on a shared machine change least)",
+    )
+    parser.add_argument(
+        "--exchange",
+        choices=("window", "step"),
+        default="window",
+        help="window: profile-step's loop (the profiler's exchange at the loop's end); step: benchopt's "
+        "(the exchange after every iteration, run.metrics() collected every step)",
+    )
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    clock = CLOCKS[args.clock]
     policy_args = {key.split(".", 1)[1]: value for key, value in policy_flags(None, args.policy_arg)}
     settings = TrainSettings(
         policy=args.policy, policy_args=policy_args, batch_size=args.batch_size, learning_rate=1e-4, device="cpu"
     )
     load_start = os.getloadavg()
+    per_step = args.exchange == "step"
     run = PolicyTrainRun(
-        settings, dataset_root="", chunk_size=8, profiler=ProfilerConfig(mode="custom"), name="user_policy_overhead"
+        settings,
+        dataset_root="",
+        chunk_size=8,
+        profiler=ProfilerConfig(mode="custom"),
+        name="user_policy_overhead",
+        keep_rows=not per_step,
+        defer_exchange=not per_step,  # profile-step's: its rows are read after the loop
     )
     suite, plain, ratios, same, same_ratios = [], [], [], [], []
     with run:
@@ -115,16 +151,16 @@ def main(argv: list[str] | None = None) -> dict:
             control_sec: list[float] = []
 
             def callback() -> bool:
-                ticks.append(time.perf_counter())
-                if len(ticks) > 1:
-                    run.metrics()  # what profile-step's StepCounter does every step
+                ticks.append(clock())
+                if len(ticks) > 1 and per_step:
+                    run.metrics()  # what benchopt's callback collects every step (get_result)
                 if len(ticks) <= args.steps:  # B and C between two A steps; their time is taken out of A's period
                     first, second = (bare, control) if len(ticks) % 2 else (control, bare)
-                    start = time.perf_counter()
+                    start = clock()
                     first()
-                    middle = time.perf_counter()
+                    middle = clock()
                     second()
-                    end = time.perf_counter()
+                    end = clock()
                     b, c = (middle - start, end - middle) if first is bare else (end - middle, middle - start)
                     bare_sec.append(b)
                     control_sec.append(c)
@@ -150,6 +186,8 @@ def main(argv: list[str] | None = None) -> dict:
         "policy_args": policy_args,
         "torch_version": torch.__version__,
         "num_threads": args.threads,
+        "clock": args.clock,
+        "exchange": args.exchange,
         "batch_size": args.batch_size,
         "load_average_start": list(load_start),
         "load_average_end": list(os.getloadavg()),

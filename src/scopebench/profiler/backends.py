@@ -14,6 +14,8 @@ __all__ = ["NullProfiler", "CustomProfiler"]
 _NULL_CONTEXT = nullcontext()
 #: Region names whose ``<region>_time_sec`` would overwrite a whole-iteration column.
 RESERVED_REGIONS = frozenset({"total", "step", "callback", "untracked"})
+#: ``getrusage().ru_maxrss`` to MiB.
+_RSS_TO_MB = MAXRSS_UNIT / MB
 
 
 class NullProfiler(Profiler):
@@ -66,16 +68,29 @@ class CustomProfiler(Profiler):
     region_time_key = "{}_time_sec"
     reports_overhead = True
     region_sync = True
-    #: Iteration whose end last read the process's resource usage, and its fault count.
-    _usage_at: tuple[int, int] = (-2, 0)
 
-    def _start_iteration(self, i: int) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Iteration whose end last read the process's resource usage, its fault count, and the
+        #: fault count the current iteration started from.
+        self._usage_iter = -2
+        self._usage_faults = 0
+        self._faults0 = 0
+        #: Each region's two column names, made once (not two f-strings per region and iteration).
+        self._region_keys: dict[str, tuple[str, str]] = {}
         self._region_mem: dict[str, float] = {}
         self._iter_peak_mb = 0.0
+
+    def _start_iteration(self, i: int) -> None:
+        if self._cuda:
+            self._region_mem = {}
+            self._iter_peak_mb = 0.0
         # One getrusage per iteration: the previous iteration's closing read starts this
         # one (the first system call after heavy compute costs ~15 µs here).
-        last, faults = self._usage_at
-        self._faults0 = faults if last == i - 1 else getrusage(RUSAGE_SELF).ru_minflt
+        if self._usage_iter == i - 1:
+            self._faults0 = self._usage_faults
+        else:
+            self._faults0 = getrusage(RUSAGE_SELF).ru_minflt
 
     def _enter_region(self, name: str) -> Any:
         if name in RESERVED_REGIONS:
@@ -83,33 +98,46 @@ class CustomProfiler(Profiler):
                 f"track_step: region name {name!r} is reserved ({name}_time_sec is a whole-iteration "
                 "column of the custom profiler); rename the region"
             )
-        ops = self.ops
-        if ops.is_cuda:  # the base synchronised (region_sync)
+        if self._cuda:  # the base synchronised (region_sync)
+            ops = self.ops
             # Fold the peak so far into the iteration's before the reset erases it.
             self._iter_peak_mb = max(self._iter_peak_mb, ops.max_memory_mb())
             ops.reset_peak_memory()
         return None
 
     def _exit_region(self, name: str, token: Any) -> None:
-        ops = self.ops
-        if ops.is_cuda:  # the base synchronised (region_sync)
-            peak = ops.max_memory_mb()
+        if self._cuda:  # the base synchronised (region_sync)
+            peak = self.ops.max_memory_mb()
             self._iter_peak_mb = max(self._iter_peak_mb, peak)
             self._region_mem[name] = max(self._region_mem.get(name, 0.0), peak)
 
-    def _iteration_metrics(self, i: int, total_sec: float) -> dict[str, Any]:
+    def _region_hooks_idle(self) -> bool:
+        # Off CUDA this class's hooks only check the name; a subclass's or a replaced hook runs.
+        cls = type(self)
+        return not self._cuda and (cls._enter_region, cls._exit_region) == _CPU_IDLE_HOOKS
+
+    def _add_iteration_metrics(self, i: int, total_sec: float, metrics: dict[str, Any]) -> None:
         usage = getrusage(RUSAGE_SELF)
         wall = self._region_wall
-        metrics: dict[str, Any] = {
-            "callback_time_sec": self._callback_sec,
-            "untracked_time_sec": max(0.0, total_sec - self._callback_sec - sum(wall.values())),
-            "max_gpu_mb": max(self._iter_peak_mb, self.ops.max_memory_mb()) if self.ops.is_cuda else 0.0,
-            "max_rss_mb": usage.ru_maxrss * MAXRSS_UNIT / MB,
-            "minor_faults_count": usage.ru_minflt - self._faults0,
-        }
-        self._usage_at = (i, usage.ru_minflt)
+        callback = self._callback_sec
+        metrics["callback_time_sec"] = callback
+        untracked = total_sec - callback - sum(wall.values())
+        metrics["untracked_time_sec"] = untracked if untracked > 0.0 else 0.0
+        metrics["max_gpu_mb"] = max(self._iter_peak_mb, self.ops.max_memory_mb()) if self._cuda else 0.0
+        metrics["max_rss_mb"] = usage.ru_maxrss * _RSS_TO_MB
+        faults = usage.ru_minflt
+        metrics["minor_faults_count"] = faults - self._faults0
+        self._usage_iter = i
+        self._usage_faults = faults
+        keys = self._region_keys
         region_mem = self._region_mem
         for name, sec in wall.items():
-            metrics[f"{name}_time_sec"] = sec
-            metrics[f"{name}_max_gpu_mb"] = region_mem.get(name, 0.0)
-        return metrics
+            pair = keys.get(name)
+            if pair is None:
+                pair = keys[name] = (f"{name}_time_sec", f"{name}_max_gpu_mb")
+            metrics[pair[0]] = sec
+            metrics[pair[1]] = region_mem.get(name, 0.0)
+
+
+#: The custom backend's own region hooks, which do nothing off CUDA once a name was checked.
+_CPU_IDLE_HOOKS = (CustomProfiler._enter_region, CustomProfiler._exit_region)

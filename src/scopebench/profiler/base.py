@@ -58,6 +58,7 @@ from scopebench.profiler.config import ProfilerConfig
 from scopebench.profiler.device import DeviceOps
 from scopebench.profiler.files import METRICS_FILE, new_run_id, run_name, write_csv
 from scopebench.profiler.memory import cross_rank_memory
+from scopebench.profiler.regions import IdleRegion, Region, clock
 
 __all__ = ["BUFFER_MAX", "EXCHANGE_CHUNK", "Profiler", "reduce_across_ranks"]
 
@@ -101,46 +102,6 @@ def reduce_across_ranks(per_rank: list[dict[str, Any]], time_keys: list[str]) ->
         stem = "rank_skew_pct" if key == "total_time_sec" else key.rsplit("_", 2)[0] + "_rank_skew_pct"
         out[stem] = skew
     return out
-
-
-class _Region:
-    """The context manager :meth:`Profiler.track_step` returns (a plain class: a
-    generator-based ``contextmanager`` costs several microseconds per region)."""
-
-    __slots__ = ("prof", "name", "token", "start")
-
-    def __init__(self, prof: Profiler, name: str) -> None:
-        self.prof = prof
-        self.name = name
-        self.start = None
-
-    def __enter__(self) -> None:
-        prof = self.prof
-        if prof._recording:
-            if prof.region_sync and prof.ops.is_cuda:
-                prof.ops.synchronize()  # the work queued before the region: not the region's, nor the profiler's
-            begin = time.perf_counter()
-            self.token = prof._enter_region(self.name)
-            if prof._memory is not None:
-                prof._memory.enter_region(self.name)
-            self.start = time.perf_counter()
-            prof._inside_sec += self.start - begin
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self.start is not None:
-            prof = self.prof
-            if prof.region_sync and prof.ops.is_cuda:
-                prof.ops.synchronize()  # the region's own queued work: region time, not the profiler's
-            begin = time.perf_counter()
-            prof._exit_region(self.name, self.token)
-            wall = prof._region_wall
-            end = time.perf_counter()
-            wall[self.name] = wall.get(self.name, 0.0) + end - self.start
-            if prof._spans is not None:
-                prof._spans.append((self.name, self.start, end))
-            if prof._memory is not None:  # an OOM (exc): the snapshot, then a named error
-                prof._memory.exit_region(self.name, exc)
-            prof._inside_sec += time.perf_counter() - begin
 
 
 class Profiler:
@@ -196,7 +157,15 @@ class Profiler:
         self._region_wall: dict[str, float] = {}
         self._overhead_sec = 0.0
         self._inside_sec = 0.0
-        self._sampler_cpu_at = 0.0
+        #: Set when the first recorded iteration begins (instance attributes: the hot path reads
+        #: them): whether the device is CUDA, whether regions synchronise on it (``region_sync``
+        #: there), whether the backend's region hooks are idle (:meth:`_region_hooks_idle`),
+        #: whether the host sampler was started (or is off).
+        self._cuda = False
+        self._sync_regions = False
+        self._idle_hooks = False
+        self._sampler_tried = False
+        self._reports_overhead = self.reports_overhead
         #: The host sampler of the window (:mod:`scopebench.profiler.sampler`), ``None`` until
         #: the window begins or when off; the process groups of the ranks on this host.
         self.sampler: Any = None
@@ -207,6 +176,9 @@ class Profiler:
         #: The ledger's clock alignment ``(offset, error, how)`` once it is on (:meth:`_ledger_possible`),
         #: and the recorded iteration's region spans.
         self._ledger: tuple[float, float, str] | None = None
+        #: Each region name's :class:`IdleRegion` where the backend's region hooks are idle (in
+        #: the window: emptied when it ends, a reference cycle otherwise left to the collector).
+        self._fast_regions: dict[str, IdleRegion] = {}
         self._trains = False  # track_communication was called: the ledger also on one rank
         self._spans: list[tuple[str, float, float]] | None = None
         #: Every rank's ledger record of the last recorded iteration (:class:`~scopebench.profiler.ledger.RankRecord`,
@@ -252,11 +224,14 @@ class Profiler:
         self._ensure_begun()
         return self._recording
 
-    def track_step(self, name: str) -> _Region:
+    def track_step(self, name: str) -> Region | IdleRegion:
         """Time (and, per backend, trace) one named region of the current iteration."""
         if not self._begun:
             self._ensure_begun()
-        return _Region(self, name)
+        region = self._fast_regions.get(name)
+        if region is not None and region.start is None:  # not open (a region nested in itself)
+            return region
+        return Region(self, name)
 
     def track_memory(self, model: Any, optimizer: Any = None, engine: Any = None) -> None:
         """What the step trains, for ``profiler_memory`` (called once, after building; a no-op
@@ -269,6 +244,7 @@ class Profiler:
             return Path(self.config.trace_dir or self.output_dir), run_name(self.name, self._run_id, self.rank)
 
         self._memory = MemoryTracking(self.device, model, optimizer, engine, self.ops.cuda_module(), where)
+        self._fast_regions.clear()  # its hooks run around every region
 
     def track_communication(self, model: Any) -> None:
         """What the step trains, for the ledger (called once, after building, before the first
@@ -296,30 +272,40 @@ class Profiler:
         if not self._recording:
             self._current = {}
             return
-        if self.ops.is_cuda:
+        if self._cuda:
             self.ops.synchronize()
-        stop = time.perf_counter()
+        stop = clock()
         if self._ledger is not None:
             from scopebench.profiler.collectives import recorder
 
             recorder.stop()
         # The callback ran just before the clock started (so backends never trace it).
-        total = stop - self._t0 + self._callback_sec
+        callback = self._callback_sec
+        total = stop - self._t0 + callback
         # The one place step time is derived: consumers read it rather than subtract.
-        metrics = {"total_time_sec": total, "step_time_sec": total - self._callback_sec}
-        metrics.update(self._iteration_metrics(i, total))
+        metrics = {"total_time_sec": total, "step_time_sec": total - callback}
+        self._add_iteration_metrics(i, total, metrics)
         record = self._ledger_record(i, stop, metrics) if self._ledger is not None else None
-        if self.sampler is not None:
-            metrics.update(self.sampler.window(self._sample_mark, total))
+        sampler = self.sampler
+        if sampler is not None:
+            sampler.window_into(metrics, self._sample_mark, total)
         if self._memory is not None:
             metrics.update(self._memory.iteration_metrics())
-        if self.reports_overhead:
+        if self._reports_overhead:
             metrics["profiler_inside_sec"] = self._inside_sec
-            if self.sampler is not None:
-                self._sampler_cpu(metrics)
-            metrics["profiler_overhead_sec"] = self._overhead_sec + (time.perf_counter() - stop)
+            if sampler is not None:
+                sampler.thread_cpu_into(metrics)
+            metrics["profiler_overhead_sec"] = self._overhead_sec + (clock() - stop)
         self.recorded += 1
         self.last_local = metrics
+        if record is None and not self.defer_exchange and not self._pending and self._world[1] == 1:
+            # One rank without the ledger, exchanged every iteration (benchopt's loop): nothing
+            # crosses the ranks, the iteration's own row is its reduced row (_exchange_items).
+            self._current = metrics
+            if self.keep_rows:
+                self.rows.append({"iter": i, "rank": self._world[0], **metrics})
+                self.reduced_rows.append(metrics)
+            return
         self._pending.append((i, metrics, record))
         if not self.defer_exchange or len(self._pending) >= BUFFER_MAX or self._exchange_due(i):
             self._exchange()
@@ -354,19 +340,19 @@ class Profiler:
         must do for the scoring or a checkpoint); its time counts in ``callback_time_sec``.
         """
         while True:
-            start = time.perf_counter()
+            start = clock()
             if before_callback is not None:
                 before_callback()
             go = self._should_continue(callback)
-            callback_sec = time.perf_counter() - start
+            called = clock()
             if not go:
                 # every rank stops here together; what the loop left for the exchange crosses
                 # after its last iteration, in no iteration's time (``after_window_sec``)
                 self.loop_ended_at = time.perf_counter()
                 self._exchange(after_window=True)
                 return
-            self._ensure_begun()
-            self._callback_sec = callback_sec
+            self._ensure_begun(called)  # what follows the callback is the profiler's
+            self._callback_sec = called - start
             yield self.iteration
             self.end_iteration()
 
@@ -395,6 +381,7 @@ class Profiler:
             self._exchange(after_window=True)
         if self.sampler is not None:
             self.sampler.stop()
+        self._fast_regions.clear()  # they refer back to the profiler: no cycle outlives the run
         self._finish()
         if self._memory is not None:
             self.files.extend(self._memory.close())
@@ -418,17 +405,22 @@ class Profiler:
         self._world = world()
         return self._world
 
-    def _ensure_begun(self) -> None:
+    def _ensure_begun(self, start: float | None = None) -> None:
+        """Begin the current iteration if it has not (``start``: when the profiler's work before
+        its clock began, the callback's end in :meth:`iterate`; else now)."""
         if self._begun:
             return
         self._begun = True
-        self._recording = self.config.in_window(self.iteration)
+        self._recording = recording = self.config.in_window(self.iteration)
         self._callback_sec = 0.0
-        if self._recording:
-            if self._world is None:
-                self._read_world()
-            if not self._named:
+        if recording:
+            if not self._named:  # the window's first iteration: what stays for the run
                 self._named = True
+                if self._world is None:
+                    self._read_world()
+                self._cuda = self.ops.is_cuda
+                self._sync_regions = self.region_sync and self._cuda
+                self._idle_hooks = self._region_hooks_idle()
                 if self._world[1] > 1:  # every rank names its files after rank 0's run
                     ids = gather_objects((self._run_id, socket.gethostname(), os.getpgrp()))
                     self._run_id = ids[0][0]
@@ -439,32 +431,37 @@ class Profiler:
                     recorder.install()
                     self._ledger = align_clocks() if self._world[1] > 1 else (0.0, 0.0, "shared")
                     recorder.restart_sequences()  # after align_clocks' own collectives
+                start = None  # that set-up is the run's, in no iteration's overhead (as before)
             self._region_wall = {}
             self._inside_sec = 0.0
-            start = time.perf_counter()
-            if self.sampler is None:
+            if start is None:
+                start = clock()
+            if not self._sampler_tried:  # once: off (period 0) stays off without asking again
+                self._sampler_tried = True
                 self._start_sampler()
             self._start_iteration(self.iteration)
             if self._memory is not None:
                 self._memory.start_iteration()
-            ops = self.ops
-            if ops.is_cuda:
+            if self._cuda:
+                ops = self.ops
                 ops.synchronize()
                 ops.reset_peak_memory()
-            if self.sampler is not None:
-                self._sample_mark = self.sampler.mark()
+            sampler = self.sampler
+            if sampler is not None:
+                self._sample_mark = sampler.seq
             if self._ledger is not None:
                 from scopebench.profiler.collectives import recorder
 
                 self._spans = []
                 recorder.start()
-            self._t0 = time.perf_counter()
-            self._overhead_sec = self._t0 - start
+            self._t0 = t0 = clock()
+            self._overhead_sec = t0 - start
         else:
             if self._pending:  # the window is over (every rank is at the same iteration)
                 self._exchange(after_window=True)
             if self.sampler is not None and self.sampler.running:
                 self.sampler.stop()
+            self._fast_regions.clear()
 
     def _ledger_possible(self) -> bool:
         """The ledger runs on CPU under a backend that reports its own cost (``custom``,
@@ -540,14 +537,6 @@ class Profiler:
             # A profiler dropped without finalize() (a loop left early, an error in a caller
             # that does not close it) must not leave its thread sampling for the process's life.
             weakref.finalize(self, self.sampler.stop)
-
-    def _sampler_cpu(self, metrics: dict[str, Any]) -> None:
-        """``profiler_sampler_cpu_sec``: the sampler thread's CPU time since the last recorded
-        iteration (since its start for the first), CPU the run's other threads did not get."""
-        now = self.sampler.cpu_sec()
-        if now is not None:
-            metrics["profiler_sampler_cpu_sec"] = max(now - self._sampler_cpu_at, 0.0)
-            self._sampler_cpu_at = now
 
     def _abandon_iteration(self) -> None:
         """The loop stopped before the body ran: discard the begun iteration."""
@@ -674,12 +663,22 @@ class Profiler:
         """A region of a recorded iteration opens; the return value reaches ``_exit_region``."""
         return None
 
+    def _region_hooks_idle(self) -> bool:
+        """Whether ``_enter_region`` and ``_exit_region`` have nothing to do once a region's name
+        passed them (asked when the first recorded iteration begins): its later occurrences then
+        only keep the clock (:class:`IdleRegion`), without the hooks' calls and their timers."""
+        return False
+
     def _exit_region(self, name: str, token: Any) -> None:
         """A region of a recorded iteration closes."""
 
     def _iteration_metrics(self, i: int, total_sec: float) -> dict[str, Any]:
         """Backend metrics of recorded iteration ``i`` (after its clock stopped)."""
         return {}
+
+    def _add_iteration_metrics(self, i: int, total_sec: float, metrics: dict[str, Any]) -> None:
+        """Add :meth:`_iteration_metrics` to ``metrics`` (a backend may write them in directly)."""
+        metrics.update(self._iteration_metrics(i, total_sec))
 
     def _discard_iteration(self, i: int) -> None:
         """A begun recorded iteration will never run (the loop stopped)."""

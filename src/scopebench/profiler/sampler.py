@@ -246,8 +246,12 @@ class HostSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._gpu: GpuProbe | None = None
-        self._seq = -1
+        #: The latest sample's number (:meth:`mark`).
+        self.seq = -1
         self._cache: tuple[int, dict[str, float], float | None] | None = None
+        #: The sample number and this thread's CPU time at the last :meth:`thread_cpu_into`.
+        self._cpu_read_at: int | None = None
+        self._cpu_sec_at = 0.0
 
     @property
     def running(self) -> bool:
@@ -281,15 +285,16 @@ class HostSampler:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop and join the thread and close NVML (idempotent)."""
+        """Stop and join the thread and close NVML (idempotent). Called from the thread itself (a
+        dropped profiler collected there by the garbage collector): it stops after this call."""
         if self._thread is None:
             return
         self._stop.set()
-        self._thread.join()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
         self._thread = None
         if self._gpu is not None:
             self.reasons.update(self._gpu.reasons)
-            self._gpu.close()
 
     def _run(self) -> None:
         try:
@@ -297,6 +302,8 @@ class HostSampler:
                 self.sample()
         finally:
             self.thread_cpu_sec = time.thread_time()  # this thread's own CPU time, read inside it
+            if self._gpu is not None:  # sampling is over (also when stop() was called from here)
+                self._gpu.close()
 
     def sample(self) -> None:
         """Take one reading now (the thread calls it every period)."""
@@ -310,39 +317,64 @@ class HostSampler:
                 own = self._own.read(rescan=True)
         gpu = self._gpu.read() if self._gpu is not None and self._gpu.available else {}
         with self._lock:
-            self._seq += 1
-            self._samples.append((self._seq, time.perf_counter(), cpu, own, gpu))
+            self.seq += 1
+            self._samples.append((self.seq, time.perf_counter(), cpu, own, gpu))
             self.samples_taken += 1
 
     def mark(self) -> int:
         """The latest sample's number: pass it to :meth:`window` at the iteration's end."""
-        return self._seq
+        return self.seq
 
     def window(self, mark: int, wall_sec: float) -> dict[str, float]:
         """Columns of the iteration that began at sample ``mark`` and lasted ``wall_sec``.
 
         An iteration without a sample of its own reuses the last full interval, computed
-        once (the profiler's bookkeeping per iteration stays a dict copy).
+        once (the profiler's bookkeeping per iteration stays a dict update).
         """
-        latest = self._seq
-        if latest != mark or self._cache is None or self._cache[0] != latest:
-            first = mark if latest > mark else latest - 1
-            with self._lock:
-                by_seq = {s[0]: s for s in self._samples}
-                cpu_first = _enough_ticks(by_seq, first, latest)
-                # Keep what the next window may need: its mark (>= latest), the one before, and
-                # the samples back to enough CPU ticks before them (never more than before now).
-                keep = min(cpu_first, min(mark, latest) - 1)
-                self._samples = [s for s in self._samples if s[0] >= keep]
-            rates, power = self._interval(by_seq, first, latest, cpu_first)
-            if latest == mark:
-                self._cache = (latest, rates, power)
-        else:
-            _, rates, power = self._cache
-        out = dict(rates)
-        if power is not None:
-            out["gpu_energy_j"] = power * wall_sec
+        out: dict[str, float] = {}
+        self.window_into(out, mark, wall_sec)
         return out
+
+    def window_into(self, out: dict[str, Any], mark: int, wall_sec: float) -> None:
+        """:meth:`window`, written into ``out`` (the iteration's metrics: no copy)."""
+        latest = self.seq
+        cache = self._cache
+        if latest != mark or cache is None or cache[0] != latest:
+            cache = self._window_rates(mark, latest)
+        out.update(cache[1])
+        if cache[2] is not None:
+            out["gpu_energy_j"] = cache[2] * wall_sec
+
+    def thread_cpu_into(self, out: dict[str, Any]) -> None:
+        """``profiler_sampler_cpu_sec`` into ``out``: this thread's CPU time since the previous
+        call (since the thread's start for the first). Its clock (a system call) is read only when
+        a sample was taken since: between samples the thread waits, and what it spends after a
+        sample counts at the next reading. Absent where the clock cannot be read."""
+        latest = self.seq
+        if latest == self._cpu_read_at:
+            out["profiler_sampler_cpu_sec"] = 0.0
+            return
+        now = self.cpu_sec()
+        if now is not None:
+            self._cpu_read_at = latest
+            out["profiler_sampler_cpu_sec"] = max(now - self._cpu_sec_at, 0.0)
+            self._cpu_sec_at = now
+
+    def _window_rates(self, mark: int, latest: int) -> tuple[int, dict[str, float], float | None]:
+        """The rates of :meth:`window` from sample ``mark`` to ``latest``, and the mean power;
+        kept for the next iterations when no sample was taken since ``mark``."""
+        first = mark if latest > mark else latest - 1
+        with self._lock:
+            by_seq = {s[0]: s for s in self._samples}
+            cpu_first = _enough_ticks(by_seq, first, latest)
+            # Keep what the next window may need: its mark (>= latest), the one before, and
+            # the samples back to enough CPU ticks before them (never more than before now).
+            keep = min(cpu_first, min(mark, latest) - 1)
+            self._samples = [s for s in self._samples if s[0] >= keep]
+        rates, power = self._interval(by_seq, first, latest, cpu_first)
+        if latest == mark:
+            self._cache = (latest, rates, power)
+        return latest, rates, power
 
     def _interval(
         self, by_seq: dict[int, tuple], first: int, latest: int, cpu_first: int

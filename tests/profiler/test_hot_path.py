@@ -1,0 +1,163 @@
+"""The custom backend's per-iteration path (issue 47): what it skips, and that nothing changes.
+
+Its cost is measured by ``perf/profiler_overhead.py`` (item 6, against a minimal timer); these
+tests hold what the cheaper path must keep: a region nested in itself, the profiler freed when
+its run ends, the sampler's clock read only after a new sample, the sampler's period read once.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import weakref
+
+from scopebench.profiler import create_profiler
+from scopebench.profiler import sampler as sampler_module
+from scopebench.profiler.backends import CustomProfiler
+from scopebench.profiler.sampler import HostSampler
+
+HOUR = 3600.0  # a period the thread never reaches: the test takes every sample itself
+
+
+def _spin(sec: float) -> None:
+    end = time.perf_counter() + sec
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_region_nested_in_itself_counts_both_in_every_iteration():
+    """After its first iteration a region's object is reused; the inner one of the same name
+    gets its own, so the outer keeps its start and both are counted, as in the first."""
+    prof = create_profiler("custom", "cpu", "nested")
+    prof.keep_rows = True
+
+    def body(p):
+        with p.track_step("a"):
+            _spin(0.002)
+            with p.track_step("a"):
+                _spin(0.002)
+
+    calls = iter(range(5))
+    for _ in prof.iterate(lambda: next(calls) < 4):
+        body(prof)
+    prof.finalize()
+    assert len(prof.rows) == 4
+    for row in prof.rows:
+        assert row["a_time_sec"] >= 0.006, row  # outer (4 ms) + inner (2 ms), both counted
+        assert row["a_time_sec"] <= row["step_time_sec"] * 2, row
+
+
+def test_the_custom_backend_skips_its_idle_hooks_on_cpu_and_runs_a_replaced_one(monkeypatch):
+    prof = create_profiler("custom", "cpu", "idle")
+    with prof.track_step("a"):
+        pass
+    assert prof._idle_hooks
+    prof.end_iteration()
+    assert type(prof.track_step("a")).__name__ == "IdleRegion"
+    prof.finalize()
+    monkeypatch.setattr(CustomProfiler, "_exit_region", lambda self, name, token: None)
+    prof = create_profiler("custom", "cpu", "replaced")
+    with prof.track_step("a"):
+        pass
+    prof.end_iteration()
+    assert not prof._idle_hooks and type(prof.track_step("a")).__name__ == "Region"
+    prof.finalize()
+
+
+def test_a_finalized_profiler_is_freed_without_the_garbage_collector():
+    """Its reused regions refer back to it: the run's end drops them, so no cycle is left for the
+    collector to free later, in whichever thread it happens to run (the sampler's, once)."""
+    gc.disable()
+    try:
+        prof = create_profiler("custom", "cpu", "freed")
+        for _ in range(3):
+            with prof.track_step("a"):
+                pass
+            prof.end_iteration()
+        prof.finalize()
+        ref = weakref.ref(prof)
+        del prof
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
+def test_the_sampler_stopped_from_its_own_thread_ends_without_an_error():
+    """A dropped profiler collected in the sampler's thread stops the sampler from there."""
+    sampler = HostSampler("cpu", period_sec=0.01)
+    errors: list[BaseException] = []
+    sampler.start()
+    thread = sampler._thread
+    take = sampler.sample
+
+    def sample_then_stop():
+        take()
+        try:
+            sampler.stop()
+        except BaseException as exc:  # noqa: BLE001 -- the test reports it below
+            errors.append(exc)
+            raise
+
+    sampler.sample = sample_then_stop
+    thread.join(timeout=60)
+    assert not thread.is_alive() and errors == [] and not sampler.running
+    assert sampler.thread_cpu_sec is not None
+
+
+def test_the_sampler_thread_clock_is_read_only_after_a_new_sample(monkeypatch):
+    sampler = HostSampler("cpu", period_sec=HOUR)
+    sampler.start()
+    reads = []
+    clock = sampler.cpu_sec
+    monkeypatch.setattr(sampler, "cpu_sec", lambda: reads.append(1) or clock())
+    try:
+        seen = []
+        for _ in range(4):
+            out: dict = {}
+            sampler.thread_cpu_into(out)
+            seen.append(out["profiler_sampler_cpu_sec"])
+        assert len(reads) == 1 and seen[1:] == [0.0, 0.0, 0.0], (reads, seen)
+        sampler.sample()  # a new sample: the next iteration reads the clock again
+        out = {}
+        sampler.thread_cpu_into(out)
+        assert len(reads) == 2 and out["profiler_sampler_cpu_sec"] >= 0.0
+    finally:
+        sampler.stop()
+
+
+def test_with_the_sampler_off_its_period_is_read_once_per_run(monkeypatch):
+    monkeypatch.setenv("SCOPEBENCH_SAMPLER_PERIOD_SEC", "0")
+    asked = []
+    period = sampler_module.sampler_period
+    monkeypatch.setattr(sampler_module, "sampler_period", lambda *a: asked.append(1) or period(*a))
+    prof = create_profiler("custom", "cpu", "off")
+    asked.clear()  # building the profiler validates the variable
+    for _ in range(5):
+        with prof.track_step("a"):
+            pass
+        prof.end_iteration()
+    prof.finalize()
+    assert prof.sampler is None and len(asked) == 1
+    assert "profiler_sampler_cpu_sec" not in prof.last_local
+
+
+def test_the_one_rank_path_keeps_every_row_and_column(tmp_path):
+    """One rank without the ledger skips the exchange's machinery: the rows, the reduced rows
+    and what get_current_metrics shows are what the exchange made of them."""
+    prof = create_profiler("custom", "cpu", "rows", save_file=True, output_dir=tmp_path)
+    shown = []
+    calls = iter(range(5))
+
+    def callback():
+        shown.append(prof.get_current_metrics())
+        return next(calls) < 4
+
+    for _ in prof.iterate(callback):
+        with prof.track_step("a"):
+            pass
+    prof.finalize()
+    assert [row["iter"] for row in prof.rows] == [0, 1, 2, 3] and {row["rank"] for row in prof.rows} == {0}
+    assert [dict(row, iter=None, rank=None) for row in prof.rows] == [
+        dict(m, iter=None, rank=None) for m in prof.reduced_rows
+    ]
+    assert shown[1:] == prof.reduced_rows
