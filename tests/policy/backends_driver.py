@@ -1,7 +1,8 @@
-"""Run by ``tests/policy/test_backends.py`` under ``torchrun --nproc-per-node 2``: every backend
-trains the tiny policy 10 steps saving at step 5 (logging every step's loss), then a second run
+"""Run by ``tests/policy/test_backends.py`` under ``torchrun --nproc-per-node 2``: every backend of
+the registry, one after another in this process (what one leaves behind, the next meets), trains the tiny policy 10 steps saving at step 5 (logging every step's loss), then a second run
 resumes from step 5 to 10, and 5 more steps in bf16 give the bf16 losses;
-ZeRO-3 and FSDP2 runs also record the live model's validation loss, runs with gradient
+runs of a backend that does not save whole weights (ZeRO, FSDP2) also record the live model's
+validation loss, runs with gradient
 accumulation their step counters, and FSDP2 runs its shard sizes, its gradient norm against
 DDP's and its loss with gradient checkpointing; the accumulation runs warm the learning rate up
 (the schedule steps once per optimizer step on every backend). Each rank writes what it saw
@@ -25,9 +26,14 @@ from scopebench.policy.run.train import PolicyTrainRun
 from scopebench.policy.run.trainer import train_policy
 from scopebench.policy.settings import load_run_config
 from scopebench.policy.tools import StepCounter
+from scopebench.train.backends import backend_names
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "policy" / "tiny.yml"
-BACKENDS = ("ddp", "zero2", "zero3", "fsdp2", "hsdp")
+BACKENDS = backend_names()
+#: Backends whose checkpoint is converted and compared with the live model's loss.
+LIVE = ("zero1", "zero3", "fsdp2")
+#: Backends trained with two micro-batches per step against DDP's update.
+ACCUMULATED = ("ddp", "zero1", "zero2", "fsdp2")
 
 
 def main(out: str, cache: str) -> None:
@@ -58,7 +64,7 @@ def main(out: str, cache: str) -> None:
         overrides += [("dataset.cache_dir", cache), ("training.output_dir", f"{out}/bf16/{backend}")]
         overrides += [("training.steps", 5), ("training.save_freq", 5), ("training.log_freq", 1)]
         facts["bf16"][backend] = train_policy(load_run_config(TINY, overrides))["log"]
-    for backend in ("zero3", "fsdp2"):
+    for backend in LIVE:
         config = load_run_config(TINY, [("backend", backend), ("dataset.cache_dir", cache)])
         run = PolicyTrainRun(
             config.train,
@@ -90,7 +96,7 @@ def main(out: str, cache: str) -> None:
                 seen["local_elements"] = sum(p.to_local().numel() for p in model.parameters())
                 seen["elements"] = sum(p.numel() for p in model.parameters())
         facts["clip"][f"{backend}{'_checkpointing' if checkpointing else ''}"] = seen
-    for backend in ("ddp", "zero2", "fsdp2"):  # two micro-batches per step, the same update either way
+    for backend in ACCUMULATED:  # two micro-batches per step, the same update either way
         overrides = [("backend", backend), ("gradient_accumulation_steps", 2), ("find_unused_params", False)]
         warmup = [("warmup_steps", 4)]  # the learning rate after 2 steps: 3/5 of its setting on every backend
         config = load_run_config(TINY, [*overrides, *warmup, ("dataset.cache_dir", cache)])

@@ -47,7 +47,7 @@ def _run(config, **kwargs):
 
 def test_the_shipped_file_selects_fsdp2_with_its_knobs():
     file = load_accelerate_file(shipped_accelerate_file("fsdp2"))
-    assert file.backend == "fsdp2" and file.zero == {}
+    assert file.backend.name == "fsdp2" and file.zero == {}
     # units None: the policy's shard_modules (pi05: DEFAULT_UNITS, see test_one_rank_shards_into_dtensors_and_leaves_no_group)
     assert file.fsdp == FSDPSettings(units=None, reshard_after_forward=True, offload_params=False)
     assert file.activation_checkpointing is False

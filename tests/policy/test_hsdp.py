@@ -39,7 +39,7 @@ def hsdp_file(tmp_path: Path, replicate, shard) -> Path:
 
 def test_the_shipped_file_selects_hsdp_with_its_mesh_from_the_layout():
     file = load_accelerate_file(shipped_accelerate_file("hsdp"))
-    assert file.backend == "hsdp" and file.fsdp is not None
+    assert file.backend.name == "hsdp" and file.fsdp is not None
     assert file.mesh == {REPLICATE: "auto", SHARD: "auto"}
     backend = get_backend("hsdp")
     assert backend.shard_degree(file, 8, nodes=2) == 4  # sharded within a node, replicated across the 2

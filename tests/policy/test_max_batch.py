@@ -58,6 +58,19 @@ def test_a_preset_whose_states_exceed_the_budget_is_refused_before_it_is_built(c
     assert "more than --memory-gb 0.5: no batch fits" in err[0]
 
 
+def test_find_max_batch_checks_the_states_as_zero1_holds_them(capsys, robot_data, monkeypatch):
+    """ZeRO-1, a backend added as one module, is in ``find-max-batch``: the states check before any
+    trial counts its optimizer state over the ranks."""
+    import scopebench.policy.max_batch as max_batch
+
+    monkeypatch.setattr(max_batch, "run_steps", lambda *a, **k: pytest.fail("a trial was built"))
+    args = ["find-max-batch", "--config", TINY, "--preset=small", "--backend", "zero1", "--nproc-per-node", "2"]
+    assert main([*args, "--memory-gb", "0.5", f"--dataset.cache_dir={robot_data[0].cache_dir}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("scopebench find-max-batch: preset='small' needs "), err
+    assert "bytes: fp32 weights, gradients and AdamW state (zero1 over 2 rank(s))" in err[0]
+
+
 class Cuda:
     """``torch.cuda`` as a trial uses it: the cache emptied after each trial, the device's memory."""
 

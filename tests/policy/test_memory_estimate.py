@@ -13,7 +13,7 @@ import torch
 from scopebench.cli import main
 from scopebench.policy.config import make_config
 from scopebench.policy.memory import full_batch, largest_batch, training_memory
-from scopebench.train.backends import model_state_bytes
+from scopebench.train.backends import backend_names, model_state_bytes
 from scopebench.train.memory import GB
 
 from .conftest import TINY
@@ -96,9 +96,41 @@ def test_model_states_follow_each_backends_sharding():
     assert model_state_bytes(n, backend="fsdp2", world_size=4)["optimizer_state"] == 2e6
 
 
+def test_zero1_shards_the_optimizer_state_alone():
+    """ZeRO-1: weights and gradients whole on every rank (2 bytes each under bf16, DeepSpeed's
+    bf16 mode), the optimizer state (master copy and AdamW's moments) over the ranks."""
+    n = 1_000_000
+    assert model_state_bytes(n, backend="zero1", world_size=4) == {
+        "parameters": 4e6,
+        "gradients": 4e6,
+        "optimizer_state": 3e6,
+    }
+    assert model_state_bytes(n, backend="zero1", world_size=4, precision="bf16") == {
+        "parameters": 2e6,
+        "gradients": 2e6,
+        "optimizer_state": 3e6,
+    }
+
+
+@pytest.mark.parametrize("backend", backend_names())
+def test_estimate_memory_takes_every_backend_of_the_registry(tmp_path, capsys, backend):
+    """A backend added as one module is in ``estimate-memory``: its model states as it holds them,
+    its buffers, the peak."""
+    from scopebench.train.backends import get_backend
+
+    out = tmp_path / "estimate.json"
+    args = ["--backend", backend, "--nproc-per-node", "2", "--batch-size", "4", "--json", str(out)]
+    assert main(["estimate-memory", "--config", TINY, *args]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["backend"] == backend and f"backend={backend} ranks=2" in capsys.readouterr().out
+    states = get_backend(backend).model_state_bytes(payload["num_params"], world_size=2)
+    assert {key: payload["bytes"][key] for key in states} == states
+    assert payload["bytes"]["peak"] > sum(states.values())
+
+
 def test_a_batch_that_cannot_fit_is_refused_naming_batch_size(monkeypatch):
     import scopebench.train.memory as memory
-    from scopebench.policy.run.train import training_memory_check
+    from scopebench.policy.run.checks import training_memory_check
     from scopebench.policy.settings import TrainSettings
 
     config = make_config("tiny")

@@ -24,7 +24,7 @@ from scopebench.train.backends import model_state_bytes
 from .memory_driver import measure
 
 DRIVER = Path(__file__).with_name("memory_driver.py")
-BACKENDS = ("ddp", "zero2", "zero3", "fsdp2")
+BACKENDS = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
 BATCHES = (2, 4, 6, 8)
 
 
@@ -65,7 +65,8 @@ def _analytic(facts: dict, backend: str) -> dict[str, float]:
     return model_state_bytes(facts["num_params"], backend=backend, world_size=facts["world_size"])
 
 
-def _check_states(facts: dict, backend: str, keys=("parameters", "optimizer_state", "gradients")) -> None:
+def _check_states(facts: dict, backend: str, keys=None) -> None:
+    keys = keys or ("parameters", "optimizer_state", "gradients")
     local, want = facts["local"], _analytic(facts, backend)
     # Parameters and optimizer state live the whole step; every gradient exists once the backward
     # ended (``unscale_clip``; ZeRO-3's step adds a flat fp32 copy), except under ZeRO-2, which
@@ -108,7 +109,9 @@ def test_two_ranks_categories_add_up_and_match_the_analytic_sizes(two_ranks, bac
         facts = rank_facts[f"{backend}/4"]
         assert facts["world_size"] == 2
         _check_categories(facts)
-        _check_states(facts, backend)
+        # ZeRO-1 holds every gradient only at the backward's end, before it reduces them to their
+        # owner (no region's peak samples that moment); afterwards it keeps its partition alone.
+        _check_states(facts, backend, ("parameters", "optimizer_state") if backend == "zero1" else None)
 
 
 @pytest.mark.slow
@@ -129,7 +132,9 @@ def test_two_ranks_activations_grow_linearly_with_the_batch(two_ranks):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("backend", "tolerance"), [("ddp", 0.10), ("fsdp2", 0.10), ("zero2", 0.15), ("zero3", 0.15)])
+@pytest.mark.parametrize(
+    ("backend", "tolerance"), [("ddp", 0.10), ("fsdp2", 0.10), ("zero1", 0.15), ("zero2", 0.15), ("zero3", 0.15)]
+)
 def test_the_estimate_is_within_its_tolerance_of_the_measured_peak(two_ranks, backend, tolerance):
     for rank_facts in two_ranks:
         facts = rank_facts[f"{backend}/4"]

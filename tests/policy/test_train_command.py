@@ -205,7 +205,7 @@ def test_sigterm_waits_while_rank_0_names_the_failed_rank(data_args, tmp_path, m
     import scopebench.policy.run.trainer as trainer
     from scopebench.distributed import DistSession, RankFailure
 
-    def fail_during_the_report(config, resume_from=None):
+    def fail_during_the_report(config, resume_from=None, accelerate_file=None):
         session = DistSession()
         session.start()
         session.close(failed=True)  # the diagnosis has begun
@@ -219,7 +219,7 @@ def test_sigterm_waits_while_rank_0_names_the_failed_rank(data_args, tmp_path, m
     assert code == 1 and "the run failed:\nrank 1 died after iteration 3" in err, err
     assert signal.getsignal(signal.SIGTERM) is before
 
-    def stopped_mid_step(config, resume_from=None):
+    def stopped_mid_step(config, resume_from=None, accelerate_file=None):
         DistSession().start()  # a new session: no failure being reported
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_each_shipped_file_selects_its_backend_and_configs_links_to_them(backend):
     path = shipped_accelerate_file(backend)
     file = load_accelerate_file(path)
-    assert file.backend == backend and file.num_processes == 2 and file.precision == "bf16"
+    assert file.backend.name == backend and file.num_processes == 2 and file.precision == "bf16"
     assert (REPO / "configs" / "accelerate" / path.name).resolve() == path.resolve()
     if backend in ("ddp", "fsdp2", "hsdp"):
         assert file.zero == {} and file.zero_stage is None
@@ -54,7 +54,10 @@ def test_canary_accelerate_reads_the_shipped_files(backend):
     [
         ("distributed_type: XLA\n", r"distributed_type in .*bad.yaml must be one of"),
         ("distributed_type: FSDP\n", r"fsdp_config.fsdp_version in .*bad.yaml must be one of 2, got 1"),
-        ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 1\n", r"zero_stage in .*must be one of 2, 3"),
+        (
+            "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 4\n",
+            r"zero_stage in .*must be one of 1, 2, 3, got 4",
+        ),
         ("num_processes: 0\n", r"num_processes in .*must be an integer >= 1, got 0"),
         ("mixed_precision: fp8\n", r"mixed_precision in .* must be one of"),
         ("- a\n- b\n", r"must hold a mapping"),

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
 
 from scopebench.distributed import get_dist_info
 from scopebench.train import AcceleratorSettings, build_accelerator, release_accelerator
+from scopebench.train.backends import backend_names
 
 
 def test_single_process_accelerator_is_one_cpu_process_and_leaves_the_environment_alone(monkeypatch):
@@ -40,10 +42,14 @@ def test_bf16_precision_autocasts_on_cpu():
         release_accelerator()
 
 
+#: The backends the settings allow, as the refusal lists them (the registry's, in order).
+_ALLOWED = ", ".join(repr(name) for name in backend_names())
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"backend": "deepspeed"}, r"backend must be one of 'ddp', 'zero2', 'zero3', 'fsdp2', 'hsdp', got 'deepspeed'"),
+        ({"backend": "deepspeed"}, rf"backend must be one of {re.escape(_ALLOWED)}, got 'deepspeed'"),
         ({"precision": "fp16"}, r"precision must be one of 'fp32', 'bf16', got 'fp16'"),
         ({"find_unused_params": "yes"}, r"find_unused_params must be true or false, got 'yes'"),
         ({"timeout_sec": 0}, r"group_timeout_sec must be a finite number > 0, got 0"),

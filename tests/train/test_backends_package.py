@@ -26,16 +26,17 @@ PACKAGE = SRC / "train" / "backends"
 def test_every_backend_is_found_in_order_with_its_shipped_file():
     from scopebench.train import load_accelerate_file, shipped_accelerate_file
 
-    assert backend_names() == ("ddp", "zero2", "zero3", "fsdp2", "hsdp")
+    assert backend_names() == ("ddp", "zero1", "zero2", "zero3", "fsdp2", "hsdp")
     for backend in all_backends():
-        assert load_accelerate_file(shipped_accelerate_file(backend.name)).backend == backend.name
+        assert load_accelerate_file(shipped_accelerate_file(backend.name)).backend == backend
         assert set(backend.phase_contents) <= {"forward", "bwd", "unscale_clip", "optim_step", "zero_grad_sched"}
         assert all(find_backend(other) for other in backend.compared_with)
     assert find_backend("nccl") is None
 
 
 def test_an_unknown_backend_is_refused_naming_the_key_and_the_backends():
-    with pytest.raises(ValueError, match=r"backend must be one of 'ddp', 'zero2', 'zero3', 'fsdp2', 'hsdp', got 'x'"):
+    allowed = ", ".join(repr(name) for name in backend_names())
+    with pytest.raises(ValueError, match=rf"backend must be one of {re.escape(allowed)}, got 'x'"):
         get_backend("x")
 
 
@@ -131,3 +132,70 @@ def test_a_module_without_its_backend_is_refused_by_name(tmp_path, monkeypatch):
         all_backends.cache_clear()
         sys.modules.pop("scopebench.train.backends.seventh", None)
         importlib.invalidate_caches()
+
+
+RECORDING = '''
+"""A backend that steps its own way, for the design test: DDP's hooks, each call recorded."""
+from scopebench.train.backends.base import TrainingBackend
+
+CALLS = []
+
+
+class Recording(TrainingBackend):
+    def selects(self, distributed_type, raw):
+        return raw.get("recording") is True
+
+    def micro_batch(self, step, last):
+        CALLS.append(("micro_batch", last))
+        return super().micro_batch(step, last)
+
+    def backward(self, step, loss, last):
+        CALLS.append(("backward", last))
+        super().backward(step, loss, last)
+
+    def clip(self, step):
+        CALLS.append(("clip",))
+        return super().clip(step)
+
+    def optimizer_step(self, step):
+        CALLS.append(("optimizer_step",))
+        super().optimizer_step(step)
+
+    def zero_grad(self, step):
+        CALLS.append(("zero_grad",))
+        super().zero_grad(step)
+
+
+BACKEND = Recording(name="recording", title="Recording", order=-1, accelerate_file="ddp.yaml", phase_contents={})
+'''
+
+
+def test_a_backend_that_steps_its_own_way_is_one_module(tmp_path, monkeypatch):
+    """The training step calls the backend's hooks, never asks which backend it is: a backend
+    whose backward, clipping, optimizer step or zero_grad differ writes them in its module, and
+    the run (its checks, accelerator, step) takes it with nothing else changed."""
+    from scopebench.policy.run.train import PolicyTrainRun
+    from scopebench.policy.settings import TrainSettings
+    from scopebench.policy.tools import StepCounter
+
+    folder = tmp_path / "more"
+    folder.mkdir()
+    (folder / "recording.py").write_text(RECORDING)
+    monkeypatch.setattr(backends, "__path__", [*backends.__path__, str(folder)])
+    all_backends.cache_clear()
+    try:
+        file = tmp_path / "recording.yaml"
+        file.write_text((SRC / "train" / "accelerate_configs" / "ddp.yaml").read_text() + "recording: true\n")
+        example = f"{SRC.parents[1]}/examples/flow_policy.py:make_policy"
+        settings = TrainSettings(
+            policy=example, backend="recording", accelerate_config=str(file), gradient_accumulation_steps=2
+        )
+        with PolicyTrainRun(settings, dataset_root="", chunk_size=8) as run:
+            run.loop(StepCounter(2))
+            assert run.backend.name == "recording" and run.work.steps == 2
+        calls = sys.modules["scopebench.train.backends.recording"].CALLS
+        step = [("micro_batch", False), ("backward", False), ("micro_batch", True), ("backward", True)]
+        assert calls == [*step, ("clip",), ("optimizer_step",), ("zero_grad",)] * 2
+    finally:
+        all_backends.cache_clear()
+        sys.modules.pop("scopebench.train.backends.recording", None)

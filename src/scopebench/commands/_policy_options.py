@@ -1,8 +1,10 @@
-"""Command-line options shared by the policy tools (stdlib only: ``scopebench --help`` stays fast)."""
+"""Command-line options shared by the policy tools (light imports only: ``scopebench --help`` stays fast;
+the training backends' registry imports no torch)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 OVERRIDES_HELP = (
     "Any setting of the config can be overridden: --batch_size=12, --policy.num_steps=5, "
@@ -27,6 +29,52 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.set_defaults(overrides=[])
     parser.epilog = OVERRIDES_HELP
+
+
+def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--backend`` and ``--accelerate-config``: the training backend, by name or by the accelerate
+    file that selects it (:func:`backend_flags` reads them); both listed from the registry
+    (:mod:`scopebench.train.backends`), so a new backend is in every ``--help``."""
+    from scopebench.train.backends import all_backends
+
+    backends = all_backends()
+    parser.add_argument(
+        "--backend", default=None, metavar="NAME",
+        help=f"the training backend: {', '.join(b.name for b in backends)} (default: the --accelerate-config "
+        "file's, else the config's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--accelerate-config", "--accelerate_config", dest="accelerate_config", default=None, metavar="FILE",
+        help="accelerate config file, which selects the backend (configs/accelerate/: "
+        f"{', '.join(b.accelerate_file for b in backends)})",
+    )  # fmt: skip
+
+
+def backend_flags(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """``--backend`` and ``--accelerate-config`` as settings (``backend``, ``accelerate_config``:
+    the ``flags`` of :func:`scopebench.policy.tools.load_config`) and the accelerate file read
+    (once), or None without ``--accelerate-config``.
+
+    Raises:
+        ValueError: an unknown ``--backend``; a ``--backend`` that the ``--accelerate-config``
+            file does not select, in one line naming both (the file would otherwise win silently).
+    """
+    from pathlib import Path
+
+    from scopebench.train.accelerate_file import load_accelerate_file
+    from scopebench.train.backends import get_backend
+
+    backend = None if args.backend is None else get_backend(args.backend, "--backend")
+    if not args.accelerate_config:
+        return {"backend": None if backend is None else backend.name}, None
+    file = load_accelerate_file(args.accelerate_config)
+    if backend is not None and backend != file.backend:
+        raise ValueError(
+            f"--backend {backend.name} and --accelerate-config {args.accelerate_config} disagree: the file selects "
+            f"backend {file.backend.name}; drop one, or pass {backend.name}'s file "
+            f"(configs/accelerate/{backend.accelerate_file})"
+        )
+    return {"backend": file.backend.name, "accelerate_config": str(Path(file.path).resolve())}, file
 
 
 def add_control_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,11 +1,13 @@
-"""Consolidate a ZeRO, FSDP2 or HSDP checkpoint's shards into one ``model.safetensors`` (upstream ``convert_checkpoint.sh``).
+"""Consolidate a sharded checkpoint into one ``model.safetensors`` (upstream ``convert_checkpoint.sh``).
 
-What it does: reads the ``pytorch_model/`` shards and ``latest`` of a checkpoint written by
-``scopebench train`` under ZeRO-2 or ZeRO-3 (DeepSpeed's ``zero_to_fp32``: the fp32 master
-weights of every rank's partition, put back together on one process, no GPU needed), or the
-``fsdp_model/`` shards of an FSDP2 or HSDP checkpoint (torch.distributed.checkpoint, read without a
-process group, its ``.metadata`` unpickled from DCP's own classes only), and writes ``model.safetensors`` into the checkpoint folder, atomically, listing it in its ``manifest.json``. A DDP checkpoint
-already holds it (nothing to do). The file loads with
+What it does: reads the shards of a checkpoint written by ``scopebench train`` under a backend
+that does not save whole weights (``scopebench convert-checkpoint --help`` lists them; each
+backend consolidates its own): DeepSpeed's ``pytorch_model/`` shards and ``latest`` (its
+``zero_to_fp32``: the fp32 master weights of every rank's partition, put back together on one
+process, no GPU needed), or the ``fsdp_model/`` shards of torch's ``fully_shard``
+(torch.distributed.checkpoint, read without a process group, its ``.metadata`` unpickled from
+DCP's own classes only), and writes ``model.safetensors`` into the checkpoint folder, atomically,
+listing it in its ``manifest.json``. A checkpoint that holds it already needs nothing (DDP's). The file loads with
 ``scopebench.policy.checkpoint.load_policy(<checkpoint>)`` (``make_policy`` on the saved
 ``policy_config.json``, then the weights). Why: use the weights for inference or
 evaluation without the ranks and backend that trained them.
@@ -36,7 +38,7 @@ import argparse
 
 from scopebench.commands._common import refuses
 
-HELP = "consolidate ZeRO, FSDP2 or HSDP shards of a training checkpoint into model.safetensors"
+HELP = "consolidate a sharded training checkpoint (a backend that saves no whole weights) into model.safetensors"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from safetensors import safe_open
 
     from scopebench.policy.tools import check_json_path
-    from scopebench.train.checkpoint import consolidate, read_step_file, resolve_checkpoint
+    from scopebench.train.checkpoint import read_step_file, resolve_checkpoint
+    from scopebench.train.consolidate import consolidate
     from scopebench.train.data_only import data_only_loading
 
     check_json_path("--json", args.json)

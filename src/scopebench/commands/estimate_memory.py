@@ -2,10 +2,10 @@
 
 What it estimates: for the config's preset (``pi05`` at its real size included), backend,
 number of ranks and per-rank batch, the bytes per rank at the step's peak by category —
-``parameters``, ``gradients``, ``optimizer_state`` (each backend's sharding: DDP holds all,
-ZeRO-2 shards gradients and optimizer state, ZeRO-3 and FSDP2 shard all three; DeepSpeed's
-optimizer state holds an fp32 master copy), the backend's buffers by name (DDP's, FSDP2's
-and HSDP's ``gather_buffers``; DeepSpeed's ``reduce_bucket`` and ZeRO-3's
+``parameters``, ``gradients``, ``optimizer_state`` (each whole or sharded over the ranks as the
+backend holds it: the backend table of docs/distributed.md; DeepSpeed's optimizer state holds
+an fp32 master copy), the backend's buffers by name (DDP's and ``fully_shard``'s
+``gather_buffers``; DeepSpeed's ``reduce_bucket`` and ZeRO-3's
 ``persistent_parameters`` and ``live_parameters``, read from the DeepSpeed config the
 backend builds over DeepSpeed's defaults), what only the optimizer step holds (ZeRO's
 ``fp32_gradient_partition``) and ``activations`` (measured by one fake forward of the
@@ -57,10 +57,10 @@ HELP = "per-rank memory of a training step by category, before launch (no model 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scopebench.commands._policy_options import add_config_arguments
+    from scopebench.commands._policy_options import add_backend_arguments, add_config_arguments
 
     add_config_arguments(parser)
-    parser.add_argument("--backend", default=None, help="ddp, zero2, zero3, fsdp2 or hsdp (default: the config's)")
+    add_backend_arguments(parser)
     add_nproc_per_node(parser, "ranks the model is trained on (default: the config's)", deprecated=("--nproc",))
     parser.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=None, help="per rank")
     parser.add_argument("--precision", default=None, help="fp32 or bf16 (autocast)")
@@ -74,9 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @refuses("estimate-memory")
 def run(args: argparse.Namespace) -> int:
+    from scopebench.commands._policy_options import backend_flags
     from scopebench.policy.tools import check_json_path, load_config
 
-    flags = {"backend": args.backend, "batch_size": args.batch_size, "precision": args.precision}
+    backend, file = backend_flags(args)
+    flags = {**backend, "batch_size": args.batch_size, "precision": args.precision}
     # The estimate is for --nproc-per-node ranks; nothing is started, so no cores check applies.
     config = load_config(args, flags=flags)
     if config.train.policy != "pi05":  # the estimate reads the preset's config, without building
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         from scopebench.validate import choice
 
         choice("--gpu", gpu, tuple(CUDA_WORKSPACES))
-    return _estimate(config, world, limit, args.json, gpu)
+    return _estimate(config, world, limit, args.json, gpu, file)
 
 
 def _line(key: str, value: float | None, note: str = "") -> None:
@@ -103,17 +105,19 @@ def _line(key: str, value: float | None, note: str = "") -> None:
     print(f"  {key:<24} {shown} GB per rank{note}")
 
 
-def _estimate(config, world: int, limit_gb: float | None, json_path: str | None, gpu: str | None = None) -> int:
+def _estimate(
+    config, world: int, limit_gb: float | None, json_path: str | None, gpu: str | None = None, file=None
+) -> int:
     from scopebench.policy.config import make_config
     from scopebench.policy.memory import largest_batch, run_memory
-    from scopebench.policy.run.train import model_overrides
+    from scopebench.policy.run.checks import model_overrides
     from scopebench.train.memory import GB
 
     s, d = config.train, config.dataset
     # The dataset's cameras and chunk; state and action as the preset pads them (the
     # synthetic data's 7 dims are below every preset's).
     model_config = make_config(s.preset, num_cameras=d.num_cameras, chunk_size=d.chunk_size, **model_overrides(s))
-    memory = run_memory(s, model_config, world, gpu=gpu)
+    memory = run_memory(s, model_config, world, gpu=gpu, file=file)
     print(
         f"scopebench estimate-memory: preset={s.preset} ({memory['num_params'] / 1e9:.2f} B parameters) "
         f"backend={s.backend} ranks={world} batch_size={s.batch_size} per rank precision={s.precision}"

@@ -42,10 +42,10 @@ HELP = "largest per-rank batch whose training step fits (real trials: doubling, 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scopebench.commands._policy_options import add_config_arguments
+    from scopebench.commands._policy_options import add_backend_arguments, add_config_arguments
 
     add_config_arguments(parser)
-    parser.add_argument("--backend", default=None, help="ddp, zero2, zero3, fsdp2 or hsdp (default: the config's)")
+    add_backend_arguments(parser)
     add_nproc_per_node(parser, "ranks (default: the config's nproc_per_node)", deprecated=("--nproc",))
     add_memory_gb(parser, "memory of one rank (GB, 1e9 bytes)")
     parser.add_argument("--max-batch", type=int, default=None, help="largest batch to try (default: the dataset's)")
@@ -54,11 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @refuses("find-max-batch")
 def run(args: argparse.Namespace) -> int:
+    from scopebench.commands._policy_options import backend_flags
     from scopebench.policy.tools import check_json_path, load_config
+    from scopebench.train.accelerate_file import resolve_accelerate_file
     from scopebench.validate import integer, optional
 
-    flags = {"backend": args.backend, "nproc_per_node": args.nproc_per_node}
-    config = load_config(args, flags=flags)
+    backend, file = backend_flags(args)
+    config = load_config(args, flags={**backend, "nproc_per_node": args.nproc_per_node})
+    # the backend and its file, resolved once: the states check and every trial's run are handed them
+    file = file or resolve_accelerate_file(config.train.backend, config.train.accelerate_config)
     budget_gb = memory_gb(args)
     max_batch = optional(integer, "--max-batch", args.max_batch, low=1)
     check_json_path("--json", args.json)
@@ -72,15 +76,16 @@ def run(args: argparse.Namespace) -> int:
             "so a batch fits when its measured peak is within --memory-gb"
         )
     if config.train.policy == "pi05" and config.train.check_memory:  # before a model is built: seconds, not minutes
-        from scopebench.policy.run.train import check_preset_states
+        from scopebench.policy.run.checks import check_preset_states
 
         world = config.train.nproc_per_node
         local = world if device.type == "cpu" else 1
-        check_preset_states(config.train, world_size=world, device=device, processes=local, budget_gb=budget_gb)
-    return _search(config, device, budget_gb, max_batch, args.json, args.png)
+        check = dict(world_size=world, device=device, processes=local, budget_gb=budget_gb)
+        check_preset_states(config.train, backend=file.backend, **check)
+    return _search(config, device, budget_gb, max_batch, args.json, args.png, file)
 
 
-def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
+def _search(config, device, memory_gb, max_batch, json_path, png_path, file) -> int:
     import tempfile
 
     import torch
@@ -104,7 +109,7 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path) -> int:
         + f"; batches up to {limit}"
     )
     with tempfile.TemporaryDirectory(prefix="scopebench_max_batch_") as tmp:
-        steps = run_steps(s, dataset_root=str(root), chunk_size=d.chunk_size, output_dir=tmp)
+        steps = run_steps(s, dataset_root=str(root), chunk_size=d.chunk_size, output_dir=tmp, accelerate_file=file)
         measured: list[dict] = []  # each trial's measured step (empty when it raised), for the host load
 
         def timed(batch: int) -> dict:

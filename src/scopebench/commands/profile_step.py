@@ -16,7 +16,7 @@ How to run::
     torchrun --nproc-per-node 2 -m scopebench.cli profile-step --config configs/policy/tiny.yml
     accelerate launch --multi_gpu --num_processes 2 -m scopebench.cli profile-step --config ...   # CPU too
     scopebench profile-step --config configs/policy/tiny.yml --nproc-per-node 2 \
-        --accelerate-config configs/accelerate/deepspeed_zero2.yaml                 # or --backend=zero3, fsdp2
+        --accelerate-config configs/accelerate/deepspeed_zero2.yaml                 # or --backend zero3
 
 Environment variables of the upstream script work too (flags win): ``PROFILE_STEPS``
 (200), ``PROFILE_NO_OPTIM`` (0), ``FIND_UNUSED_PARAMS`` (the config's, true by default),
@@ -90,7 +90,7 @@ BAR = "=" * 53
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scopebench.commands._policy_options import add_config_arguments
+    from scopebench.commands._policy_options import add_backend_arguments, add_config_arguments
 
     add_config_arguments(parser)
     parser.add_argument("--batch_size", "--batch-size", type=int, default=None, help="samples per step and rank")
@@ -100,10 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-optim", action="store_true", default=None, help="no optimizer (PROFILE_NO_OPTIM)")
     parser.add_argument("--find-unused-params", choices=["true", "false"], default=None, help="FIND_UNUSED_PARAMS")
     parser.add_argument("--fused-adamw", choices=["true", "false"], default=None, help="FUSED_ADAMW")
-    parser.add_argument(
-        "--accelerate-config", "--accelerate_config", dest="accelerate_config", default=None,
-        help="accelerate config file: the backend (configs/accelerate/ddp.yaml, deepspeed_zero2.yaml, deepspeed_zero3.yaml, fsdp2.yaml, hsdp.yaml)",
-    )  # fmt: skip
+    add_backend_arguments(parser)
     parser.add_argument(
         "--profiler-mode", "--profiler_mode", dest="profiler_mode", choices=["custom", "torch"], default="custom",
         help="custom (wall clock, the default) or torch (torch.profiler per step: the ledger also splits each "
@@ -119,6 +116,7 @@ def _flag(text: str | None) -> bool | None:
 def run(args: argparse.Namespace) -> int:
     import os
 
+    from scopebench.commands._policy_options import backend_flags
     from scopebench.distributed import RankFailure
     from scopebench.policy.tools import check_json_path, env_bool, env_int, load_config
 
@@ -137,24 +135,20 @@ def run(args: argparse.Namespace) -> int:
         "batch_size": args.batch_size,
         "nproc_per_node": args.nproc_per_node,
     }
-    if args.accelerate_config:
-        from pathlib import Path
-
-        from scopebench.train import load_accelerate_file
-
-        file = load_accelerate_file(args.accelerate_config)
-        flags.update(accelerate_config=str(Path(file.path).resolve()), backend=file.backend)
-    config = load_config(args, env=env, flags=flags)
+    backend, file = backend_flags(args)  # the file read once, handed to the run
+    config = load_config(args, env=env, flags={**flags, **backend})
     json_path = args.json or os.environ.get("PROFILE_STEP_JSON") or None
     check_json_path("--json" if args.json else "PROFILE_STEP_JSON", json_path)
     try:
-        return _profile(config, warmup=args.warmup, steps=steps, json_path=json_path, mode=args.profiler_mode)
+        return _profile(
+            config, warmup=args.warmup, steps=steps, json_path=json_path, mode=args.profiler_mode, file=file
+        )
     except RankFailure as err:  # rank 0 names the rank that died, stopped or hung (as scopebench train)
         print(f"scopebench profile-step: the run failed:\n{err}", file=sys.stderr, flush=True)
         return 1
 
 
-def _profile(config, *, warmup: int, steps: int, json_path: str | None, mode: str = "custom") -> int:
+def _profile(config, *, warmup: int, steps: int, json_path: str | None, mode: str = "custom", file=None) -> int:
     import time
 
     from scopebench.distributed import writes_reports
@@ -171,6 +165,7 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None, mode: st
         name="profile_step",
         keep_rows=True,
         defer_exchange=True,  # the rows are read after the loop: the profiler's exchange waits for its end
+        accelerate_file=file,
     )
     with run:
         main = run.rank == 0
@@ -222,7 +217,7 @@ def _nonfinite(found, warmup: int) -> dict | None:
 
 def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float) -> dict:
     """The JSON summary (see the module docstring) from rank 0's per-step metrics."""
-    from scopebench.policy.phases import TRAIN_PHASES, describe_phases
+    from scopebench.policy.phases import TRAIN_PHASES
     from scopebench.policy.tools import environment_info, settings_dict, summary_sec
     from scopebench.report.contention import measured_steps
     from scopebench.report.cost import measured_cost
@@ -254,7 +249,7 @@ def build_report(run, per_step: list[dict], warmup: int, steps: int, wall: float
         "measured": len(per_step),
         "world_size": run.world_size,
         "backend": s.backend,
-        "phase_contents": describe_phases(s.backend),
+        "phase_contents": run.backend.describe_phases(),
         "batch_size": s.batch_size,
         "gradient_accumulation_steps": s.gradient_accumulation_steps,
         "num_workers": s.num_workers,

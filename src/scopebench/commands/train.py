@@ -1,4 +1,4 @@
-"""Train the policy with checkpoints and exact resume, on DDP, DeepSpeed ZeRO-2, ZeRO-3 or FSDP2.
+"""Train the policy with checkpoints and exact resume, on any training backend (``--backend``).
 
 What it does: ``training.steps`` optimizer steps of the training step of ``Pi05Train``
 (:mod:`scopebench.policy.run.trainer`, the same :class:`~scopebench.policy.run.train.PolicyTrainRun`),
@@ -23,10 +23,11 @@ copies of itself, ranks 0 to N-1 of a group whose rendezvous is a file store in 
 listens on the network, the ranks' gloo / NCCL sockets are bound to the loopback interface,
 and this process waits for them. ``torchrun``, ``accelerate launch`` or SLURM may start the
 ranks instead (docs/distributed.md says how to do it without exposing their TCP store).
-``--accelerate-config``
-chooses the backend (``configs/accelerate/ddp.yaml``, ``deepspeed_zero2.yaml``,
-``deepspeed_zero3.yaml``, ``fsdp2.yaml``, ``hsdp.yaml``; default: the file of the config's ``backend``); where the file
-and the training config both set precision, gradient accumulation or clipping, the
+``--backend`` names the training backend, ``--accelerate-config`` the accelerate file that selects
+one (``configs/accelerate/``, one file per backend; default: the file of the config's
+``backend``); a ``--backend`` the file does not select is refused in one line naming both, before
+any work (exit 2). The backend and its file are resolved once here and handed to the run. Where
+the file and the training config both set precision, gradient accumulation or clipping, the
 training config wins and the values in force are printed. Any config key is overridable
 (``--batch_size=8``, ``--training.save_freq=10``). A new run refuses an ``--output_dir``
 that already holds checkpoints (``checkpoints/last`` or any finished one); ``--resume true``
@@ -81,18 +82,16 @@ import sys
 from pathlib import Path
 
 from scopebench.commands._common import refuses
+from scopebench.train.backends import backend_names
 
-HELP = "train the policy (pi05 or yours) with checkpoints and resume (DDP, DeepSpeed ZeRO-2/3, FSDP2, HSDP)"
+HELP = f"train the policy (pi05 or yours) with checkpoints and resume (backend {', '.join(backend_names())})"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scopebench.commands._policy_options import add_config_arguments
+    from scopebench.commands._policy_options import add_backend_arguments, add_config_arguments
 
     add_config_arguments(parser)
-    parser.add_argument(
-        "--accelerate-config", "--accelerate_config", dest="accelerate_config", default=None,
-        help="accelerate config file: the backend (configs/accelerate/*.yaml)",
-    )  # fmt: skip
+    add_backend_arguments(parser)
     parser.add_argument("--output_dir", "--output-dir", dest="output_dir", default=None, help="training.output_dir")
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps in all (training.steps)")
     parser.add_argument("--log_freq", "--log-freq", dest="log_freq", type=int, default=None, help="training.log_freq")
@@ -106,20 +105,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @refuses("train")  # its own refusals are below; this releases the --json it claims
 def run(args: argparse.Namespace) -> int:
     from scopebench.atomic import claimed_outputs_env
+    from scopebench.commands._policy_options import backend_flags
     from scopebench.distributed import RankFailure, check_local_nproc, get_dist_info, writes_reports
     from scopebench.distributed.device import resolve_device
     from scopebench.policy.run.trainer import check_output_dir, train_policy
     from scopebench.policy.tools import check_json_path, load_config, write_json
     from scopebench.profiler.config import check_writable_dir
-    from scopebench.train import load_accelerate_file
+    from scopebench.train.accelerate_file import resolve_accelerate_file
     from scopebench.train.checkpoint import CheckpointSpaceError
     from scopebench.train.run_folder import own_run_folder
 
     try:
-        file = load_accelerate_file(args.accelerate_config) if args.accelerate_config else None
+        # the backend and its accelerate file, resolved once here and handed to the run
+        backend, file = backend_flags(args)
         flags = {
-            "accelerate_config": str(Path(file.path).resolve()) if file else None,
-            "backend": file.backend if file else None,
+            **backend,
             "nproc_per_node": _given(args.nproc_per_node, file.num_processes if file else None),
             "training.output_dir": args.output_dir,
             "training.steps": args.steps,
@@ -127,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
             "training.save_freq": args.save_freq,
         }
         config = load_config(args, flags=flags)
+        file = file or resolve_accelerate_file(config.train.backend, config.train.accelerate_config)
         check_json_path("--json", args.json)  # before any step: the JSON is written after the whole run
         resume = args.resume == "true"
         resume_from = _resume_point(args.config, config.training.output_dir, config) if resume else None
@@ -136,18 +137,19 @@ def run(args: argparse.Namespace) -> int:
         check_writable_dir("training.output_dir", output_dir)
         check_local_nproc("nproc_per_node", config.train.nproc_per_node, resolve_device(config.train.device).type)
         launcher = get_dist_info()
-        if not launcher.is_distributed:  # the ranks this command would start: refused before they start
-            from scopebench.policy.run.train import check_backend
+        relaunch = not launcher.is_distributed and config.train.nproc_per_node > 1
+        if relaunch:  # the ranks this command would start: refused before they start (else the run checks)
+            from scopebench.policy.run.checks import check_backend
 
-            check_backend(config.train, config.train.nproc_per_node)
+            check_backend(config.train, config.train.nproc_per_node, file=file)
         with own_run_folder(output_dir, info=launcher) as handed:
             # under the lock: a run that ended just before it was taken left its checkpoints
             check_output_dir(output_dir, resume)
-            if not launcher.is_distributed and config.train.nproc_per_node > 1:
-                return _relaunch(args, config, env={**handed, **claimed_outputs_env()})
+            if relaunch:
+                return _relaunch(args, config, file, env={**handed, **claimed_outputs_env()})
             with _exit_on_sigterm():
                 try:
-                    result = train_policy(config, resume_from=resume_from)
+                    result = train_policy(config, resume_from=resume_from, accelerate_file=file)
                 except RankFailure as err:  # rank 0 names the rank that died, stopped or hung
                     print(f"scopebench train: the run failed:\n{err}", file=sys.stderr, flush=True)
                     return 1
@@ -230,7 +232,7 @@ def _resume_point(config_path: str, output_dir: str, config=None):
     return checkpoint
 
 
-def _relaunch(args: argparse.Namespace, config, env: dict[str, str]) -> int:
+def _relaunch(args: argparse.Namespace, config, file, env: dict[str, str]) -> int:
     """Run this command on ``nproc_per_node`` local ranks, this process their launcher; their exit code.
 
     The ranks are spawned ranks (:class:`scopebench.distributed.spawn.LocalSpawn` in launcher
@@ -238,7 +240,7 @@ def _relaunch(args: argparse.Namespace, config, env: dict[str, str]) -> int:
     gloo / NCCL sockets are bound to the loopback interface, so nothing of the run listens on
     the network (``accelerate launch`` and torchrun listen on every interface, unauthenticated).
     The backend's knobs come from the accelerate file, which each rank reads itself
-    (``--accelerate-config`` is passed on). The group timeout is ``group_timeout_sec``, else
+    (``--backend`` and ``--accelerate-config`` are passed on). The group timeout is ``group_timeout_sec``, else
     :data:`~scopebench.distributed.launch.LAUNCHER_TIMEOUT_SEC` (a checkpoint save of a large
     model may keep the other ranks waiting for minutes).
 
@@ -260,13 +262,12 @@ def _relaunch(args: argparse.Namespace, config, env: dict[str, str]) -> int:
     from scopebench.distributed.launch import LAUNCHER_TIMEOUT_SEC, default_backend
     from scopebench.distributed.orphans import forwarding_signals
     from scopebench.distributed.spawn import LocalSpawn
-    from scopebench.train import shipped_accelerate_file
 
-    file = config.train.accelerate_config or str(shipped_accelerate_file(config.train.backend))
     command = [
         sys.executable, "-m", "scopebench.cli", "train", "--config", args.config, "--resume", args.resume,
     ]  # fmt: skip
     for flag, value in (
+        ("--backend", args.backend),
         ("--accelerate-config", args.accelerate_config),
         ("--output_dir", args.output_dir),
         ("--steps", args.steps),
@@ -288,7 +289,7 @@ def _relaunch(args: argparse.Namespace, config, env: dict[str, str]) -> int:
         nproc, None, {}, backend, timeout, command=command, env=env, prefix="scopebench-train-"
     )  # fmt: skip
     print(
-        f"scopebench train: {nproc} local ranks started by this process ({file}; rendezvous: a file store "
+        f"scopebench train: {nproc} local ranks started by this process ({file.path}; rendezvous: a file store "
         "in a private folder, sockets on loopback only)",
         flush=True,
     )

@@ -42,12 +42,13 @@ def load_policy(checkpoint: str | Path, device: str = "cpu"):
     when it trained).
 
     The two files read are files of the checkpoint its manifest lists, regular, not links out
-    of it (:func:`scopebench.train.checkpoint.listed_file`; ``convert-checkpoint`` lists the
+    of it (:func:`scopebench.train.consolidate.listed_file`; ``convert-checkpoint`` lists the
     weights it writes).
 
     Raises:
         FileNotFoundError: no finished checkpoint there, or no ``model.safetensors`` yet
-            (a ZeRO or FSDP2 checkpoint: run ``scopebench convert-checkpoint`` first).
+            (a backend that writes sharded weights, named from the checkpoint's record: run
+            ``scopebench convert-checkpoint`` first).
         ValueError: ``policy_config.json`` holds neither record, named; a factory that cannot
             be found or raises (:class:`~scopebench.policy.user.PolicyError`); either file not
             listed in the manifest, a link out of the checkpoint or not a regular file.
@@ -55,15 +56,19 @@ def load_policy(checkpoint: str | Path, device: str = "cpu"):
     from safetensors.torch import load_file
 
     from scopebench.policy import make_policy
-    from scopebench.train.checkpoint import MODEL_FILE, listed_file, resolve_checkpoint
+    from scopebench.train.backends import find_backend
+    from scopebench.train.checkpoint import MODEL_FILE, read_step_file, resolve_checkpoint
     from scopebench.train.checkpoint_files import read_json
+    from scopebench.train.consolidate import listed_file
 
     checkpoint = resolve_checkpoint(checkpoint)
     weights = checkpoint / MODEL_FILE
     if not (weights.exists() or weights.is_symlink()):
+        recorded = find_backend(read_step_file(checkpoint).get("backend"))  # the registry's, not a list here
+        what = f"a {recorded.title} checkpoint" if recorded is not None else "this checkpoint"
         raise FileNotFoundError(
-            f"{weights} is missing: a ZeRO or FSDP2 checkpoint holds sharded weights; run "
-            f"`scopebench convert-checkpoint {checkpoint}` first"
+            f"{weights} is missing: {what} holds sharded weights; run `scopebench convert-checkpoint {checkpoint}` "
+            "first"
         )
     weights = listed_file(checkpoint, MODEL_FILE, hint=f"run `scopebench convert-checkpoint {checkpoint}` again")
     record_file = listed_file(checkpoint, POLICY_CONFIG_FILE)

@@ -141,10 +141,13 @@ class StepTrial:
         return None if used is None or limit is None else limit - used
 
 
-def run_steps(settings: Any, *, dataset_root: str, chunk_size: int, output_dir: str) -> Callable[[int], dict]:
+def run_steps(
+    settings: Any, *, dataset_root: str, chunk_size: int, output_dir: str, accelerate_file: Any = None
+) -> Callable[[int], dict]:
     """``batch -> metrics``: a :class:`~scopebench.policy.run.train.PolicyTrainRun` of ``settings``
     at that batch (no memory check before: the trial measures), two iterations with
-    ``profiler_memory``, rank 0's metrics of the second."""
+    ``profiler_memory``, rank 0's metrics of the second (``accelerate_file``: the run's, resolved
+    once for every trial; None: each run resolves it)."""
 
     def steps(batch: int) -> dict[str, Any]:
         from scopebench.policy.run.train import PolicyTrainRun
@@ -154,7 +157,12 @@ def run_steps(settings: Any, *, dataset_root: str, chunk_size: int, output_dir: 
         trial = dataclasses.replace(settings, batch_size=batch, check_memory=False)
         profiler = ProfilerConfig(mode="custom", warmup=1, memory=True)
         run = PolicyTrainRun(
-            trial, dataset_root=dataset_root, chunk_size=chunk_size, profiler=profiler, output_dir=output_dir
+            trial,
+            dataset_root=dataset_root,
+            chunk_size=chunk_size,
+            profiler=profiler,
+            output_dir=output_dir,
+            accelerate_file=accelerate_file,
         )
         with run:
             run.loop(StepCounter(2))

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from scopebench.policy.config import Pi05Config
+from scopebench.train.backends import TrainingBackend
 
 __all__ = ["activations_per_sample", "full_batch", "largest_batch", "run_memory", "training_memory"]
 
@@ -81,7 +82,7 @@ def training_memory(
     config: Pi05Config,
     *,
     batch_size: int,
-    backend: str,
+    backend: TrainingBackend | str,
     world_size: int = 1,
     optimizer: bool = True,
     precision: str = "fp32",
@@ -98,6 +99,7 @@ def training_memory(
     rounded to 512 bytes); ``fragmentation_reserve`` is ``None`` (not counted).
 
     Args:
+        backend: The run's backend (a name is resolved).
         units: FSDP2's unit classes (default: :data:`scopebench.train.fsdp.DEFAULT_UNITS`).
         zero: DeepSpeed settings over :data:`scopebench.train.backends.ZERO_DEFAULTS`.
         file: The run's accelerate file (HSDP's mesh sizes), if any.
@@ -163,18 +165,26 @@ def _rounding_at(rounding: dict[str, float], batch_size: int) -> float:
 
 
 def run_memory(
-    settings: Any, config: Pi05Config, world_size: int, batch_size: int | None = None, gpu: str | None = None
+    settings: Any,
+    config: Pi05Config,
+    world_size: int,
+    batch_size: int | None = None,
+    gpu: str | None = None,
+    *,
+    file: Any = None,
 ) -> dict[str, Any]:
     """:func:`training_memory` of a run's :class:`~scopebench.policy.settings.TrainSettings`
-    (backend, precision, optimizer, FSDP units and HSDP mesh of its accelerate file) on
-    ``world_size`` ranks (``gpu``: the CUDA device's name, see :func:`training_memory`)."""
-    from scopebench.train.accelerate_file import resolve_accelerate_file
+    (precision, optimizer) and accelerate file (``file``: its backend, FSDP units and HSDP mesh;
+    None: resolved from ``settings``) on ``world_size`` ranks (``gpu``: the CUDA device's name,
+    see :func:`training_memory`)."""
+    if file is None:
+        from scopebench.train.accelerate_file import resolve_accelerate_file
 
-    file = resolve_accelerate_file(settings.backend, settings.accelerate_config)
+        file = resolve_accelerate_file(settings.backend, settings.accelerate_config)
     return training_memory(
         config,
         batch_size=settings.batch_size if batch_size is None else batch_size,
-        backend=settings.backend,
+        backend=file.backend,
         world_size=world_size,
         optimizer=not settings.no_optim,
         precision=settings.precision,

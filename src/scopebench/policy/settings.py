@@ -98,9 +98,9 @@ class TrainSettings:
     nproc_per_node: int = 1
     """Processes to start on this machine when no launcher started them (this one is rank 0)."""
     backend: str = DEFAULT_BACKEND
-    """``ddp`` (DistributedDataParallel), ``zero2`` or ``zero3`` (DeepSpeed ZeRO; at least 2 ranks),
-    ``fsdp2`` (torch's ``fully_shard``; one rank or more) or ``hsdp`` (``fully_shard`` on a 2-D mesh:
-    sharded within a node, replicated across nodes); :mod:`scopebench.train.backends`."""
+    """The training backend: a name of :func:`scopebench.train.backends.backend_names` (``ddp``,
+    DistributedDataParallel, by default; the table of docs/distributed.md says what each shards and
+    its fewest ranks)."""
     accelerate_config: str | None = None
     """accelerate config file with the ZeRO / FSDP2 knobs (None: ``configs/accelerate/`` file of ``backend``)."""
     gradient_accumulation_steps: int = 1

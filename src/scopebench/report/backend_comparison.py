@@ -1,7 +1,7 @@
 """Backend comparison: training-step configurations that differ only in ``backend``.
 
 Configurations of one benchmark and dataset whose parameters differ only in ``backend``
-(ddp / zero2 / zero3 / fsdp2 / hsdp) form a :class:`BackendComparison` (:func:`backend_comparisons`,
+(the backends of :mod:`scopebench.train.backends`) form a :class:`BackendComparison` (:func:`backend_comparisons`,
 grouped by the same :func:`~scopebench.report.figures.sweep_groups` as the scaling
 picture): per backend the median step (``step_time_sec``, without the scoring callback),
 its ratio to the fastest backend and, per phase, the median and its difference to the
@@ -49,7 +49,7 @@ class BackendComparison:
     label: str
     """The group: the solver's base name and the parameters that tell it from other groups."""
     backends: tuple[str, ...]
-    """In the sweep's order (sorted: ddp, fsdp2, zero2, zero3)."""
+    """In the sweep's order (sorted by name)."""
     configs: dict[str, str]
     """Backend -> the configuration's label."""
     solvers: dict[str, str]

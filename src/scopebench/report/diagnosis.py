@@ -6,7 +6,7 @@ compare runs, the other configurations of the same benchmark and dataset) and re
 and what to try. A profiled configuration on which no rule fires gets one
 ``no-problem`` line; one without profiled iterations gets ``no-data``.
 
-Training-step configurations that differ only in ``backend`` (ddp / zero2 / zero3) form a
+Training-step configurations that differ only in ``backend`` form a
 :class:`~scopebench.report.backend_comparison.BackendComparison` (built in
 :mod:`scopebench.report.backend_comparison`, whose table is printed after the phase
 tables); the ``backend-comparison`` rule here gives each backend slower than the fastest

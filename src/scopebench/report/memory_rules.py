@@ -90,7 +90,7 @@ def _shards_parameters(config: Configuration) -> bool | None:
 
 
 def sharding_does_not_pay(config: Configuration, others: list[Configuration]) -> list:
-    """A backend that shards the parameters (ZeRO-3, FSDP2, HSDP) whose gather buffers cost more
+    """A backend that shards the parameters (its ``shards_parameters``) whose gather buffers cost more
     than the parameter memory it saves against one that keeps them whole (DDP, ZeRO-2)."""
     from scopebench.report.backend_comparison import config_backend
 

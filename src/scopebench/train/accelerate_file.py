@@ -40,7 +40,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from scopebench.train.backends import all_backends, get_backend
+from scopebench.train.backends import TrainingBackend, all_backends, get_backend
 from scopebench.validate import choice, integer, number, optional, yaml_mapping
 
 __all__ = [
@@ -66,8 +66,9 @@ class AccelerateFile:
 
     path: str
     """The file."""
-    backend: str
-    """The backend it selects (from ``distributed_type``, ``zero_stage``, ``parallelism_config``)."""
+    backend: TrainingBackend
+    """The backend it selects (from ``distributed_type``, ``zero_stage``, ``parallelism_config``;
+    a name given is resolved once, here)."""
     num_processes: int = 1
     """Processes on all machines (``num_processes``)."""
     precision: str | None = None
@@ -85,12 +86,15 @@ class AccelerateFile:
     mesh: dict[str, Any] | None = None
     """HSDP's ``parallelism_config`` sizes (replicate, shard: integers or ``auto``), else None."""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backend", get_backend(self.backend))
+
     @property
     def zero_stage(self) -> int | None:
-        return get_backend(self.backend).zero_stage
+        return self.backend.zero_stage
 
 
-def shipped_accelerate_file(backend: str) -> Path:
+def shipped_accelerate_file(backend: str | TrainingBackend) -> Path:
     """The accelerate config file the suite ships for ``backend``.
 
     :Examples:
@@ -102,18 +106,21 @@ def shipped_accelerate_file(backend: str) -> Path:
     return Path(str(resources.files("scopebench.train") / "accelerate_configs" / name))
 
 
-def resolve_accelerate_file(backend: str, path: str | Path | None = None) -> AccelerateFile:
+def resolve_accelerate_file(backend: str | TrainingBackend, path: str | Path | None = None) -> AccelerateFile:
     """The accelerate file of a run (``path``, else the shipped one of ``backend``), checked
-    against ``backend`` (the ``accelerate_config`` and ``backend`` settings).
+    against ``backend`` (the ``accelerate_config`` and ``backend`` settings): the run's backend
+    and its file, resolved together once (the file's :attr:`~AccelerateFile.backend` is the
+    :class:`~scopebench.train.backends.TrainingBackend` every later step is handed).
 
     Raises:
         ValueError: the file selects another backend, naming both.
     """
-    file = load_accelerate_file(path or shipped_accelerate_file(backend))
-    if file.backend != get_backend(backend).name:
+    chosen = get_backend(backend)
+    file = load_accelerate_file(path or shipped_accelerate_file(chosen))
+    if file.backend != chosen:
         raise ValueError(
-            f"accelerate_config {file.path} selects backend {file.backend}, but backend={backend}; "
-            f"set backend={file.backend} or pass a {backend} file"
+            f"accelerate_config {file.path} selects backend {file.backend.name}, but backend={chosen.name}; "
+            f"set backend={file.backend.name} or pass a {chosen.name} file"
         )
     return file
 
@@ -145,7 +152,7 @@ def load_accelerate_file(path: str | Path) -> AccelerateFile:
     precision = None if mixed is None else _PRECISION_OF[choice(key("mixed_precision"), mixed, _PRECISION_OF)]
     return AccelerateFile(
         path=str(path),
-        backend=backend.name,
+        backend=backend,
         num_processes=integer(key("num_processes"), raw.get("num_processes", 1), low=1),
         precision=precision,
         gradient_accumulation_steps=optional(

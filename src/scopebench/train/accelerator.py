@@ -18,8 +18,8 @@ process must not believe it runs under torchrun). accelerate keeps its state in
 process-wide singletons; :func:`release_accelerator` clears them so that the next run
 starts from scratch.
 
-``backend`` names the :class:`~scopebench.train.backends.TrainingBackend` whose
-``accelerator_kwargs`` build the accelerator (DDP; DeepSpeed ZeRO-2 / ZeRO-3 through
+``backend`` is the run's :class:`~scopebench.train.backends.TrainingBackend` (resolved once,
+by the run), whose ``accelerator_kwargs`` build the accelerator (DDP; DeepSpeed's ZeRO stages through
 accelerate's DeepSpeed plugin; FSDP2 and HSDP, sharded by the suite itself, seen by accelerate
 as a ``MULTI_CPU`` / ``MULTI_GPU`` run); the backend's ``prepare`` then wraps the model.
 DeepSpeed reads the launcher variables for the whole run, not only the constructor
@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from scopebench.train.backends import DEFAULT_BACKEND, backend_names, get_backend
+from scopebench.train.backends import DEFAULT_BACKEND, TrainingBackend, get_backend
 from scopebench.train.backends.base import PRECISIONS
 from scopebench.validate import choice, flag, integer, number, optional
 
@@ -68,9 +68,11 @@ _SAVED_ENV: dict[str, str | None] | None = None
 class AcceleratorSettings:
     """How the accelerator wraps the model."""
 
-    backend: str = DEFAULT_BACKEND
-    """A name of :func:`~scopebench.train.backends.backend_names` (``ddp``: DistributedDataParallel when
-    there are several ranks)."""
+    backend: TrainingBackend = DEFAULT_BACKEND
+    """The run's backend (a name of :func:`~scopebench.train.backends.backend_names` given here is
+    resolved once; ``ddp``: DistributedDataParallel when there are several ranks). Whether it can
+    run on the group's ranks is the run's check (``TrainingBackend.conflict``), made before
+    anything is built."""
     precision: str = "fp32"
     """``fp32``, or ``bf16`` autocast over fp32 weights (DeepSpeed: its bf16 mode)."""
     find_unused_params: bool = True
@@ -89,7 +91,7 @@ class AcceleratorSettings:
     """ZeRO knobs of the accelerate file (:func:`scopebench.train.accelerate_file.load_accelerate_file`)."""
 
     def __post_init__(self) -> None:
-        choice("backend", self.backend, backend_names())
+        object.__setattr__(self, "backend", get_backend(self.backend))
         choice("precision", self.precision, PRECISIONS)
         flag("find_unused_params", self.find_unused_params)
         flag("torch_compile", self.torch_compile)
@@ -140,7 +142,6 @@ def build_accelerator(settings: AcceleratorSettings, info: Any, device: Any):
         The accelerator; its ``num_processes`` equals ``info.world_size``.
 
     Raises:
-        ValueError: a ZeRO backend with a single process (the run objects decline it earlier).
         RuntimeError: accelerate sees another world size than the group (a canary for
             the environment handling above).
     """
@@ -148,9 +149,7 @@ def build_accelerator(settings: AcceleratorSettings, info: Any, device: Any):
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
-    backend = get_backend(settings.backend)
-    if info.world_size < backend.min_ranks:
-        raise ValueError(f"backend={backend.name} needs at least {backend.min_ranks} processes, got {info.world_size}")
+    backend = settings.backend
     cpu = torch.device(device).type != "cuda"
     group_kwargs = {"backend": "gloo" if cpu else "nccl"}
     if settings.timeout_sec is not None:

@@ -1,4 +1,4 @@
-"""Training checkpoints: save on every rank, resume exactly, consolidate ZeRO shards.
+"""Training checkpoints: save on every rank, resume exactly (consolidated weights: :mod:`scopebench.train.consolidate`).
 
 Layout of a run's output folder (the upstream training layout)::
 
@@ -80,11 +80,10 @@ __all__ = [
     "STEP_FILE",
     "check_contents",
     "checkpoint_dir",
-    "consolidate",
-    "listed_file",
     "load_checkpoint",
     "read_manifest",
     "read_step_file",
+    "recorded_backend",
     "recorded_world_size",
     "resolve_checkpoint",
     "save_checkpoint",
@@ -102,7 +101,7 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 
 
-def _recorded_backend(meta: dict[str, Any]) -> TrainingBackend:
+def recorded_backend(meta: dict[str, Any]) -> TrainingBackend:
     """The backend a checkpoint's step file records (one written before backends were recorded,
     or by an unknown one: the default's files)."""
     name = meta.get("backend", DEFAULT_BACKEND)
@@ -256,7 +255,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     meta = read_step_file(path)
     world_size = recorded_world_size(path, meta)
     missing = []
-    for pattern in _recorded_backend(meta).checkpoint_files:
+    for pattern in recorded_backend(meta).checkpoint_files:
         ranks = range(world_size) if "{rank}" in pattern else [0]
         missing += [name for name in (pattern.format(rank=r) for r in ranks) if not (path / name).exists()]
     if missing:
@@ -537,67 +536,3 @@ def load_checkpoint(
         accelerator.load_state(str(checkpoint))
         backend.load(*(state or (None, None)), checkpoint)
     return meta
-
-
-def consolidate(checkpoint: str | Path) -> Path:
-    """Write ``model.safetensors`` (fp32, full weights) from a sharded checkpoint (ZeRO, FSDP2, HSDP).
-
-    A checkpoint that already holds it (DDP) is returned as it is. Runs on one process,
-    without the ranks that wrote the shards (the backend's ``consolidated_state``: DeepSpeed's
-    ``zero_to_fp32``; for FSDP torch.distributed.checkpoint read without a process group). The
-    files are checked against the manifest first (:func:`verify_files`), as for a resume, then
-    read as data only.
-
-    Raises:
-        ValueError: a damaged file, or one that holds pickled code, named.
-        FileNotFoundError: a shard missing from the folder and from the manifest (the
-            backend's :meth:`~scopebench.train.backends.TrainingBackend.check_shards`, DCP's
-            ``.metadata`` for FSDP2 / HSDP), named.
-    """
-    checkpoint = resolve_checkpoint(checkpoint)
-    target = checkpoint / MODEL_FILE
-    meta = read_step_file(checkpoint)
-    backend = _recorded_backend(meta)
-    sharded = MODEL_FILE not in backend.checkpoint_files
-    verify_files(checkpoint, rewritten=(MODEL_FILE,) if sharded else ())  # a former conversion's is replaced
-    backend.check_shards(checkpoint, recorded_world_size(checkpoint, meta))
-    state = backend.consolidated_state(checkpoint)
-    if state is None:
-        return target
-    from safetensors.torch import save
-
-    with atomic_write(target, "wb") as fh:
-        fh.write(save({key: value.contiguous() for key, value in state.items()}))
-    _list_in_manifest(checkpoint, MODEL_FILE)
-    return target
-
-
-def listed_file(checkpoint: str | Path, name: str, *, hint: str = "") -> Path:
-    """``checkpoint / name`` when the manifest lists it and it is a regular file inside the
-    checkpoint (what a reader of one file checks, without hashing the whole folder).
-
-    Raises:
-        ValueError: no manifest, ``name`` unlisted (``hint`` added), a link out or not a regular
-            file, named.
-    """
-    checkpoint = Path(checkpoint)
-    if name not in read_manifest(checkpoint)["files"]:
-        raise ValueError(
-            f"{checkpoint / name}: not listed in {checkpoint / MANIFEST}: refused, a checkpoint holds only the files "
-            f"its manifest lists{f'; {hint}' if hint else ''}"
-        )
-    path = confined(checkpoint, name, checkpoint / MANIFEST)
-    if regular(path, checkpoint / MANIFEST) is None:
-        raise FileNotFoundError(f"{path}: missing, the manifest lists it: the checkpoint is damaged")
-    return path
-
-
-def _list_in_manifest(checkpoint: Path, name: str) -> None:
-    """Add (or update) ``name``'s entry in :data:`MANIFEST`: a file written into a finished
-    checkpoint (``convert-checkpoint``'s weights) is listed like the others, so loaders open it."""
-    manifest = read_manifest(checkpoint)
-    size = (checkpoint / name).stat().st_size
-    manifest["files"][name] = {"bytes": size, "sha256": sha256_of(checkpoint / name, size)}
-    with atomic_write(checkpoint / MANIFEST) as fh:
-        json.dump(manifest, fh, indent=2)
-        fh.write("\n")

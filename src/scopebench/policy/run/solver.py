@@ -83,31 +83,27 @@ class TrainSolverMixin(_PolicySolverMixin):
     @classmethod
     def check_cell(cls, params: dict[str, Any], spec: dict[str, Any], launcher_world_size: int | None) -> str | None:
         """A ``Pi05Train`` backend that cannot run with its settings or on its ranks (ZeRO on
-        one process, ZeRO-3 with gradient checkpointing, ZeRO without an optimizer) is
-        declined with :func:`~scopebench.policy.settings.backend_conflict`'s reason, before
-        anything else is checked (as benchopt asks ``skip`` before ``set_objective``).
-        Otherwise the :class:`~scopebench.policy.settings.TrainSettings` (seeded by the
-        dataset), the profiler parameters, the batch against each rank's share of the
-        dataset's samples (:func:`~scopebench.policy.dataset.check_batch_fits`) and, for
-        training, the accelerate file of ``backend`` are checked."""
+        one process, ZeRO-3 with gradient checkpointing, ZeRO without an optimizer, an HSDP mesh
+        that does not divide the ranks) is declined with the backend's own reason
+        (:meth:`~scopebench.train.backends.TrainingBackend.conflict`, ``check_layout``), before
+        anything else is checked (as benchopt asks ``skip`` before ``set_objective``); its
+        accelerate file is resolved then, once. Otherwise the
+        :class:`~scopebench.policy.settings.TrainSettings` (seeded by the dataset), the profiler
+        parameters and the batch against each rank's share of the dataset's samples
+        (:func:`~scopebench.policy.dataset.check_batch_fits`) are checked."""
         from scopebench.policy.dataset import check_batch_fits, synthetic_samples
-        from scopebench.policy.settings import DatasetSettings, TrainSettings, backend_conflict, settings_from
-        from scopebench.train.backends import DEFAULT_BACKEND, get_backend
+        from scopebench.policy.settings import DatasetSettings, TrainSettings, settings_from
         from scopebench.validate import integer
 
         world = _policy_world_size(params, launcher_world_size)
         if cls.task == "train":
-            backend = get_backend(params.get("backend", DEFAULT_BACKEND)).name
-            flags = (params.get("gradient_checkpointing", False), params.get("no_optim", False))
-            conflict = backend_conflict(backend, *flags, world_size=world) or cls._layout_refused(
-                backend, params.get("accelerate_config"), world, _policy_nodes(params, launcher_world_size)
-            )
-            if conflict:
-                return conflict
+            refused = cls._backend_refused(params, world, _policy_nodes(params, launcher_world_size))
+            if refused:
+                return refused
         settings = settings_from(TrainSettings, params, seed=spec.get("seed", 0))
         super().check_cell(params, spec, launcher_world_size)
         if settings.policy != "pi05":  # a user policy reads its own dataset, checked once built
-            return cls._check_accelerate_file(settings)
+            return None
         # The dataset is not written here: its samples are its frames (synthetic_samples).
         defaults = DatasetSettings.__dataclass_fields__
         episodes, length = (
@@ -115,33 +111,36 @@ class TrainSolverMixin(_PolicySolverMixin):
         )
         dataset = f"the dataset ({episodes} episodes x {length} frames)"
         check_batch_fits(settings.batch_size, synthetic_samples(episodes, length), world, dataset)
-        return cls._check_accelerate_file(settings)
+        return None
 
     @staticmethod
-    def _layout_refused(backend: str, accelerate_config: Any, world: int, nodes: int) -> str | None:
-        """Why the backend cannot lay out ``world`` ranks on ``nodes`` nodes (HSDP's mesh), else None."""
-        from scopebench.train.accelerate_file import resolve_accelerate_file
-        from scopebench.train.backends import get_backend
+    def _backend_refused(params: dict[str, Any], world: int, nodes: int) -> str | None:
+        """Why the cell's backend cannot run with its settings or lay out ``world`` ranks on
+        ``nodes`` nodes (its conflicts, HSDP's mesh), else None; the backend and its accelerate
+        file resolved once.
 
+        Raises:
+            ValueError: an unknown backend, an accelerate file missing or selecting another backend.
+        """
+        from scopebench.train.accelerate_file import resolve_accelerate_file
+        from scopebench.train.backends import DEFAULT_BACKEND, get_backend
+
+        backend = get_backend(params.get("backend", DEFAULT_BACKEND))
+        conflict = backend.conflict(
+            gradient_checkpointing=params.get("gradient_checkpointing", False),
+            no_optim=params.get("no_optim", False),
+            world_size=world,
+        )
+        if conflict:
+            return conflict
         try:
-            file = resolve_accelerate_file(backend, accelerate_config)
+            file = resolve_accelerate_file(backend, params.get("accelerate_config"))
         except FileNotFoundError as err:
             raise ValueError(f"accelerate_config: {err}") from None
         try:
-            get_backend(backend).check_layout(file, world, nodes)
+            backend.check_layout(file, world, nodes)
         except ValueError as err:  # a layout this backend cannot use: the cell is declined, as ZeRO on one rank
             return str(err)
-        return None
-
-    @classmethod
-    def _check_accelerate_file(cls, settings: Any) -> None:
-        from scopebench.train.accelerate_file import resolve_accelerate_file
-
-        if cls.task == "train":
-            try:
-                resolve_accelerate_file(settings.backend, settings.accelerate_config)
-            except FileNotFoundError as err:
-                raise ValueError(f"accelerate_config: {err}") from None
         return None
 
     def make_run(self, dataset, eval_batch, seed, dataset_root, chunk_size) -> Any:

@@ -120,9 +120,11 @@ class TrainStep:
     """One optimizer step of a model prepared by an ``accelerate.Accelerator``.
 
     Args:
-        accelerator: Owns the backward, the clipping and the gathers.
+        accelerator: The run's accelerator (autocast, and what the backend's hooks use).
         backend: The run's :class:`~scopebench.train.backends.TrainingBackend` (None: the default,
-            ``ddp``): whether the model is DeepSpeed's engine or sharded by ``fully_shard``.
+            ``ddp``): its step hooks run each micro-batch's gradient sync and backward, the
+            clipping, the optimizer step and ``zero_grad`` (``micro_batch``, ``backward``,
+            ``clip``, ``optimizer_step``, ``zero_grad``); the step itself never asks which backend it is.
         model: The prepared model (DDP-wrapped with several ranks, DeepSpeed's engine, or the
             model sharded in place by FSDP2's ``fully_shard``).
         optimizer: The prepared optimizer, or None (``no_optim``: gradients are dropped).
@@ -167,29 +169,9 @@ class TrainStep:
         accumulation: int = 1,
         memory: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
     ) -> None:
-        from accelerate.utils import DistributedType
-
         self.accelerator = accelerator
         self.model = model
         self.optimizer = optimizer
-        # accelerate's optimizer wrapper only adds, without a gradient scaler (fp16, which the
-        # suite does not offer) or XLA, two package look-ups a step (lomo_optim: 0.1-1 ms) and
-        # an ``inspect.signature`` of ``zero_grad`` (0.1 ms; perf/user_policy_overhead.py):
-        # step and zero the wrapped optimizer itself (the suite accumulates micro-batches
-        # itself, so accelerate's ``sync_gradients`` is always true and its wrapper would zero).
-        inner = getattr(optimizer, "optimizer", None)
-        unscaled = getattr(optimizer, "scaler", None) is None and getattr(accelerator, "scaler", None) is None
-        direct = inner is not None and unscaled and accelerator.distributed_type != DistributedType.XLA
-        self._stepped = inner if direct else optimizer
-        #: Clip with torch's own ``clip_grad_norm_`` where accelerate's adds only a no-op unscale
-        #: and a grouping of the gradients by device mesh (no DTensor here: 0.1 ms a step).
-        self._torch_clip = unscaled and accelerator.distributed_type in (
-            DistributedType.NO,
-            DistributedType.MULTI_CPU,
-            DistributedType.MULTI_GPU,
-        )
-        #: ... and call ``backward`` itself, where accelerate's only divides the loss by 1 first.
-        self._torch_backward = self._torch_clip and accelerator.gradient_accumulation_steps == 1
         #: accelerate's autocast, a fresh context manager a step, only where it casts.
         self._autocast = accelerator.autocast if accelerator.mixed_precision != "no" else contextlib.nullcontext
         #: One process: the gather is the host sync of the values alone.
@@ -206,13 +188,15 @@ class TrainStep:
             from scopebench.train.backends import DEFAULT_BACKEND, get_backend
 
             backend = get_backend(DEFAULT_BACKEND)
+        #: The run's backend: its hooks run the backward, clipping, optimizer step and zero_grad.
+        self.backend = backend
+        #: What the backend's hooks act on (built once).
+        self.parts = backend.step_parts(accelerator, model, optimizer, grad_clip=grad_clip, accumulation=accumulation)
         #: DeepSpeed's engine (the prepared model) under ZeRO, else None.
-        self.engine = model if backend.uses_deepspeed else None
-        #: FSDP2 / HSDP: the model sharded by ``fully_shard`` (gradient sync and clipping are its own).
-        self.fsdp = backend.fully_shards
+        self.engine = backend.engine(model)
         #: The global gradient norm before clipping at the last step (a tensor; None without clipping).
         self.grad_norm: torch.Tensor | None = None
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.params = self.parts.params
         self.steps = 0
         #: The gathered names: ``train_loss`` and the loss's terms (fixed at the first gather).
         self.loss_keys: tuple[str, ...] | None = None
@@ -224,7 +208,7 @@ class TrainStep:
         self._in_flight: list[_Gather] = []
 
     def __call__(self, prof) -> None:
-        acc, engine = self.accelerator, self.engine
+        backend, parts = self.backend, self.parts
         if not self.model.training:  # train() walks every module: 0.4 ms a step on PaliGemma, 2.5 % of it
             self.model.train()
         losses: list[tuple[torch.Tensor, Mapping[str, torch.Tensor]]] = []
@@ -232,42 +216,21 @@ class TrainStep:
             last = micro == self.accumulation - 1
             with prof.track_step("dataload_wait"):
                 inputs = self.prepare(next(self.batches))
-            # DDP: all-reduce the gradients on the last micro-batch only (FSDP2: reduce-scatter).
-            if self.fsdp:
-                self.model.set_requires_gradient_sync(last)
-            with contextlib.nullcontext() if (last or engine is not None or self.fsdp) else acc.no_sync(self.model):
+            with backend.micro_batch(parts, last):  # DDP: the gradients are all-reduced on the last only
                 with prof.track_step("forward"):
                     with self._autocast():
                         loss, terms = self.loss(self.model, inputs)
                 with prof.track_step("bwd"):
-                    if engine is not None:  # scales by 1/accumulation itself
-                        engine.set_gradient_accumulation_boundary(is_boundary=last)
-                        engine.backward(loss)
-                    else:
-                        scaled = loss / self.accumulation if self.accumulation > 1 else loss
-                        if self._torch_backward:
-                            scaled.backward()
-                        else:
-                            acc.backward(scaled)
+                    backend.backward(parts, loss, last)
             losses.append((loss.detach(), {k: torch.as_tensor(v).detach() for k, v in terms.items()}))
         with prof.track_step("unscale_clip"):
-            if engine is None and self.optimizer is not None and self.grad_clip > 0:
-                if self.fsdp:  # the norm over every rank's shards, not this rank's
-                    from scopebench.train.fsdp import clip_grad_norm
-
-                    self.grad_norm = clip_grad_norm(self.params, self.grad_clip)
-                elif self._torch_clip:
-                    self.grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
-                else:
-                    self.grad_norm = acc.clip_grad_norm_(self.params, self.grad_clip)
+            norm = backend.clip(parts)
+            if norm is not None:
+                self.grad_norm = norm
         with prof.track_step("optim_step"):
-            if engine is not None:
-                engine.step()
-            elif self.optimizer is not None:
-                self._stepped.step()
+            backend.optimizer_step(parts)
         with prof.track_step("zero_grad_sched"):
-            if engine is None:
-                (self._stepped if self.optimizer is not None else self.model).zero_grad(set_to_none=True)
+            backend.zero_grad(parts)
             if self.scheduler is not None:
                 self.scheduler.step()
         self._unchecked.append((self.steps + 1, losses))

@@ -33,9 +33,10 @@ import torch
 from scopebench.distributed.device import resolve_device
 from scopebench.harness.run import RankRun
 from scopebench.policy.phases import BACKWARD_STEP_PHASES
-from scopebench.policy.pi05 import config_for_dataset
+from scopebench.policy.run.checks import check_model_states, check_run, model_overrides
 from scopebench.policy.run.steps import MEMORY_KEYS, BatchStream, DataloaderStep, TrainStep
 from scopebench.policy.settings import TrainSettings
+from scopebench.train.accelerate_file import AccelerateFile
 from scopebench.train.backends import DEFAULT_BACKEND, TrainingBackend, get_backend
 from scopebench.validate import choice
 
@@ -47,139 +48,12 @@ __all__ = [
     "model_overrides",
     "run_worker",
     "run_policy",
-    "training_memory_check",
 ]
 
 #: What a run does each iteration: a training step, or a dataloader batch alone.
 TASKS = ("train", "dataloader")
 #: Entry point of spawned ranks (``scopebench.distributed.worker`` imports and calls it).
 WORKER = "scopebench.policy.run.train:run_worker"
-
-
-def training_memory_check(settings: TrainSettings, processes: int = 1, world_size: int = 1, config: Any = None) -> None:
-    """Refuse a preset, then a batch, that cannot fit in the free memory.
-
-    First the model states alone (:func:`check_model_states`, counted on the meta device),
-    refused naming ``preset``; then with ``config`` (the run's model config) the step's peak
-    with the activations of ``batch_size`` samples, measured by a fake forward
-    (:func:`scopebench.policy.memory.training_memory`), refused naming ``batch_size``.
-    Skipped with ``check_memory: false``.
-    """
-    from scopebench.train.memory import GB, check_memory_fits
-
-    if not settings.check_memory:
-        return
-    device = resolve_device(settings.device)
-    check_preset_states(settings, world_size=world_size, device=device, processes=processes)
-    if config is None:
-        return
-    from scopebench.policy.memory import run_memory
-
-    peak = run_memory(settings, config, world_size)
-    held = peak["parameters"] + peak["optimizer_state"] + peak["gather_buffers"]
-    what = (
-        f"the step's peak: {held / GB:.1f} GB of weights, optimizer state and gather buffers "
-        f"and {peak['activations'] / GB:.1f} GB of activations for {settings.batch_size} samples per rank, "
-        "measured by a fake forward"
-    )
-    check = dict(device=device, override_key="check_memory", processes=processes)
-    check_memory_fits("batch_size", settings.batch_size, needed_bytes=int(peak["peak"]), what=what, **check)
-
-
-def check_preset_states(
-    settings: TrainSettings, *, world_size: int, device: Any, processes: int = 1, budget_gb: float | None = None
-) -> None:
-    """:func:`check_model_states` for pi05's ``preset``, its parameters counted on the meta
-    device (nothing allocated)."""
-    from scopebench.policy import make_policy
-
-    with torch.device("meta"):
-        params = make_policy(settings.preset).num_params()
-    check_model_states(
-        settings,
-        "preset",
-        settings.preset,
-        params,
-        world_size=world_size,
-        device=device,
-        processes=processes,
-        budget_gb=budget_gb,
-    )
-
-
-def check_model_states(
-    settings: TrainSettings,
-    key: str,
-    value: Any,
-    params: int,
-    *,
-    world_size: int,
-    device: Any,
-    processes: int = 1,
-    budget_gb: float | None = None,
-) -> None:
-    """The one check that a model's states fit: fp32 weights, gradients and (unless
-    ``no_optim``) AdamW state of ``params`` parameters, as the run's backend holds them per
-    rank (:meth:`~scopebench.train.backends.TrainingBackend.model_state_bytes`), times the
-    ``processes`` sharing the memory; refused naming ``key`` = ``value`` (``preset``, ``policy``).
-    With ``budget_gb`` (``find-max-batch``'s ``--memory-gb``) one rank's states must also fit
-    in that budget: no batch can fit when they do not.
-    """
-    from scopebench.train.memory import check_memory_fits
-
-    backend = get_backend(settings.backend)
-    states = backend.model_state_bytes(params, world_size=world_size, optimizer=not settings.no_optim)
-    size = f"{params / 1e9:.2f} B" if params >= 1e8 else f"{params / 1e6:.1f} M"
-    what = f"{size} parameters x {sum(states.values()) / params:g} bytes: fp32 weights, gradients"
-    what += "" if settings.no_optim else " and AdamW state"
-    if backend.shards_parameters or backend.shards_optimizer:
-        what += f" ({backend.name} over {world_size} rank(s))"
-    if budget_gb is not None and sum(states.values()) > budget_gb * 1e9:
-        raise ValueError(
-            f"{key}={value!r} needs {sum(states.values()) / 1e9:.2f} GB per rank before any activation ({what}), "
-            f"more than --memory-gb {budget_gb:g}: no batch fits; choose a smaller {key} or a larger budget, or set "
-            "check_memory: false to try anyway"
-        )
-    check_memory_fits(
-        key,
-        value,
-        needed_bytes=int(sum(states.values())),
-        what=what,
-        device=device,
-        override_key="check_memory",
-        processes=processes,
-    )
-
-
-def check_backend(settings: TrainSettings, world_size: int, nodes: int = 1):
-    """The run's backend, its accelerate file checked against it, and the backend checked against
-    the settings and the layout of ``world_size`` ranks on ``nodes`` nodes (its conflicts, its
-    minimum ranks, HSDP's mesh), before anything is built or any rank started; returns
-    ``(backend, accelerate file)``.
-
-    Raises:
-        ValueError: naming the setting, the file and key, or the layout that cannot run.
-    """
-    from scopebench.train import resolve_accelerate_file
-
-    backend = get_backend(settings.backend)
-    file = resolve_accelerate_file(settings.backend, settings.accelerate_config)
-    conflict = backend.conflict(
-        gradient_checkpointing=settings.gradient_checkpointing, no_optim=settings.no_optim, world_size=world_size
-    )
-    if conflict:
-        raise ValueError(conflict)
-    backend.check_layout(file, world_size, nodes)
-    return backend, file
-
-
-def model_overrides(settings: TrainSettings) -> dict[str, Any]:
-    """The :class:`~scopebench.policy.config.Pi05Config` fields a training run sets."""
-    return dict(
-        attention_implementation=settings.attention_implementation,
-        gradient_checkpointing=settings.gradient_checkpointing,
-        ce_weight=settings.ce_weight,
-    )
 
 
 def run_policy(settings: Any, *, dataset_root: str | Path, chunk_size: int, task: str = "train"):
@@ -228,10 +102,14 @@ class PolicyTrainRun(RankRun):
         eval_batch_size: Before each callback every rank computes the held-out validation loss of
             the objective (:func:`scopebench.policy.user.validation_loss` on the same
             ``eval_batch_size`` samples of the policy's dataset, :func:`~scopebench.policy.user.fixed_batch`;
-            under ZeRO-3 and FSDP2 a forward needs every rank's shard); it becomes :attr:`val_loss`.
+            where the backend shards the parameters a forward needs every rank's shard); it becomes :attr:`val_loss`.
         resume_from: A checkpoint (folder, ``checkpoints/`` or output folder with a
             ``last`` pointer) to continue from: weights, optimizer, scheduler, RNG states,
             step count and data position (:mod:`scopebench.train.checkpoint`).
+        accelerate_file: The run's accelerate file as a tool resolved it from ``settings``
+            (:func:`scopebench.train.accelerate_file.resolve_accelerate_file`: its backend is the
+            run's); None: resolved here. Every check, the accelerator, the step and the
+            checkpoints are handed its backend.
         **run: ``profiler``, ``output_dir``, ``name``, ``keep_rows``, ``worker`` of
             :class:`~scopebench.harness.run.RankRun`; with ``keep_rows`` every rank's
             recorded rows are also gathered into :attr:`rank_rows` by :meth:`loop`.
@@ -248,16 +126,28 @@ class PolicyTrainRun(RankRun):
         task: str = "train",
         eval_batch_size: int | None = None,
         resume_from: str | Path | None = None,
+        accelerate_file: AccelerateFile | None = None,
         **run: Any,
     ) -> None:
         import warnings
 
+        from scopebench.train.accelerate_file import resolve_accelerate_file
         from scopebench.train.backends import check_launcher
         from scopebench.train.checkpoint import resolve_checkpoint
 
         choice("task", task, TASKS)
+        if task == "train" and accelerate_file is None:
+            accelerate_file = resolve_accelerate_file(settings.backend, settings.accelerate_config)
+        elif task == "train" and accelerate_file.backend.name != settings.backend:
+            raise ValueError(
+                f"accelerate_file {accelerate_file.path} selects backend {accelerate_file.backend.name}, but "
+                f"backend={settings.backend}: pass the file resolved from these settings"
+            )
+        #: The run's accelerate file (training only): resolved once, with the run's backend, and
+        #: checked against the settings and the layout.
+        self.accelerate_file = accelerate_file if task == "train" else None
         #: The run's training backend, resolved once (the dataloader task trains nothing: the default's).
-        self.backend: TrainingBackend = get_backend(settings.backend if task == "train" else DEFAULT_BACKEND)
+        self.backend: TrainingBackend = accelerate_file.backend if task == "train" else get_backend(DEFAULT_BACKEND)
         settings, warning = self.backend.run_settings(settings)
         if warning:
             warnings.warn(warning, RuntimeWarning, stacklevel=2)
@@ -271,8 +161,6 @@ class PolicyTrainRun(RankRun):
             **run,
         )
         self.settings = settings
-        #: The run's accelerate file (training only), checked against the backend and the layout.
-        self.accelerate_file = None
         check_launcher(self.backend)
         self.eval_batch_size = eval_batch_size
         self.resume_from = None if resume_from is None else str(resolve_checkpoint(resume_from))
@@ -281,31 +169,21 @@ class PolicyTrainRun(RankRun):
         self.dataset_root = str(dataset_root)
         self.chunk_size = chunk_size
         self.task = task
-        if task == "train":
-            _, self.accelerate_file = check_backend(settings, self.world_size, self.info.nodes)
         #: Processes sharing this machine's memory (local ranks on a CPU).
         self.local_processes = self.nproc if self.device.type == "cpu" and not self.info.is_distributed else 1
-        if task == "train" and settings.policy == "pi05":  # a user policy's model is checked once built
-            local = self.local_processes
-            config = None
-            if self.info.source != "spawn" and settings.check_memory:  # rank 0 checked for its spawned ranks
-                from scopebench.policy.dataset import RobotDataset
-
-                config = config_for_dataset(
-                    settings.preset, RobotDataset(dataset_root, chunk_size=chunk_size), **model_overrides(settings)
-                )
-            training_memory_check(settings, processes=local, world_size=self.world_size, config=config)
-        if settings.policy == "pi05":
-            from scopebench.policy.dataset import check_dataset_batch  # drop_last: a share under one batch has none
-
-            check_dataset_batch(dataset_root, settings.batch_size, self.world_size)
-        else:
-            from scopebench.policy.user import resolve_factory
-
-            resolve_factory(settings.policy)  # a module or function not found: refused before any rank starts
+        check_run(  # a user policy's model is checked once built (_check_policy)
+            settings,
+            file=self.accelerate_file,
+            world_size=self.world_size,
+            nodes=self.info.nodes,
+            processes=self.local_processes,
+            dataset_root=dataset_root,
+            chunk_size=chunk_size,
+            measure=self.info.source != "spawn",  # rank 0 measured for its spawned ranks
+        )
         #: The run's :class:`~scopebench.policy.user.UserPolicy` (after start).
         self.policy = None
-        #: Whether every rank holds only a shard of each parameter (ZeRO-3, FSDP2, HSDP).
+        #: Whether every rank holds only a shard of each parameter (the backend's ``shards_parameters``).
         self.sharded = task == "train" and self.backend.shards_parameters
         self.accelerator = None
         self.model = None
@@ -353,7 +231,7 @@ class PolicyTrainRun(RankRun):
             self._own_group = self.backend.join_group(self.device)
         self.accelerator = acc = build_accelerator(
             AcceleratorSettings(
-                backend=self.backend.name,
+                backend=self.backend,
                 precision=s.precision,
                 find_unused_params=s.find_unused_params,
                 torch_compile=s.torch_compile,
@@ -407,6 +285,7 @@ class PolicyTrainRun(RankRun):
                 "policy",
                 s.policy,
                 params,
+                backend=self.backend,
                 world_size=self.world_size,
                 device=self.device,
                 processes=self.local_processes,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from scopebench.policy.checkpoint import RESUME_MAY_CHANGE
-from scopebench.policy.phases import TRAIN_PHASES, describe_phases
+from scopebench.policy.phases import TRAIN_PHASES
 from scopebench.policy.settings import RunConfig
 
 __all__ = ["TrainLog", "check_output_dir", "check_resume", "resume_settings", "train_policy"]
@@ -94,7 +94,7 @@ def check_resume(config: RunConfig, checkpoint: str | Path, world_size: int) -> 
     from scopebench.policy.checkpoint import POLICY_CONFIG_FILE
     from scopebench.policy.dataset import RobotDataset
     from scopebench.policy.pi05 import config_for_dataset
-    from scopebench.policy.run.train import model_overrides
+    from scopebench.policy.run.checks import model_overrides
     from scopebench.train.checkpoint import verify_checkpoint
 
     checkpoint = Path(checkpoint)
@@ -211,8 +211,13 @@ class TrainLog:
         print(line, file=self.out, flush=True)
 
 
-def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, out: TextIO | None = None) -> dict:
+def train_policy(
+    config: RunConfig, *, resume_from: str | Path | None = None, out: TextIO | None = None, accelerate_file: Any = None
+) -> dict:
     """Train ``config`` on every rank of the current group; rank 0 logs to ``out``.
+
+    ``accelerate_file``: the run's accelerate file as the command resolved it (its backend is the
+    run's), else None: resolved by the run.
 
     A loss that is NaN or infinite on any rank (:mod:`scopebench.policy.run.nonfinite`) stops the
     run on every rank at the next iteration, and no checkpoint is saved of its step or a later one:
@@ -243,6 +248,7 @@ def train_policy(config: RunConfig, *, resume_from: str | Path | None = None, ou
         output_dir=loop.output_dir,
         name="train",
         resume_from=resume_from,
+        accelerate_file=accelerate_file,
     )
     saved: list[str] = []
     with run:
@@ -313,7 +319,7 @@ def _print_header(run: Any, config: RunConfig, start: int, resume_from: Any, out
     lines = [
         f"scopebench train: {policy_label(s)} ranks={run.world_size} backend={s.backend} "
         f"(accelerate config {file.path})",
-        f"phases: {describe_phases(s.backend)}",
+        f"phases: {run.backend.describe_phases()}",
         "in force: " + "; ".join(settings_in_force(file, s)),
         f"global batch: {run.global_batch_size} = batch_size {s.batch_size} x {run.world_size} ranks x "
         f"{s.gradient_accumulation_steps} accumulation",

@@ -6,9 +6,12 @@ its conflicts, its memory, its accelerator, how it wraps the model, its checkpoi
 each phase holds). Settings keep the backend's name; a run resolves the object once with
 :func:`get_backend` and hands it down. No module outside this package compares backend names.
 
-The backends, in their :attr:`~TrainingBackend.order`: ``ddp`` (:mod:`.ddp`), ``zero2``
-(:mod:`.zero2`), ``zero3`` (:mod:`.zero3`), ``fsdp2`` (:mod:`.fsdp2`), ``hsdp`` (:mod:`.hsdp`);
-shared DeepSpeed code in :mod:`._deepspeed`, FSDP's mechanics in :mod:`scopebench.train.fsdp`.
+The backends are :func:`all_backends`, in their :attr:`~TrainingBackend.order` (one module each,
+named as the backend); shared DeepSpeed code in :mod:`._deepspeed`, FSDP's mechanics in
+:mod:`scopebench.train.fsdp`. Every list of backends a user reads comes from here: the ``backend``
+setting's choices, the tools' ``--help`` (``scopebench.commands._policy_options``) and the tables
+of docs/distributed.md (:func:`backend_table`, :func:`phase_table`, kept current by
+``tests/train/test_backend_lists.py``).
 
 Adding a backend: write ``<name>.py`` here with a module-level ``BACKEND`` (an instance of
 :class:`TrainingBackend` or of a subclass overriding what differs), ship its accelerate file
@@ -35,12 +38,14 @@ __all__ = [
     "ZERO_DEFAULTS",
     "all_backends",
     "backend_names",
+    "backend_table",
     "check_launcher",
     "deepspeed_config",
     "find_backend",
     "gather_buffer_bytes",
     "get_backend",
     "model_state_bytes",
+    "phase_table",
 ]
 
 #: The backend of a run that names none (one process: the plain model).
@@ -66,10 +71,35 @@ def backend_names() -> tuple[str, ...]:
     """The ``backend`` setting's allowed values, in order.
 
     :Examples:
-        >>> backend_names()
-        ('ddp', 'zero2', 'zero3', 'fsdp2', 'hsdp')
+        >>> backend_names()[0], len(backend_names()) == len(all_backends())
+        ('ddp', True)
     """
     return tuple(b.name for b in all_backends())
+
+
+def backend_table() -> str:
+    """The Markdown table of every backend: its setting, what it shards, its fewest ranks and
+    its shipped accelerate file (docs/distributed.md, "Training backends")."""
+    rows = [
+        "| `backend` | what it is | parameters | gradients | optimizer state | fewest ranks | accelerate file |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for b in all_backends():
+        held = ("sharded" if on else "whole" for on in (b.shards_parameters, b.shards_gradients, b.shards_optimizer))
+        rows.append(f"| `{b.name}` | {b.title} | {' | '.join(held)} | {b.min_ranks} | `{b.accelerate_file}` |")
+    return "\n".join(rows)
+
+
+def phase_table() -> str:
+    """The Markdown table of what each backend-dependent training phase holds under every
+    backend (:attr:`TrainingBackend.phase_contents`; a phase a backend leaves out holds the
+    default work, written ``-``)."""
+    phases = ("forward", "bwd", "unscale_clip", "optim_step", "zero_grad_sched")
+    rows = ["| `backend` | " + " | ".join(f"`{p}`" for p in phases) + " |", "|---" * (len(phases) + 1) + "|"]
+    for b in all_backends():
+        cells = (b.phase_contents.get(p, "-").replace("|", "\\|") for p in phases)
+        rows.append(f"| `{b.name}` | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def find_backend(name: Any) -> TrainingBackend | None:

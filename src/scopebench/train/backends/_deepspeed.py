@@ -1,9 +1,12 @@
 """What the DeepSpeed ZeRO backends share: the config, the plugin, the file's knobs, memory.
 
-``zero2`` and ``zero3`` run through accelerate's DeepSpeed plugin (accelerate needs
+Each ZeRO stage is one module of this package (a :class:`ZeroBackend` at its ``zero_stage``); they
+run through accelerate's DeepSpeed plugin (accelerate needs
 ``cpu=False`` even without CUDA: DeepSpeed then runs on the CPU over gloo); the prepared
-model is DeepSpeed's engine, whose ``backward`` / ``step`` the training step calls itself.
-Memory: ZeRO shards gradients and optimizer state, which under DeepSpeed is 12 bytes per
+model is DeepSpeed's engine, whose ``backward`` / ``step`` the training step's hooks call
+(the engine scales by ``1 / accumulation``, clips and zeroes inside its ``step``).
+Memory: ZeRO shards the optimizer state (and, where :attr:`~ZeroBackend.shards_gradients`, the
+gradients; where ``shards_parameters``, the weights), which under DeepSpeed is 12 bytes per
 parameter (an fp32 master copy beside AdamW's two moments, as DeepSpeed's own
 ``estimate_zero2_model_states_mem_needs`` counts it; measured so on gloo ranks, fp32
 included); with ``bf16`` the weights and gradients are bf16. Checkpoints are DeepSpeed's
@@ -12,13 +15,14 @@ included); with ``bf16`` the weights and gradients are bf16. Checkpoints are Dee
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scopebench.train.backends.base import ADAMW, PRECISIONS, RNG_FILES, TrainingBackend, bytes_per_element
+from scopebench.train.backends.base import ADAMW, PRECISIONS, RNG_FILES, StepParts, TrainingBackend, bytes_per_element
 from scopebench.validate import choice
 
 __all__ = ["ZERO_DEFAULTS", "ZeroBackend"]
@@ -53,6 +57,7 @@ class ZeroBackend(TrainingBackend):
     """DeepSpeed ZeRO at :attr:`zero_stage` (see the module docstring)."""
 
     shards_optimizer: bool = True
+    shards_gradients: bool = True
     min_ranks: int = 2
     checkpoint_files: tuple[str, ...] = ("latest", "pytorch_model", RNG_FILES)
     host_hooks: str = (
@@ -93,9 +98,10 @@ class ZeroBackend(TrainingBackend):
     ) -> dict[str, float]:
         low = bytes_per_element(precision, True)
         params = world_size if self.shards_parameters else 1
+        gradients = world_size if self.shards_gradients else 1
         return {
             "parameters": num_params * low / params,
-            "gradients": num_params * low / world_size,
+            "gradients": num_params * low / gradients,
             "optimizer_state": num_params * (ADAMW + MASTER) / world_size if optimizer else 0.0,
         }
 
@@ -185,6 +191,28 @@ class ZeroBackend(TrainingBackend):
             "wall_clock_breakdown": False,
         }
 
+    def engine(self, model: Any) -> Any:
+        return model
+
+    # -- the training step: DeepSpeed's engine -------------------------------------------
+    def micro_batch(self, step: StepParts, last: bool) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # the engine knows the boundary (backward)
+
+    def backward(self, step: StepParts, loss: Any, last: bool) -> None:
+        """``engine.backward``, which scales by ``1 / accumulation`` itself and reduces at the boundary."""
+        step.model.set_gradient_accumulation_boundary(is_boundary=last)
+        step.model.backward(loss)
+
+    def clip(self, step: StepParts) -> Any:
+        return None  # inside engine.step, from the DeepSpeed config's gradient_clipping
+
+    def optimizer_step(self, step: StepParts) -> None:
+        step.model.step()
+
+    def zero_grad(self, step: StepParts) -> None:
+        """Nothing: ``engine.step`` zeroes."""
+
+    # -- checkpoints -------------------------------------------------------------------
     def check_shards(self, checkpoint: Any, world_size: int) -> None:
         """Each rank's optimizer shard, ``<tag>/..._pp_rank_<r>_..._optim_states.pt`` (the tag:
         ``latest``'s): ``zero_to_fp32`` only counts them ("Expected 2 of '*_optim_states.pt' ...

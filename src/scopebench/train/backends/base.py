@@ -1,12 +1,14 @@
 """What a training backend is: :class:`TrainingBackend`, the one object every layer asks.
 
-A backend owns everything that differs between DDP, DeepSpeed ZeRO-2 / ZeRO-3, FSDP2 and
-HSDP: its name and prose name, its shipped accelerate file and how a file selects it, what it
+A backend owns everything that differs between backends (DDP, DeepSpeed's ZeRO stages, torch's
+``fully_shard``...): its name and prose name, its shipped accelerate file and how a file selects it, what it
 shards, its minimum ranks, the settings it cannot run with, its model-state and buffer
 memory, how the accelerator is built for it and how it wraps the model, optimizer,
-scheduler and loader, its checkpoint files (saving, loading, consolidating) and what each
-training phase holds under it. The base class is DDP's behaviour where one is needed; a
-backend overrides what differs (``ddp.py`` is the base with a name).
+scheduler and loader, how the training step runs under it (the step hooks: a micro-batch's
+gradient sync, the backward, clipping, the optimizer step and ``zero_grad``, on the
+:class:`StepParts` the step built once), its checkpoint files (saving, loading, consolidating)
+and what each training phase holds under it. The base class is DDP's behaviour where one is
+needed; a backend overrides what differs (``ddp.py`` is the base with a name).
 
 Everything here imports torch, accelerate and DeepSpeed inside the methods that need them,
 so reading a backend's facts (a report, ``--help``) stays light.
@@ -14,11 +16,12 @@ so reading a backend's facts (a report, ``--help``) stays light.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MODEL_FILE", "RNG_FILES", "Prepared", "TrainingBackend", "bytes_per_element"]
+__all__ = ["MODEL_FILE", "RNG_FILES", "Prepared", "StepParts", "TrainingBackend", "bytes_per_element"]
 
 #: What ``accelerator.save_state`` writes for the weights (accelerate's ``SAFE_WEIGHTS_NAME``)
 #: and for every rank's RNG states.
@@ -55,6 +58,29 @@ class Prepared:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StepParts:
+    """What the step hooks of a :class:`TrainingBackend` act on, built once per training step
+    by :meth:`TrainingBackend.step_parts` (``scopebench.policy.run.steps.TrainStep``)."""
+
+    accelerator: Any
+    model: Any
+    """The prepared model (DDP wrapper, DeepSpeed's engine, or the model sharded in place)."""
+    optimizer: Any
+    """The optimizer to step and zero (accelerate's wrapper or the one it wraps), or None
+    (``no_optim``: gradients are dropped)."""
+    params: list
+    """The trainable parameters (what clipping reads)."""
+    grad_clip: float
+    """Maximum global gradient norm; 0: no clipping."""
+    accumulation: int
+    """Micro-batches per optimizer step."""
+    torch_clip: bool = False
+    """Clip with torch's ``clip_grad_norm_`` rather than accelerate's."""
+    torch_backward: bool = False
+    """Call ``loss.backward()`` rather than ``accelerator.backward``."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainingBackend:
     """One training backend (see the module docstring). Instances are the registry's entries
     (:mod:`scopebench.train.backends`); the run resolves one from the ``backend`` setting once
@@ -64,8 +90,9 @@ class TrainingBackend:
     """The ``backend`` setting's value."""
     title: str
     """Its name in prose (``DeepSpeed ZeRO-2``)."""
-    order: int
-    """Where it comes in listings (choices, tables)."""
+    order: float
+    """Where it comes in listings (choices, tables); a fraction places a new backend between two
+    others without renumbering them."""
     accelerate_file: str
     """The shipped accelerate config file (``configs/accelerate/<file>``)."""
     phase_contents: Mapping[str, str]
@@ -73,7 +100,9 @@ class TrainingBackend:
     shards_parameters: bool = False
     """Every rank holds a shard of each parameter (no rank has the whole model)."""
     shards_optimizer: bool = False
-    """Gradients and optimizer state are sharded over the ranks."""
+    """The optimizer state is sharded over the ranks."""
+    shards_gradients: bool = False
+    """The gradients are sharded over the ranks (reduced to their owner, not all-reduced)."""
     min_ranks: int = 1
     """Fewest processes it runs on."""
     zero_stage: int | None = None
@@ -225,6 +254,72 @@ class TrainingBackend:
         optimizer, scheduler = build_optimizer([p for p in model.parameters() if p.requires_grad])
         prepared, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
         return Prepared(prepared, optimizer, scheduler, loader)
+
+    def engine(self, model: Any) -> Any:
+        """DeepSpeed's engine, when the prepared ``model`` is one (the memory tracker reads it), else None."""
+        return None
+
+    # -- the training step ---------------------------------------------------------------
+    def step_parts(self, accelerator: Any, model: Any, optimizer: Any, *, grad_clip: float, accumulation: int):
+        """The :class:`StepParts` of a training step over the prepared ``model`` and
+        ``optimizer``. accelerate's optimizer wrapper only adds, without a gradient scaler (fp16,
+        which the suite does not offer) or XLA, two package look-ups a step (lomo_optim: 0.1-1
+        ms) and an ``inspect.signature`` of ``zero_grad`` (0.1 ms; perf/user_policy_overhead.py):
+        the wrapped optimizer is stepped and zeroed itself (the suite accumulates micro-batches
+        itself, so accelerate's ``sync_gradients`` is always true and its wrapper would zero).
+        Clipping is torch's own ``clip_grad_norm_`` where accelerate's adds only a no-op unscale
+        and a grouping of the gradients by device mesh (no DTensor here: 0.1 ms a step), and
+        ``backward`` torch's where accelerate's only divides the loss by 1 first."""
+        from accelerate.utils import DistributedType
+
+        inner = getattr(optimizer, "optimizer", None)
+        unscaled = getattr(optimizer, "scaler", None) is None and getattr(accelerator, "scaler", None) is None
+        direct = inner is not None and unscaled and accelerator.distributed_type != DistributedType.XLA
+        plain = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+        torch_clip = unscaled and accelerator.distributed_type in plain
+        return StepParts(
+            accelerator=accelerator,
+            model=model,
+            optimizer=inner if direct else optimizer,
+            params=[p for p in model.parameters() if p.requires_grad],
+            grad_clip=grad_clip,
+            accumulation=accumulation,
+            torch_clip=torch_clip,
+            torch_backward=torch_clip and accelerator.gradient_accumulation_steps == 1,
+        )
+
+    def micro_batch(self, step: StepParts, last: bool) -> contextlib.AbstractContextManager:
+        """The context of one micro-batch's forward and backward (``last``: the optimizer step's
+        last): DDP all-reduces the gradients on the last micro-batch only (``no_sync`` before)."""
+        return contextlib.nullcontext() if last else step.accelerator.no_sync(step.model)
+
+    def backward(self, step: StepParts, loss: Any, last: bool) -> None:
+        """The backward of one micro-batch's ``loss``, scaled by ``1 / accumulation``."""
+        scaled = loss / step.accumulation if step.accumulation > 1 else loss
+        if step.torch_backward:
+            scaled.backward()
+        else:
+            step.accelerator.backward(scaled)
+
+    def clip(self, step: StepParts) -> Any:
+        """Clip the gradients to ``grad_clip`` by their global norm; the norm before clipping (a
+        tensor), or None when nothing was clipped (no optimizer, ``grad_clip`` 0)."""
+        if step.optimizer is None or step.grad_clip <= 0:
+            return None
+        if step.torch_clip:
+            import torch
+
+            return torch.nn.utils.clip_grad_norm_(step.params, step.grad_clip)
+        return step.accelerator.clip_grad_norm_(step.params, step.grad_clip)
+
+    def optimizer_step(self, step: StepParts) -> None:
+        """Step the optimizer (none: nothing)."""
+        if step.optimizer is not None:
+            step.optimizer.step()
+
+    def zero_grad(self, step: StepParts) -> None:
+        """Drop the gradients (the optimizer's, else the model's: ``no_optim``)."""
+        (step.optimizer if step.optimizer is not None else step.model).zero_grad(set_to_none=True)
 
     # -- checkpoints -------------------------------------------------------------------
     def save(self, model: Any, optimizer: Any, folder: Any) -> None:

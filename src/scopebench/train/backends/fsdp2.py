@@ -14,11 +14,12 @@ which differs only in its device mesh (:meth:`FSDPBackend.mesh`) and the file th
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scopebench.train.backends.base import ADAMW, PRECISIONS, RNG_FILES, Prepared, TrainingBackend
+from scopebench.train.backends.base import ADAMW, PRECISIONS, RNG_FILES, Prepared, StepParts, TrainingBackend
 
 __all__ = ["BACKEND", "FSDPBackend"]
 
@@ -29,6 +30,7 @@ class FSDPBackend(TrainingBackend):
 
     shards_parameters: bool = True
     shards_optimizer: bool = True
+    shards_gradients: bool = True
     fully_shards: bool = True
     checkpoint_files: tuple[str, ...] = ("fsdp_model/.metadata", RNG_FILES)
     host_hooks: str = (
@@ -176,6 +178,20 @@ class FSDPBackend(TrainingBackend):
         optimizer, scheduler = build_optimizer([p for p in model.parameters() if p.requires_grad])
         scheduler, loader = accelerator.prepare(scheduler, loader)
         return Prepared(model, optimizer, scheduler, loader, units)
+
+    # -- the training step ---------------------------------------------------------------
+    def micro_batch(self, step: StepParts, last: bool) -> contextlib.AbstractContextManager:
+        """The gradients are reduce-scattered on the last micro-batch only."""
+        step.model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    def clip(self, step: StepParts) -> Any:
+        """By the norm over every rank's gradient shards, not this rank's."""
+        if step.optimizer is None or step.grad_clip <= 0:
+            return None
+        from scopebench.train.fsdp import clip_grad_norm
+
+        return clip_grad_norm(step.params, step.grad_clip)
 
     # -- checkpoints -------------------------------------------------------------------
     def save(self, model: Any, optimizer: Any, folder: Any) -> None:
