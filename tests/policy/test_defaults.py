@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scopebench.policy.data import SyntheticRobotConfig
+from scopebench.policy.data.synthetic import SyntheticRobotConfig
 from scopebench.policy.settings import DatasetSettings, InferenceSettings, TrainSettings, load_run_config
 from scopebench.preflight import load_classes
 

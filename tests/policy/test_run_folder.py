@@ -174,14 +174,16 @@ def test_a_run_whose_checkpoints_folder_another_run_writes_is_refused_in_one_lin
         f"scopebench train: checkpoints folder {(tmp_path / 'scratch').resolve()} "
     ), err
     assert f"(pid {holder.pid} on host " in lines[0] and f"output_dir {first.resolve()})" in lines[0], err
-    assert not step_lines(out) and list((tmp_path / "scratch").iterdir()) == [(tmp_path / "scratch" / LOCK)]
+    assert not step_lines(out) and list((tmp_path / "scratch").iterdir()) == [tmp_path / "scratch" / LOCK]
 
 
 def test_a_checkpoints_link_that_dangles_is_named(tmp_path):
     from scopebench.train.run_folder import RunFolderLock
 
     (tmp_path / "checkpoints").symlink_to(tmp_path / "unmounted")
-    with pytest.raises(ValueError, match=r"checkpoints -> .*unmounted cannot be the checkpoints folder \(File exists\)"):
+    with pytest.raises(
+        ValueError, match=r"checkpoints -> .*unmounted cannot be the checkpoints folder \(File exists\)"
+    ):
         RunFolderLock.acquire(tmp_path)
 
 

@@ -33,13 +33,13 @@ between them (the reset is timed apart, not in the calls), and its latency is re
 place in the episode, so a state that grows shows up; it is not compiled (refused in one
 line: its state changing from call to call would make ``torch.compile`` recompile mid-episode).
 
-Control-rate figures (:mod:`scopebench.policy.control`), with ``--control-hz`` (default the
+Control-rate figures (:mod:`scopebench.policy.control.figures`), with ``--control-hz`` (default the
 config's ``policy.control_hz``; none: no figures) and ``--n-action-steps`` (actions executed
 per chunk, default ``policy.n_action_steps``, else the whole chunk): the deadline
 ``n_action_steps / control_hz``, the share of calls over it, p99.9 (from 1000 calls), the
 jitter and the real-time-chunking delay ``d = ceil(latency * control_hz)``, with a verdict line.
 
-Closed-loop replay (:mod:`scopebench.policy.replay`), with ``--closed-loop sync|async``
+Closed-loop replay (:mod:`scopebench.policy.control.replay`), with ``--closed-loop sync|async``
 (needs a control rate) and ``--closed-loop-ticks`` (300): after the timed calls, an executor
 ticks at the control rate on absolute deadlines ``t0 + k / control_hz`` for that many ticks
 while another thread makes the next call; ``sync`` hands the next chunk over when the
@@ -157,8 +157,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from scopebench.policy.control import FLAGS, check_config_control, check_control
-    from scopebench.policy.replay import MAX_REPLAY_SEC, check_duration, duration_text
+    from scopebench.policy.control.figures import FLAGS, check_config_control, check_control
+    from scopebench.policy.control.replay import MAX_REPLAY_SEC, check_duration, duration_text
     from scopebench.policy.run.chunks import NonFiniteActionsError
     from scopebench.policy.tools import check_json_path, env_bool, env_int, load_config
     from scopebench.profiler.config import check_writable_dir
@@ -224,11 +224,11 @@ def failed(command: str, err: BaseException) -> int:
 
 def _closed_loop(run, calls: list[float], mode: str, ticks: int, expected_sec: float) -> dict:
     """The replay of ``run``'s calls at the control rate, measured and as estimated from the
-    timed calls' latencies (:mod:`scopebench.policy.replay`); each call's output checked off
+    timed calls' latencies (:mod:`scopebench.policy.control.replay`); each call's output checked off
     its clock (:attr:`~scopebench.policy.run.inference.InferenceRun.check`)."""
     import itertools
 
-    from scopebench.policy.replay import predict, replay
+    from scopebench.policy.control.replay import predict, replay
 
     s = run.settings
     n = run.executed_actions()
@@ -382,7 +382,7 @@ def _bench(
 
 
 def format_report(report: dict) -> str:
-    from scopebench.policy.control import control_lines
+    from scopebench.policy.control.figures import control_lines
     from scopebench.policy.tools import policy_label
 
     s, m = report["settings"], report["summary"]

@@ -36,8 +36,8 @@ from typing import Any
 
 from scopebench.distributed.device import check_device
 from scopebench.parameters import solver_parameters  # re-exported for the policy's solvers and dataset
-from scopebench.policy.config import ATTENTION_IMPLEMENTATIONS, PRESETS
-from scopebench.policy.data import SyntheticRobotConfig
+from scopebench.policy.data.synthetic import SyntheticRobotConfig
+from scopebench.policy.pi05.config import ATTENTION_IMPLEMENTATIONS, PRESETS
 from scopebench.train.backends import DEFAULT_BACKEND, backend_names, get_backend
 from scopebench.train.backends.base import PRECISIONS
 from scopebench.train.optim import SCHEDULERS
@@ -251,7 +251,7 @@ class InferenceSettings:
     """pi05: actions predicted per call (None: the dataset's chunk size)."""
     n_action_steps: int | None = None
     """pi05: actions returned per call, at most ``chunk_size`` (None: all of them); also the
-    actions executed per chunk in the control-rate figures (:mod:`scopebench.policy.control`)."""
+    actions executed per chunk in the control-rate figures (:mod:`scopebench.policy.control.figures`)."""
     control_hz: float | None = None
     """The robot's control rate (Hz) for the control-rate figures (None: no figures)."""
     compile_mode: str = "none"
@@ -349,11 +349,11 @@ class DatasetSettings:
         """The dataset's folder: the ``lerobot`` folder, checked whole (every file, no frame
         decoded) so that a broken one is refused before any run starts; or the synthetic
         dataset, written if it is not cached yet."""
-        from scopebench.policy.data import cached_synthetic_dataset
+        from scopebench.policy.data.synthetic import cached_synthetic_dataset
 
         if self.lerobot is None:
             return cached_synthetic_dataset(self.cache_dir, self.synthetic())
-        from scopebench.policy.lerobot import LeRobotFolder
+        from scopebench.policy.data.lerobot import LeRobotFolder
 
         root = Path(self.lerobot).expanduser()
         if not root.is_dir():

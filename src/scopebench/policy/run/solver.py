@@ -88,9 +88,9 @@ class TrainSolverMixin(_PolicySolverMixin):
         anything else is checked (as benchopt asks ``skip`` before ``set_objective``).
         Otherwise the :class:`~scopebench.policy.settings.TrainSettings` (seeded by the
         dataset), the profiler parameters, the batch against each rank's share of the
-        dataset's samples (:func:`~scopebench.policy.dataset.check_batch_fits`) and, for
+        dataset's samples (:func:`~scopebench.policy.data.dataset.check_batch_fits`) and, for
         training, the accelerate file of ``backend`` are checked."""
-        from scopebench.policy.dataset import check_batch_fits, synthetic_samples
+        from scopebench.policy.data.dataset import check_batch_fits, synthetic_samples
         from scopebench.policy.settings import DatasetSettings, TrainSettings, backend_conflict, settings_from
         from scopebench.train.backends import DEFAULT_BACKEND, get_backend
         from scopebench.validate import integer

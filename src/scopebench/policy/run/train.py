@@ -33,7 +33,7 @@ import torch
 from scopebench.distributed.device import resolve_device
 from scopebench.harness.run import RankRun
 from scopebench.policy.phases import BACKWARD_STEP_PHASES
-from scopebench.policy.pi05 import config_for_dataset
+from scopebench.policy.pi05.policy import config_for_dataset
 from scopebench.policy.run.steps import MEMORY_KEYS, BatchStream, DataloaderStep, TrainStep
 from scopebench.policy.settings import TrainSettings
 from scopebench.train.backends import DEFAULT_BACKEND, TrainingBackend, get_backend
@@ -174,7 +174,7 @@ def check_backend(settings: TrainSettings, world_size: int, nodes: int = 1):
 
 
 def model_overrides(settings: TrainSettings) -> dict[str, Any]:
-    """The :class:`~scopebench.policy.config.Pi05Config` fields a training run sets."""
+    """The :class:`~scopebench.policy.pi05.config.Pi05Config` fields a training run sets."""
     return dict(
         attention_implementation=settings.attention_implementation,
         gradient_checkpointing=settings.gradient_checkpointing,
@@ -185,8 +185,8 @@ def model_overrides(settings: TrainSettings) -> dict[str, Any]:
 def run_policy(settings: Any, *, dataset_root: str | Path, chunk_size: int, task: str = "train"):
     """The :class:`~scopebench.policy.user.UserPolicy` of a run (``settings.policy``), built after
     seeding torch with ``settings.seed``: pi05 with the run's data and model settings
-    (:func:`scopebench.policy.pi05.pi05_args`), a user factory with ``settings.policy_args``."""
-    from scopebench.policy.pi05 import pi05_args
+    (:func:`scopebench.policy.pi05.policy.pi05_args`), a user factory with ``settings.policy_args``."""
+    from scopebench.policy.pi05.policy import pi05_args
     from scopebench.policy.user import build_policy
 
     if settings.policy == "pi05":
@@ -200,7 +200,7 @@ def audit_parameters(settings: TrainSettings, *, dataset_root: str | Path, chunk
     """One forward + backward of the run's model on the run's first batch, on one device
     (no DDP): which parameters get no gradient (:func:`scopebench.policy.audit.find_unused_parameters`)."""
     from scopebench.policy.audit import find_unused_parameters
-    from scopebench.policy.user import check_trainable, make_policy_loader, policy_loss, prepare_batch
+    from scopebench.policy.calls import check_trainable, make_policy_loader, policy_loss, prepare_batch
 
     device = resolve_device(settings.device)
     policy = run_policy(settings, dataset_root=dataset_root, chunk_size=chunk_size)
@@ -226,8 +226,8 @@ class PolicyTrainRun(RankRun):
         chunk_size: Actions per training sample (the policy's chunk size).
         task: ``train`` or ``dataloader`` (no model, no optimizer, no collective).
         eval_batch_size: Before each callback every rank computes the held-out validation loss of
-            the objective (:func:`scopebench.policy.user.validation_loss` on the same
-            ``eval_batch_size`` samples of the policy's dataset, :func:`~scopebench.policy.user.fixed_batch`;
+            the objective (:func:`scopebench.policy.calls.validation_loss` on the same
+            ``eval_batch_size`` samples of the policy's dataset, :func:`~scopebench.policy.calls.fixed_batch`;
             under ZeRO-3 and FSDP2 a forward needs every rank's shard); it becomes :attr:`val_loss`.
         resume_from: A checkpoint (folder, ``checkpoints/`` or output folder with a
             ``last`` pointer) to continue from: weights, optimizer, scheduler, RNG states,
@@ -289,14 +289,16 @@ class PolicyTrainRun(RankRun):
             local = self.local_processes
             config = None
             if self.info.source != "spawn" and settings.check_memory:  # rank 0 checked for its spawned ranks
-                from scopebench.policy.dataset import RobotDataset
+                from scopebench.policy.data.dataset import RobotDataset
 
                 config = config_for_dataset(
                     settings.preset, RobotDataset(dataset_root, chunk_size=chunk_size), **model_overrides(settings)
                 )
             training_memory_check(settings, processes=local, world_size=self.world_size, config=config)
         if settings.policy == "pi05":
-            from scopebench.policy.dataset import check_dataset_batch  # drop_last: a share under one batch has none
+            from scopebench.policy.data.dataset import (
+                check_dataset_batch,  # drop_last: a share under one batch has none
+            )
 
             check_dataset_batch(dataset_root, settings.batch_size, self.world_size)
         else:
@@ -340,7 +342,7 @@ class PolicyTrainRun(RankRun):
         """The accelerator, the data, and for training the model, AdamW and the schedule."""
         import functools
 
-        from scopebench.policy.user import fixed_batch, make_policy_loader, measure_flops_per_sample, prepare_batch
+        from scopebench.policy.calls import fixed_batch, make_policy_loader, measure_flops_per_sample, prepare_batch
         from scopebench.train import AcceleratorSettings, build_accelerator, peak_flops
 
         s = self.settings
@@ -391,8 +393,8 @@ class PolicyTrainRun(RankRun):
 
     def _check_policy(self) -> None:
         """A user policy's dataset against the batch, and its model states against the free memory."""
-        from scopebench.policy.dataset import check_batch_fits
-        from scopebench.policy.user import check_trainable
+        from scopebench.policy.calls import check_trainable
+        from scopebench.policy.data.dataset import check_batch_fits
 
         s, policy = self.settings, self.policy
         if s.policy == "pi05":
@@ -438,7 +440,7 @@ class PolicyTrainRun(RankRun):
     def _build_training(self, model, loader, prepare) -> None:
         import functools
 
-        from scopebench.policy.user import policy_loss
+        from scopebench.policy.calls import policy_loss
         from scopebench.profiler.device import DeviceOps, peak_rss_mb
         from scopebench.train import build_adamw, build_scheduler
 
@@ -589,7 +591,7 @@ class PolicyTrainRun(RankRun):
         self.rank_checks = [c for _, c in gathered]
 
     def _score_on_every_rank(self) -> None:
-        from scopebench.policy.user import validation_loss
+        from scopebench.policy.calls import validation_loss
 
         model = self.accelerator.unwrap_model(self.work.model)
         self.val_loss = validation_loss(self.policy, model, self._eval, self.settings.seed)

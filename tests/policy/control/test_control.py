@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from scopebench.cli import main
-from scopebench.policy.control import P999_MIN_CALLS, check_control, control_figures
+from scopebench.policy.control.figures import P999_MIN_CALLS, check_control, control_figures
 
-from .conftest import TINY
-from .helpers import SAMPLE_POLICY_SOURCE
+from ..conftest import TINY
+from ..helpers import SAMPLE_POLICY_SOURCE
 
 
 def _pattern(n: int = 200, seed: int = 0) -> list[float]:

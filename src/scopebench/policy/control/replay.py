@@ -1,6 +1,6 @@
 """Closed-loop replay: actions executed at the control rate while the next chunk is inferred.
 
-:mod:`scopebench.policy.control` derives figures from a list of latencies; this module
+:mod:`scopebench.policy.control.figures` derives figures from a list of latencies; this module
 **measures** them: :func:`replay` runs an executor (the calling thread) that ticks at
 ``control_hz`` on absolute deadlines ``t0 + k * dt`` (``dt = 1 / control_hz``, so lateness
 never accumulates into drift) while a worker thread calls ``infer()``, one chunk a call.
@@ -13,7 +13,7 @@ Hand-over modes:
 * ``sync``: inference of the next chunk starts when a chunk is handed over (its
   observation is that tick); the arrived chunk waits until the current one has run out,
   then is handed over at index 0. A tick with no action left is a **stall**. With
-  ``d = ceil(latency * control_hz)`` (:class:`~scopebench.policy.control.ControlFigures`'
+  ``d = ceil(latency * control_hz)`` (:class:`~scopebench.policy.control.figures.ControlFigures`'
   delay), a chunk costs ``max(0, d - n)`` stalls and the next hand-over comes
   ``max(n, d)`` ticks later.
 * ``async``: inference likewise starts when a chunk is handed over, but the arrived
@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scopebench.policy.control import check_control, delay_ticks
+from scopebench.policy.control.figures import check_control, delay_ticks
 from scopebench.validate import integer
 
 __all__ = [

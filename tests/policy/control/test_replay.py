@@ -16,10 +16,10 @@ import threading
 import pytest
 
 from scopebench.cli import main
-from scopebench.policy.control import control_figures
-from scopebench.policy.replay import RealClock, VirtualClock, predict, replay
+from scopebench.policy.control.figures import control_figures
+from scopebench.policy.control.replay import RealClock, VirtualClock, predict, replay
 
-from .conftest import TINY
+from ..conftest import TINY
 from .test_control import control_policies  # noqa: F401 - the fixture, reused
 
 HZ, TICKS = 30.0, 330
@@ -170,7 +170,7 @@ def test_each_chunk_is_checked_after_its_latency_is_taken():
 
 
 def test_the_duration_of_a_replay_is_bounded_naming_the_keys():
-    from scopebench.policy.replay import MAX_REPLAY_SEC, check_duration
+    from scopebench.policy.control.replay import MAX_REPLAY_SEC, check_duration
 
     assert check_duration(300, 30.0) == 10.0 and MAX_REPLAY_SEC == 3600
     assert check_duration(7200, 1.0, 7200) == 7200.0  # the bound raised
