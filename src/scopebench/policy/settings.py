@@ -296,21 +296,23 @@ class DatasetSettings:
     """The robot dataset a run reads: a LeRobot v3.0 folder (``lerobot``), or the synthetic
     dataset of the other fields (written once, then cached)."""
 
-    num_episodes: int = 4
+    # The synthetic dataset's fields take the writer's defaults (SyntheticRobotConfig: one
+    # source, so the two cannot drift as denoiser_sigma once did).
+    num_episodes: int = SyntheticRobotConfig.num_episodes
     """Episodes."""
-    episode_length: int = 24
+    episode_length: int = SyntheticRobotConfig.episode_length
     """Frames per episode."""
-    image_size: int = 32
+    image_size: int = SyntheticRobotConfig.image_size
     """Side of the camera frames in pixels."""
-    num_cameras: int = 2
+    num_cameras: int = SyntheticRobotConfig.num_cameras
     """Cameras per frame."""
     chunk_size: int = 8
     """Actions per training sample (the policy's chunk size in training)."""
-    seed: int = 0
+    seed: int = SyntheticRobotConfig.seed
     """Seed of the trajectories."""
-    video: bool = True
+    video: bool = SyntheticRobotConfig.video
     """Synthetic camera frames as MP4 video (true) or as PNG images (false, for comparison)."""
-    codec: str = "h264"
+    codec: str = SyntheticRobotConfig.codec
     """Codec of the synthetic videos: ``h264`` (libx264) or ``av1`` (libsvtav1)."""
     cache_dir: str = "outputs/datasets"
     """Folder of the cached datasets (relative to the working directory)."""
