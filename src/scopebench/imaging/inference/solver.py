@@ -21,26 +21,12 @@ from scopebench.imaging.inference.engine import ReconstructionConfig
 from scopebench.imaging.inference.problems import describe_problem
 from scopebench.imaging.inference.run import PnPRun
 from scopebench.imaging.inference.topology import check_topology
+from scopebench.parameters import defaults
 
 __all__ = ["PnPSolverMixin", "cell_problems"]
 
-#: Solver parameters that make up the :class:`ReconstructionConfig`.
-CONFIG_KEYS = (
-    "denoiser",
-    "denoiser_sigma",
-    "denoiser_weights",
-    "pretrained",
-    "step_size",
-    "step_size_scale",
-    "init_method",
-    "distribute_physics",
-    "distribute_denoiser",
-    "patch_size",
-    "overlap",
-    "max_batch_size",
-    "compile",
-    "device",
-)
+#: Solver parameters that make up the :class:`ReconstructionConfig`: its fields.
+CONFIG_KEYS = tuple(defaults(ReconstructionConfig))
 
 
 def cell_problems(
