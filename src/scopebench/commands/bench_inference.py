@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     from scopebench.policy.run.chunks import NonFiniteActionsError
     from scopebench.policy.tools import check_json_path, env_bool, env_int, load_config
     from scopebench.profiler.config import check_writable_dir
-    from scopebench.validate import integer, number
+    from scopebench.validate import integer, number, optional
 
     check_control(args.control_hz, args.n_action_steps, keys=FLAGS)  # as typed, before the config
     ticks = integer("--closed-loop-ticks", args.closed_loop_ticks, low=1)
@@ -181,11 +181,8 @@ def run(args: argparse.Namespace) -> int:
         "policy.control_hz": args.control_hz,
         "policy.n_action_steps": args.n_action_steps,
     }
-    timed = args.n_timed if args.n_timed is not None else env_int("BENCH_N_TIMED", 50)
-    if timed < 1:
-        raise ValueError(f"--n-timed must be >= 1, got {timed}")
-    if args.episode_length is not None and args.episode_length < 1:
-        raise ValueError(f"--episode-length must be >= 1, got {args.episode_length}")
+    timed = integer("--n-timed", args.n_timed, low=1) if args.n_timed is not None else env_int("BENCH_N_TIMED", 50)
+    episode_length = optional(integer, "--episode-length", args.episode_length, low=1)
     config = load_config(args, env=env, flags=flags)
     keys = check_config_control(config, args.control_hz, args.n_action_steps)
     loop = None
@@ -206,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         )
     keys["chunks_per_call"] = "--chunks-per-call"
     try:
-        return _bench(config, timed, out_dir, args.json, args.episode_length, args.chunks_per_call, loop, keys)
+        return _bench(config, timed, out_dir, args.json, episode_length, args.chunks_per_call, loop, keys)
     except NonFiniteActionsError as err:
         return failed("bench-inference", err)
 
@@ -231,7 +228,7 @@ def _closed_loop(run, calls: list[float], mode: str, ticks: int, expected_sec: f
     from scopebench.policy.control.replay import predict, replay
 
     s = run.settings
-    n = run.executed_actions()
+    rate = run.control_rate()  # validated once, for the replay and both estimates
     count = itertools.count(1)
 
     def infer():  # one call; the replay takes its latency, then checks its chunk
@@ -241,11 +238,11 @@ def _closed_loop(run, calls: list[float], mode: str, ticks: int, expected_sec: f
     def check(chunk) -> None:
         run.check(chunk, call=f"closed-loop call {next(count)}", num_steps=s.num_steps)
 
-    measured = replay(infer, mode, s.control_hz, n, ticks, check=check)
-    estimate = predict(calls, mode, s.control_hz, n, ticks)
+    measured = replay(infer, mode, rate, ticks, check=check)
+    estimate = predict(calls, mode, rate, ticks)
     # the same rules over the replay's own calls: what the clock and the threads add, apart
     # from a latency distribution that moved since the timed calls (warm-up, load)
-    own = predict(measured.latencies_sec, mode, s.control_hz, n, ticks)
+    own = predict(measured.latencies_sec, mode, rate, ticks)
     return {
         "mode": mode,
         "ticks": ticks,

@@ -229,5 +229,5 @@ class InferenceSolverMixin(_PolicySolverMixin):
             return dict(sampled=True, **metrics)
         actions = run.actions
         if actions is None:  # no call yet (n_warmup: 0): "no motion", scored like any other
-            actions = torch.zeros(1, run.settings.n_action_steps or run.chunk_size, self.action_dim)
+            actions = torch.zeros(1, run.executed_actions(), self.action_dim)
         return dict(actions=actions, **metrics)
