@@ -47,6 +47,7 @@ __all__ = [
     "BenchoptRun",
     "FAILED_STATUSES",
     "METADATA_KEY",
+    "REFUSED_SKIP",
     "StoppedOnTimeout",
     "TruncatedRunWarning",
     "job_folder",
@@ -58,6 +59,10 @@ __all__ = [
 ]
 
 FAILED_STATUSES = ("error", "diverged", "not installed", "interrupted")
+#: How a skip reason starts when the cell refused a value (the solver's ``skip``,
+#: :class:`scopebench.harness.solver.ProfiledSolverMixin`): benchopt prints it as a skip,
+#: ``Reason: refused: ...``; a checked run counts it as a failure.
+REFUSED_SKIP = "refused: "
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: Key of scopebench's entry in the parquet's benchopt metadata (``_meta_json``).
 METADATA_KEY = "scopebench_run"
@@ -116,6 +121,8 @@ def _failed_lines(log: str) -> list[str]:
         if "Traceback (most recent call last)" in stripped:
             bad.append(stripped)
         elif any(stripped.endswith(f": {status}") for status in FAILED_STATUSES):
+            bad.append(stripped)
+        elif stripped.startswith(f"Reason: {REFUSED_SKIP}"):  # a cell that refused a value: skipped, not run
             bad.append(stripped)
     return bad
 

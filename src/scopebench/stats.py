@@ -15,7 +15,10 @@ Conventions:
     * The confidence interval of the mean is the Student-t interval
       ``mean ± t_{1-α/2, n-1} · std / sqrt(n)``; for one sample it collapses to the mean.
     * The confidence interval of a ratio of medians (A/B comparisons) is a seeded
-      percentile bootstrap: both samples are resampled independently with replacement.
+      percentile bootstrap (both samples resampled independently with replacement) from
+      :data:`BOOTSTRAP_MIN_SAMPLES` samples a side, and below that the rank interval of
+      :func:`scale_ratio_ci`, whose coverage the bootstrap does not reach there
+      (:func:`median_ratio_ci` gives the measured coverage).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
+    "BOOTSTRAP_MIN_SAMPLES",
     "Summary",
     "mean",
     "median",
@@ -34,6 +38,7 @@ __all__ = [
     "std",
     "confidence_interval",
     "median_ratio_ci",
+    "scale_ratio_ci",
     "linear_fit",
     "r_squared",
     "samples_per_sec",
@@ -206,24 +211,46 @@ def samples_per_sec(batch_size: int, metrics: dict[str, Any]) -> float | None:
     return batch_size / step if step > 0 else None
 
 
+#: Fewest samples on each side for which :func:`median_ratio_ci` bootstraps; below it, the
+#: bootstrap's interval is too narrow for its level (coverage measured in its docstring).
+BOOTSTRAP_MIN_SAMPLES = 5
+
+
 def median_ratio_ci(
     a: Iterable[float], b: Iterable[float], level: float = 0.95, resamples: int = 2000, seed: int = 0
 ) -> tuple[float, float, float]:
-    """Ratio ``median(b) / median(a)`` with a percentile-bootstrap confidence interval.
+    """Ratio ``median(b) / median(a)`` with a confidence interval at ``level``.
 
-    Each of ``resamples`` rounds draws ``len(a)`` values from ``a`` and ``len(b)`` from
-    ``b`` with replacement (a generator seeded with ``seed``: the same inputs give the same
-    interval) and takes the ratio of their medians; the interval is the
-    ``(1 - level) / 2`` and ``(1 + level) / 2`` percentiles of those ratios (linear
-    interpolation, as :func:`percentile`).
+    From :data:`BOOTSTRAP_MIN_SAMPLES` samples on each side, a percentile bootstrap: each of
+    ``resamples`` rounds draws ``len(a)`` values from ``a`` and ``len(b)`` from ``b`` with
+    replacement (a generator seeded with ``seed``: the same inputs give the same interval)
+    and takes the ratio of their medians (a round whose ``a`` median is 0 counts as an
+    infinite ratio); the interval is the ``(1 - level) / 2`` and ``(1 + level) / 2``
+    percentiles of those ratios (linear interpolation, as :func:`percentile`).
+
+    With fewer samples on a side the bootstrap's interval is too narrow: with ``B = 2 A`` in
+    distribution, 1000 simulated pairs per cell, 95 % intervals covered the true ratio in
+    89-92 % of the pairs at 3 samples a side and 92-94 % at 4, against 94-98 % at every size
+    from 5 to 10 (log-normal times with 5 % and 50 % spread, 1 + an exponential, 10 %
+    outliers 3x slower; also 5 against 40 samples and A, B of different shapes). Below 5,
+    the interval is therefore :func:`scale_ratio_ci`'s rank interval, whose coverage is
+    exact under its model, and unbounded (``(0, inf)``) when no interval at ``level`` exists
+    from so few samples (3 a side at 95 %). At ``level`` 0.99 the bootstrap covered 98.2-98.5 %
+    at 5 samples a side and 99 % or more from 6.
 
     Returns:
         ``(ratio, low, high)``.
 
+    Raises:
+        ValueError: an empty or NaN sample, a level outside (0, 1), or a baseline median <= 0
+            (the ratio is undefined).
+
     :Examples:
-        >>> ratio, low, high = median_ratio_ci([1.0, 1.1, 0.9, 1.0], [2.0, 2.2, 1.8, 2.0])
+        >>> ratio, low, high = median_ratio_ci([1.0, 1.1, 0.9, 1.0, 1.05], [2.0, 2.2, 1.8, 2.0, 2.1])
         >>> ratio, low <= 2.0 <= high
         (2.0, True)
+        >>> median_ratio_ci([1.0, 1.1, 0.9], [2.0, 2.2, 1.8])
+        (2.0, 0.0, inf)
     """
     import numpy as np
 
@@ -234,12 +261,74 @@ def median_ratio_ci(
     xa, xb = np.asarray(_as_list(a)), np.asarray(_as_list(b))
     if median(xa) <= 0.0:
         raise ValueError(f"expected a positive median for the baseline sample, got {median(xa)!r}")
+    ratio = median(xb) / median(xa)
+    if min(xa.size, xb.size) < BOOTSTRAP_MIN_SAMPLES:
+        return (ratio, *scale_ratio_ci(xa.tolist(), xb.tolist(), level))
     rng = np.random.default_rng(seed)
     med_a = np.median(xa[rng.integers(0, xa.size, size=(resamples, xa.size))], axis=1)
     med_b = np.median(xb[rng.integers(0, xb.size, size=(resamples, xb.size))], axis=1)
-    ratios = (med_b / med_a).tolist()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(med_a > 0.0, med_b / np.where(med_a > 0.0, med_a, 1.0), math.inf).tolist()
     alpha = (1.0 - level) / 2.0 * 100.0
-    return median(xb) / median(xa), percentile(ratios, alpha), percentile(ratios, 100.0 - alpha)
+    return ratio, percentile(ratios, alpha), percentile(ratios, 100.0 - alpha)
+
+
+def _rank_sum_counts(m: int, n: int) -> list[int]:
+    """How many of the ``C(m + n, m)`` orderings of two samples (sizes ``m``, ``n``, no ties)
+    give the Mann-Whitney count ``U = u``, for ``u = 0 .. m n``: the coefficients of the
+    Gaussian binomial ``[m + n choose m]_q = prod_{i=1..m} (1 - q^(n+i)) / (1 - q^i)``.
+
+    :Examples:
+        >>> _rank_sum_counts(2, 2)
+        [1, 1, 2, 1, 1]
+    """
+    m, n = min(m, n), max(m, n)
+    poly = [1]
+    for i in range(1, m + 1):
+        grown = poly + [0] * (n + i)
+        for j, c in enumerate(poly):
+            grown[j + n + i] -= c
+        for j in range(i, len(grown)):  # divide by (1 - q^i)
+            grown[j] += grown[j - i]
+        poly = grown[: len(grown) - i]
+    return poly
+
+
+def scale_ratio_ci(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Rank confidence interval (Moses's, on a log scale) for the factor ``r`` in the scale
+    model ``b ~ r a``: B's times are A's times multiplied by ``r`` (then ``r`` is also the
+    ratio of their medians).
+
+    The ``m n`` ratios ``b_j / a_i`` sorted, the interval is ``[R_(k), R_(mn+1-k)]`` with
+    the largest ``k`` whose two tails hold at most ``1 - level`` of the Mann-Whitney null
+    distribution: its coverage, ``1 - 2 P(U <= k - 1)``, is exact for continuous times
+    under the model (without it, no interval reaches 95 % from fewer than 7 samples a
+    side). When even ``k = 1`` (``[min b / max a, max b / min a]``, coverage
+    ``1 - 2 / C(m + n, m)``) falls short of ``level`` the interval is ``(0, inf)``: 3
+    samples a side reach 90 %, 4 a side 97.1 %.
+
+    :Examples:
+        >>> scale_ratio_ci([1.0, 1.1, 0.9, 1.0], [2.0, 2.2, 1.8, 2.0])
+        (1.6363636363636362, 2.4444444444444446)
+        >>> scale_ratio_ci([1.0, 1.1, 0.9], [2.0, 2.2, 1.8])
+        (0.0, inf)
+    """
+    import numpy as np
+
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"expected a confidence level in (0, 1), got {level!r}")
+    xa, xb = np.asarray(_as_list(a)), np.asarray(_as_list(b))
+    counts = _rank_sum_counts(xa.size, xb.size)
+    total, tail, k = sum(counts), 0, 0
+    allowed = (1.0 - level) * total * (1.0 + 1e-12)  # 1 - 0.8 is 0.19999999999999996
+    while 2 * (tail + counts[k]) <= allowed:
+        tail += counts[k]
+        k += 1
+    if k == 0:
+        return (0.0, math.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.sort(np.nan_to_num(xb[None, :] / xa[:, None], nan=math.inf).ravel())
+    return float(ratios[k - 1]), float(ratios[ratios.size - k])
 
 
 def linear_fit(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import run_benchopt_test
 
 from scopebench.runs import run_benchopt
@@ -81,8 +82,8 @@ def test_bad_parameters_fail_cleanly(tmp_path):
     before = sorted(OUTPUTS.iterdir())
     run = run_benchopt(BENCH, config, output=tmp_path / "bad.parquet", check=False)
     log = run.log
-    assert "ValueError: denoiser='drunet' needs weights and none can be downloaded here" in log
-    assert "ValueError: init_method must be one of 'zeros', 'adjoint', 'pseudo_inverse', got 'random'" in log
+    assert "Reason: refused: denoiser='drunet' needs weights and none can be downloaded here" in log
+    assert "Reason: refused: init_method must be one of 'zeros', 'adjoint', 'pseudo_inverse', got 'random'" in log
     assert "distribute_denoiser need(s) more than one process, got nproc_per_node=1" in log
     assert (
         "distribute_denoiser with 8 processes needs at least 8 tiles; patch_size=16 cuts the signal (32, 32) into 4"
@@ -91,3 +92,34 @@ def test_bad_parameters_fail_cleanly(tmp_path):
     # Errors are raised by scopebench's validation, before torch runs anything.
     assert "site-packages/torch" not in log and "site-packages/deepinv" not in log
     assert sorted(OUTPUTS.iterdir()) == before
+
+
+def test_a_cell_that_refuses_a_value_says_why_in_one_line_and_fails_a_checked_run(tmp_path):
+    """A value refused before any work (by ``check_cell``: an uncreatable ``profiler_trace_dir``;
+    by the run object in ``set_objective``: ``group_timeout_sec``) is the cell's skip with a
+    one-line reason, not benchopt's traceback; ``run_benchopt`` still fails on it, keeping
+    the good cell's rows."""
+    (tmp_path / "a_file").write_text("")
+    traces = tmp_path / "a_file" / "traces"
+    config = tmp_path / "refused.yml"
+    trace = {"profiler_mode": "torch", "profiler_per_step": False, "profiler_trace_dir": str(traces)}
+    solvers = [{"denoiser": "tv"}, {"denoiser": "tv", **trace}, {"denoiser": "tv", "group_timeout_sec": -1}]
+    config.write_text(
+        yaml.safe_dump(
+            {"dataset": ["simulated[image_size=32]"], "solver": [{"PnP": s} for s in solvers], "max-runs": 2}
+        )
+    )
+    with pytest.raises(RuntimeError) as err:
+        run_benchopt(BENCH, config, output=tmp_path / "refused.parquet")
+    message = str(err.value)
+    assert '2 failure line(s): ["Reason: refused: profiler_trace_dir=' in message, message
+    lines = [line.strip() for line in message.splitlines() if line.strip().startswith("Reason: ")]
+    assert lines == [
+        f"Reason: refused: profiler_trace_dir={str(traces)!r} cannot be created: "
+        f"{str(tmp_path / 'a_file')!r} is not a directory",
+        "Reason: refused: group_timeout_sec must be a finite number > 0, got -1",
+    ], message
+    assert "Traceback" not in message and message.count(": skip") == 2, message
+    import pandas as pd
+
+    assert pd.read_parquet(tmp_path / "refused.parquet")["stop_val"].max() == 2  # the good cell ran

@@ -84,3 +84,25 @@ def test_denoiser_sigma_in_force_is_the_same_everywhere(solvers, name):
     assert solvers[name].parameters["denoiser_sigma"] == [0.01]
     assert ReconstructionConfig().denoiser_sigma == DenoiserConfig().sigma == 0.01
     assert solvers[name].get_instance().reconstruction_config() == ReconstructionConfig()
+
+
+def test_a_finished_cell_lets_its_run_go_when_the_next_cell_starts(solvers):
+    """benchopt keeps every solver instance of its grid until it exits: a finished cell's run
+    object (its model, files, process groups; on a GPU, its memory) must not stay with it. It
+    stays readable for benchopt's last ``get_result``, and goes at the next cell's ``skip``."""
+    import weakref
+
+    def cell(solver):  # benchopt's order (benchopt.runner.run_one_to_cvg)
+        assert solver.skip(spec=SPEC) == (False, None)
+        solver.set_objective(spec=SPEC)
+        solver.pre_run_hook(2)
+        calls = iter([True, True, False])
+        solver.run(lambda: next(calls))
+        return solver.get_result()
+
+    first, second = solvers["PnP"].get_instance(), solvers["PnP"].get_instance(denoiser_sigma=0.02)
+    assert "x" in cell(first) and first.get_result()["x"] is not None  # readable after its run
+    finished = weakref.ref(first.run_object)
+    assert second.skip(spec=SPEC) == (False, None)
+    assert first.run_object is None and finished() is None  # dropped, and freed
+    assert "x" in cell(second)

@@ -47,8 +47,10 @@ def test_config_expands_into_valid_runs(benchmark, path):
         for solver in solvers:
             solver.validate_profiler()
             configs_from_params(spec, **{key: getattr(solver, key) for key in SOLVER_PARAMS})
-            data = types.SimpleNamespace(spec=spec)  # skip reads the training set's spec only
-            assert solver.skip(data=data, data_params=spec.to_dict()) == (False, None), str(solver)
+            data = types.SimpleNamespace(spec=spec)  # the cell check reads the training set's spec only
+            # check_cell, not skip: skip also builds the run object, which checks this machine (its cores)
+            cell = solver.cell_spec(data=data, data_params=spec.to_dict())
+            assert solver.check_cell(solver.cell_params(), cell, None) is None, str(solver)
 
 
 def test_scaling_grids_couple_ranks_with_the_distributed_model(benchmark):

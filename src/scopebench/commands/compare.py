@@ -12,17 +12,22 @@ Run: ``scopebench compare outputs/a.parquet outputs/b.parquet [--level 0.95] [--
 (each side a file or a folder of parquet files).
 
 ``--json`` prints ``{level, differences: {param: {a, b}}, rows: [{benchmark, config,
-region, n_a, n_b, median_a_ms, median_b_ms, ratio, ci_low, ci_high, change, contention}],
-memory: [{benchmark, config, column, max_a_mb, max_b_mb, ratio}], contended: {config: why},
-unmatched_a, unmatched_b}``, and with a threshold ``gate: {verdict, exit_status, rows:
-[{benchmark, config, what, limit, ratio, ci_low, ci_high, verdict, reason}]}``.
+region, n_a, n_b, median_a_ms, median_b_ms, ratio, ci_low, ci_high, change, contention,
+non_finite}], memory: [{benchmark, config, column, max_a_mb, max_b_mb, ratio}], contended:
+{config: why}, unmatched_a, unmatched_b, not_compared: [{benchmark, config, what, reason}],
+regions, pairs}`` (``ci_high`` null: an interval unbounded for want of iterations), and with
+a threshold ``gate: {verdict, exit_status, rows: [{benchmark, config, what, limit, ratio,
+ci_low, ci_high, verdict, reason}]}``.
 
 As a CI gate (:func:`scopebench.report.compare.gate`): ``--fail-slower PCT`` gates every
 region and the step at ``PCT`` percent, ``--fail-slower REGION=PCT`` (repeatable) one region
 at its own threshold, ``--fail-memory PCT`` the peak memory columns. Exit status without a
 threshold: 0 when configurations matched (flagged or not); with one: 0 pass, 1 regression,
-3 inconclusive (a contended side, too few iterations, an interval straddling the limit);
-2 on a refused input (a bad file or threshold, nothing matched) either way.
+3 inconclusive (a contended side, an interval straddling the limit or unbounded for want of
+iterations, non-finite times left out, or anything the thresholds cover that was not
+compared: a configuration on one side only or without a recorded iteration, a region one
+side lacks or whose A median is 0); 2 on a refused input (a bad file, threshold or seed, a
+region threshold naming a region neither side records, nothing matched) either way.
 """
 
 from __future__ import annotations
@@ -62,20 +67,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from scopebench.report.build import read
     from scopebench.report.compare import compare, format_comparison, format_gate, gate
-    from scopebench.validate import number
+    from scopebench.validate import integer, number
 
     level = number("level", args.level, low=0.0, high=1.0, low_open=True, high_open=True)
+    seed = integer("--seed", args.seed, low=0)
     slower, regions = _thresholds(args.fail_slower)
     memory = None if args.fail_memory is None else number("--fail-memory", args.fail_memory, low=0.0)
     gated = slower is not None or bool(regions) or memory is not None
     a, b = read([args.a]), read([args.b])
-    result = compare(a.configs, b.configs, level=level, seed=args.seed)
+    result = compare(a.configs, b.configs, level=level, seed=seed)
     verdict = gate(result, slower_pct=slower, region_pct=regions, memory_pct=memory) if gated else None
     if args.json:
         print_json({**result.as_dict(), **({"gate": verdict.as_dict()} if verdict else {})})
     else:
         print(format_comparison(result) + (f"\n{format_gate(verdict)}" if verdict else ""))
-    if not result.rows:
+    if not result.pairs:
         print("scopebench compare: no configuration of A matches one of B", file=sys.stderr)
         return REFUSED
     return verdict.exit_status if verdict else 0

@@ -1,7 +1,8 @@
 """The one solver lifecycle of the suite, without importing benchopt.
 
 Every solver mixes in :class:`ProfiledSolverMixin` (``class Solver(Mixin, BaseSolver)``) and
-gets benchopt's whole lifecycle from it: ``skip`` (:meth:`~ProfiledSolverMixin.check_cell`),
+gets benchopt's whole lifecycle from it: ``skip`` (:meth:`~ProfiledSolverMixin.check_cell`,
+then the set-up, so that a value refused before any work is said in one line),
 ``set_objective`` (every value validated, the run object built, nothing started),
 ``get_next`` (every iteration evaluated), ``pre_run_hook`` (the run started, untimed:
 :meth:`~ProfiledSolverMixin.start_run`) and ``run`` (the profiled loop, torn down on any exit:
@@ -14,6 +15,8 @@ gets benchopt's whole lifecycle from it: ``skip`` (:meth:`~ProfiledSolverMixin.c
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,29 @@ from typing import Any
 from scopebench.profiler.config import PROFILER_DEFAULTS, ProfilerConfig
 
 __all__ = ["LayoutReason", "MachineReason", "ProfiledSolverMixin"]
+
+#: The solvers whose run finished in this process and whose run object is still held.
+_FINISHED: list[weakref.ref] = []
+
+
+def _release_finished_runs(keep: Any) -> None:
+    """Drop the run objects of the solvers whose run finished, but ``keep``'s.
+
+    benchopt keeps every solver instance of its grid until it exits, and each kept its run
+    object: a finished cell's model, optimizer, open video files and process groups stayed
+    for the rest of the run (on a GPU, every earlier cell's model in its memory). A finished
+    run stays readable until the next cell starts (benchopt's last ``get_result`` comes after
+    ``run`` returns); the next cell's ``skip`` lets it go.
+    """
+    released = False
+    for ref in _FINISHED:
+        solver = ref()
+        if solver is not None and solver is not keep and solver.run_object is not None:
+            solver.run_object = solver.profiler = None
+            released = True
+    _FINISHED.clear()
+    if released:
+        gc.collect()  # a run object sits in reference cycles: free its memory and files now
 
 
 class MachineReason(str):
@@ -43,11 +69,20 @@ class ProfiledSolverMixin:
     :meth:`cell_spec`, :meth:`make_run` and ``get_result``, and extends :meth:`check_cell`.
 
     **The skip rule** (one for every solver; STYLE.md rule 18): ``skip`` returns
-    ``(True, reason)`` exactly when :meth:`check_cell` returns a reason — a grid
-    combination that does not apply, a :class:`MachineReason`, a :class:`LayoutReason` —
-    and ``(False, None)`` when it returns ``None``. Any error it raises (``ValueError``
-    naming the key: an invalid value, parameters that contradict each other) is not turned
-    into a skip: it propagates, and benchopt reports the cell as failed with that message.
+    ``(True, reason)`` when :meth:`check_cell` returns a reason — a grid combination that
+    does not apply, a :class:`MachineReason`, a :class:`LayoutReason` — and
+    ``(True, "refused: <message>")`` when the cell refuses a value before any work: the
+    ``ValueError`` (naming the key) of :meth:`check_cell`, or of ``set_objective``, which
+    ``skip`` runs for a cell that passes (an unwritable ``profiler_trace_dir`` or output
+    folder, a value the run object refuses). benchopt prints either as the cell's skip and
+    its one-line ``Reason:`` instead of a traceback; an invalid value is still never
+    skipped silently: :func:`scopebench.runs.run_benchopt` counts a ``refused:`` skip as a
+    failure (:data:`scopebench.runs.REFUSED_SKIP`). ``(False, None)`` otherwise; the run
+    object ``skip`` built is the one ``set_objective`` then keeps (built once).
+
+    A finished run object is dropped when the next cell's ``skip`` runs in the process
+    (benchopt keeps every solver instance until it exits: each would keep its run's model,
+    files and process groups).
     """
 
     parameters: dict[str, list[Any]] = {key: [value] for key, value in PROFILER_DEFAULTS.items()}
@@ -60,6 +95,8 @@ class ProfiledSolverMixin:
     run_object: Any = None
     #: The validated profiler parameters (:meth:`validate_profiler`).
     profiler_config: ProfilerConfig | None = None
+    #: The objective ``skip`` built :attr:`run_object` for (``set_objective`` then keeps it).
+    _set_up_for: dict[str, Any] | None = None
 
     # -- can this cell run: one check for skip and for scopebench check-config ---------
     @classmethod
@@ -117,14 +154,29 @@ class ProfiledSolverMixin:
 
     # -- benchopt's lifecycle --------------------------------------------------------
     def skip(self, **objective: Any) -> tuple[bool, str | None]:
-        """``(True, reason)`` when :meth:`check_cell` declines the cell, else ``(False, None)``;
-        its errors propagate (the skip rule of the class docstring)."""
-        reason = self.check_cell(self.cell_params(), self.cell_spec(**objective), self.launcher_world_size())
+        """``(True, reason)`` when :meth:`check_cell` declines the cell, ``(True, "refused:
+        <message>")`` when it or ``set_objective`` refuses a value, else ``(False, None)`` (the
+        skip rule of the class docstring)."""
+        from scopebench.runs import REFUSED_SKIP
+
+        _release_finished_runs(keep=self)
+        self._set_up_for = None
+        try:
+            reason = self.check_cell(self.cell_params(), self.cell_spec(**objective), self.launcher_world_size())
+            if not reason:
+                self.set_objective(**objective)
+                self._set_up_for = objective
+        except ValueError as err:
+            return True, REFUSED_SKIP + str(err).replace("\n", " ")  # benchopt prints one line
         return (True, str(reason)) if reason else (False, None)
 
     def set_objective(self, **objective: Any) -> None:
         """Validate the profiler (and its output folders), then build the run object
-        (:meth:`make_run`); nothing is started, and a refused value leaves no run object."""
+        (:meth:`make_run`); nothing is started, and a refused value leaves no run object.
+        After a ``skip`` that built it for this very objective, that run object is kept."""
+        built, self._set_up_for = self._set_up_for, None
+        if built is not None and built.keys() == objective.keys() and all(built[k] is objective[k] for k in objective):
+            return
         self.run_object = None
         self.validate_profiler()
         self.run_object = self.make_run(**objective)
@@ -175,11 +227,15 @@ class ProfiledSolverMixin:
     def finish_run(self, run: Any, callback: Callable[[], bool] | None) -> None:
         """The whole ``Solver.run`` of a run object: iterate until told to stop, then tear down.
 
-        Teardown happens on any exit; after a failure it names the rank that caused it.
+        Teardown happens on any exit; after a failure it names the rank that caused it. The
+        run object stays readable until the next cell's ``skip`` in this process drops it.
         """
-        with run:
-            run.loop(callback)
-            self.close_callback(run.info.rank, callback)
+        try:
+            with run:
+                run.loop(callback)
+                self.close_callback(run.info.rank, callback)
+        finally:
+            _FINISHED.append(weakref.ref(self))
 
     @staticmethod
     def close_callback(rank: int, callback: Callable[[], bool] | None) -> None:

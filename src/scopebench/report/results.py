@@ -23,6 +23,7 @@ __all__ = [
     "COMPOSITE_PHASES",
     "Configuration",
     "LAYOUT_PARAMS",
+    "NON_FINITE_COLUMN",
     "NOT_REGIONS",
     "REQUIRED_COLUMNS",
     "configurations",
@@ -45,6 +46,9 @@ COMPOSITE_PHASES = frozenset({"backward_step"})
 _REGION_SUFFIXES = ("_time_sec", "_cpu_sec")
 #: Parameters that say how a run is laid out on processes, not what it computes.
 LAYOUT_PARAMS = frozenset({"nproc_per_node", "slurm_nodes", "slurm_ntasks_per_node", "slurm_gres"})
+#: Column :func:`read_results` adds when it left values out: on each row, the time columns
+#: (``total_time_sec``, without ``objective_``) whose value was non-finite, comma-separated.
+NON_FINITE_COLUMN = "scopebench_non_finite"
 
 
 def read_results(path: str | Path):
@@ -78,7 +82,9 @@ def _drop_non_finite(df, path: Path):
     One warning line on stderr per column names it and counts what was left out: the
     infinite values, and the NaN of a recorded row (``objective_total_time_sec`` present) in
     a column its configuration fills on other recorded rows. Other NaN are not values: rows
-    outside the profiler window, regions another configuration or backend has.
+    outside the profiler window, regions another configuration or backend has. Each row
+    names the columns it lost in :data:`NON_FINITE_COLUMN` (:meth:`Configuration.non_finite`),
+    so that a comparison knows which of its figures lack values.
     """
     import sys
 
@@ -96,18 +102,23 @@ def _drop_non_finite(df, path: Path):
     recorded = df[total].notna() if total in df.columns else pd.Series(False, index=df.index)
     config = [df[c].astype(str) for c in REQUIRED_COLUMNS[:3]]  # objective, dataset, solver
     df = df.copy()
+    lost_in = pd.Series("", index=df.index)
     for column in columns:
         infinite = np.isinf(df[column].to_numpy(dtype=float))
         present = df[column].notna() & ~infinite & recorded
         filled = present.groupby(config).transform("any")
-        dropped = int(infinite.sum()) + int((df[column].isna() & recorded & filled).sum())
+        lost = infinite | (df[column].isna() & recorded & filled)
+        dropped = int(lost.sum())
         if dropped:
+            lost_in[lost] += column.removeprefix("objective_") + ","
             df.loc[infinite, column] = np.nan
             print(
                 f"warning: results file {str(path)!r}: {dropped} non-finite value(s) (NaN or inf) in {column} "
                 "left out of the statistics",
                 file=sys.stderr,
             )
+    if (lost_in != "").any():
+        df[NON_FINITE_COLUMN] = lost_in.str.rstrip(",")
     return df
 
 
@@ -216,6 +227,16 @@ class Configuration:
     def facts(self, metric: str) -> list[float]:
         """Values of ``objective_<metric>`` in every row (set-up facts such as ``world_size``)."""
         return _column_values(self.rows, f"objective_{metric}")
+
+    def non_finite(self) -> dict[str, int]:
+        """Time column (``total_time_sec``) -> how many of its values :func:`read_results` left
+        out of this configuration's rows as non-finite (none: ``{}``)."""
+        counts: dict[str, int] = {}
+        if NON_FINITE_COLUMN in self.rows.columns:
+            for names in self.rows[NON_FINITE_COLUMN].dropna().tolist():
+                for name in filter(None, str(names).split(",")):
+                    counts[name] = counts.get(name, 0) + 1
+        return counts
 
     def region_values(self, region: str) -> list[float]:
         return self.values(self.region_columns[region])

@@ -231,12 +231,20 @@ def _mark_deepspeed_ranges() -> None:
     ds.range_push, ds.range_pop = marks.push, marks.pop
 
 
-def release_accelerator() -> None:
+def release_accelerator(accelerator: Any = None) -> None:
     """Forget accelerate's and DeepSpeed's process-wide state (ZeRO-3's linear and counters
-    included) and restore the launcher variables (the group itself belongs to DistSession)."""
+    included) and restore the launcher variables (the group itself belongs to DistSession).
+
+    With the run's ``accelerator``, also destroy its DeepSpeed engine (``free_memory``): the
+    engine's gradient hooks live on autograd nodes, so the cycle they close through the model
+    passes through C++ where the garbage collector cannot follow, and every ZeRO run's model
+    and process groups (two gloo sockets each) outlived the run. The model stays readable.
+    """
     from accelerate.state import AcceleratorState, GradientState
 
     global _SAVED_ENV
+    if accelerator is not None:
+        accelerator.free_memory()
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     # DeepSpeed caches the process groups it made (its clone of the world group...) in
@@ -274,13 +282,81 @@ def release_accelerator() -> None:
         if name in getattr(ds_accelerator, "__dict__", {}):
             delattr(ds_accelerator, name)
     offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
+    # Each ZeRO-3 engine pushes its whole model on this module-global stack and never pops it: the
+    # model (its parameters hold the run's process group, whose gloo sockets stay open) outlived
+    # every run for the rest of the process, one more model per ZeRO-3 run.
+    stack = getattr(offload, "FWD_MODULE_STACK", None)
+    if isinstance(stack, list):
+        stack.clear()
+    # ZeRO-3's parameter coordinator memoises __params_to_release with a class-level lru_cache whose
+    # keys hold the coordinator itself (and the submodule): every ZeRO-3 run's model stayed reachable.
+    coordinators = sys.modules.get("deepspeed.runtime.zero.partitioned_param_coordinator")
+    coordinator = getattr(coordinators, "PartitionedParameterCoordinator", None)
+    memo = _lru_cache_of(getattr(coordinator, "_PartitionedParameterCoordinator__params_to_release", None))
+    if memo is not None:
+        memo.cache_clear()
     register = getattr(getattr(offload, "DeepSpeedZeRoOffload", None), "_register_deepspeed_module", None)
     defaults = getattr(register, "__defaults__", None)
     if defaults and isinstance(defaults[0], list) and defaults[0]:
         defaults[0][0] = 0
+    _release_dtensor_caches()
     saved, _SAVED_ENV = _SAVED_ENV, None
     for key, value in (saved or {}).items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+def _lru_cache_of(function: Any) -> Any:
+    """The ``functools.lru_cache`` wrapper inside ``function`` (itself, behind ``__wrapped__``,
+    or in the closure of a decorator that does not set it, as DeepSpeed's ``instrument_w_nvtx``),
+    else None.
+
+    :Examples:
+        >>> import functools
+        >>> def instrument(function):  # a decorator without functools.wraps
+        ...     def wrapped(*args):
+        ...         return function(*args)
+        ...     return wrapped
+        >>> cached = functools.lru_cache(maxsize=None)(abs)
+        >>> _lru_cache_of(instrument(cached)) is cached, _lru_cache_of(len)
+        (True, None)
+    """
+    todo, seen = [function], set()
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if callable(getattr(current, "cache_clear", None)):
+            return current
+        todo.append(getattr(current, "__wrapped__", None))
+        for cell in getattr(current, "__closure__", None) or ():
+            try:
+                todo.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+    return None
+
+
+def _release_dtensor_caches() -> None:
+    """Empty the process-wide caches DTensor (FSDP2, HSDP) keys by the run's device mesh.
+
+    The redistribute planners (a dict keyed by a weak reference to the mesh, whose planners
+    hold it strongly), the transforms per tensor spec, the sharding rules of each op (in Python
+    and in C++) and the mesh topology (keyed by the mesh, which compares equal to a later run's
+    mesh of the same shape: that run was handed the first one's) each kept the run's mesh, and
+    through it its process groups and their gloo sockets, for the rest of the process.
+    """
+    if "torch.distributed.tensor._api" not in sys.modules:  # no DTensor was made
+        return
+    from torch.distributed.tensor import _collective_utils, _redistribute
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _redistribute.clear_redistribute_planner_cache()
+    for cached in (_redistribute._gen_transform_infos, _collective_utils.MeshTopoInfo.build_from_mesh):
+        memo = _lru_cache_of(cached)
+        if memo is not None:
+            memo.cache_clear()
+    _clear_sharding_prop_cache()

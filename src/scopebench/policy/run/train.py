@@ -430,7 +430,7 @@ class PolicyTrainRun(RankRun):
     def teardown(self) -> None:
         from scopebench.train import release_accelerator
 
-        release_accelerator()  # the model and its wrappers stay readable for get_result
+        release_accelerator(self.accelerator)  # the model and its wrappers stay readable for get_result
         if self._own_group:
             import torch.distributed as dist
 
