@@ -21,6 +21,7 @@ columns cannot disagree.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import InitVar, dataclass
@@ -116,6 +117,13 @@ class ControlRate:
             raise ValueError(f"{missing} must be given for the control-rate figures, got None")
         object.__setattr__(self, "control_hz", hz)
         object.__setattr__(self, "n_action_steps", steps)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def cached(control_hz: float, n_action_steps: int, keys: tuple[str, str] = ("control_hz", "n_action_steps")):
+        """The :class:`ControlRate` of these values, built (validated) once: a run that asks for
+        its figures at every row (``Pi05Inference``) gets the same object back."""
+        return ControlRate(control_hz, n_action_steps, keys=keys)
 
     @property
     def dt_sec(self) -> float:

@@ -271,7 +271,6 @@ class InferenceRun(RankRun):
         #: Timed calls' latency (``step_time_sec``) gathered by :meth:`control_metrics`.
         self.control_latencies: list[float] = []
         self._control_seen = -1
-        self._control_rate = None  # the ControlRate of the last executed_actions (built once)
 
     def build(self) -> None:
         """Policy, observation, compilation; then ``n_warmup`` calls for each ``num_steps``."""
@@ -567,29 +566,20 @@ class InferenceRun(RankRun):
         return s.n_action_steps or seen.get(num_steps or s.num_steps) or self.chunk_size
 
     def control_rate(self, num_steps: int | None = None):
-        """The :class:`~scopebench.policy.control.figures.ControlRate` of the run: the settings'
-        ``control_hz`` (validated with them) and :meth:`executed_actions` at ``num_steps``; built
-        once per value, however often the figures are asked for. None without a ``control_hz``."""
+        """The run's :class:`~scopebench.policy.control.figures.ControlRate`: ``control_hz`` and
+        :meth:`executed_actions` at ``num_steps``, built once per value; None without a ``control_hz``."""
         from scopebench.policy.control.figures import ControlRate
 
-        if self.settings.control_hz is None:
-            return None
-        n = self.executed_actions(num_steps)
-        if self._control_rate is None or self._control_rate.n_action_steps != n:
-            keys = (self._key("control_hz"), self._key("n_action_steps"))
-            self._control_rate = ControlRate(self.settings.control_hz, n, keys=keys)
-        return self._control_rate
+        keys, hz = (self._key("control_hz"), self._key("n_action_steps")), self.settings.control_hz
+        return None if hz is None else ControlRate.cached(hz, self.executed_actions(num_steps), keys)
 
     def control(self, latencies: Sequence[float], num_steps: int | None = None):
         """The :class:`~scopebench.policy.control.figures.ControlFigures` of ``latencies`` (calls at
-        ``num_steps``, None: the settings') at :meth:`control_rate`; None without a ``control_hz``
-        or a latency."""
+        ``num_steps``, None: the settings') at :meth:`control_rate`; None without a rate or a latency."""
         from scopebench.policy.control.figures import control_figures
 
         rate = self.control_rate(num_steps)
-        if rate is None or not latencies:
-            return None
-        return control_figures(latencies, rate)
+        return control_figures(latencies, rate) if rate is not None and latencies else None
 
     def control_metrics(self) -> dict[str, Any]:
         """The ``control_*`` metrics over the timed calls so far (the solver's rows): the last
