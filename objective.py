@@ -28,7 +28,7 @@ class Objective(BaseObjective):
     parameters = {"eval_batch_size": [4]}
 
     def set_data(self, dataset_root, chunk_size, seed):
-        from scopebench.policy.dataset import RobotDataset, fixed_eval_batch
+        from scopebench.policy.data.dataset import RobotDataset, fixed_eval_batch
 
         self.dataset = RobotDataset(dataset_root, chunk_size=chunk_size)
         self.eval_batch = fixed_eval_batch(self.dataset, self.eval_batch_size)

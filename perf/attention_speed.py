@@ -1,6 +1,6 @@
 """The policy's two attention paths on the CPU: torch's SDPA vs the model's grouped eager path.
 
-What it measures: forward + backward of :func:`scopebench.policy.model.attention` at one
+What it measures: forward + backward of :func:`scopebench.policy.pi05.layers.attention` at one
 layer of a preset's joint training sequence (batch, heads, key/value heads, head size and
 tokens of the preset; the block-causal mask of a real batch is replaced by a random one
 with the same shape), ``impl="sdpa"`` and ``impl="eager"`` alternating call by call, so
@@ -30,8 +30,8 @@ import time
 import torch
 from round_conditions import RoundConditions
 
-from scopebench.policy.config import make_config
-from scopebench.policy.model import attention, mask_to_bias
+from scopebench.policy.pi05.config import make_config
+from scopebench.policy.pi05.layers import attention, mask_to_bias
 from scopebench.stats import median
 
 

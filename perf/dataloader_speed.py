@@ -2,7 +2,7 @@
 
 What it measures, on the synthetic dataset written in LeRobot v3.0 layout at 224 x 224 with
 2 cameras (``--episodes`` x ``--length`` frames, written once under ``--data-dir``), once
-per storage: ``h264`` and ``av1`` MP4 (``g=2``, :mod:`scopebench.policy.video`) and ``png``
+per storage: ``h264`` and ``av1`` MP4 (``g=2``, :mod:`scopebench.policy.data.video`) and ``png``
 (PNG bytes in the parquet files, ``video: false``):
 
 1. **Decode per frame.** ``RobotDataset.camera_frame`` on ``--frames`` random frames (seek +
@@ -41,8 +41,8 @@ from pathlib import Path
 import torch
 from round_conditions import RoundConditions  # perf/ is the script's folder
 
-from scopebench.policy.data import SyntheticRobotConfig, cached_synthetic_dataset
-from scopebench.policy.dataset import RobotDataset, make_dataloader
+from scopebench.policy.data.dataset import RobotDataset, make_dataloader
+from scopebench.policy.data.synthetic import SyntheticRobotConfig, cached_synthetic_dataset
 from scopebench.stats import median
 
 STORAGES = {"h264": dict(video=True, codec="h264"), "av1": dict(video=True, codec="av1"), "png": dict(video=False)}

@@ -135,14 +135,14 @@ def bare_loop(image_size: int, denoiser: str, sigma: float, gamma: float):
 
 def scopebench_loop(image_size: int, denoiser: str, sigma: float):
     """Step times (s) of the benchopt solver's engine inside the custom profiler's loop."""
-    from scopebench.imaging.inference.engine import build_engine, run_loop
+    from scopebench.imaging.inference.engine import ReconstructionConfig, build_engine, run_loop
     from scopebench.profiler import create_profiler
 
     config = {"denoiser": denoiser, "denoiser_sigma": sigma, "device": "cpu"}
     if denoiser != "tv":
         config["pretrained"] = "none"
     spec = {"kind": "simulated", "image_size": image_size, "operator": "blur", "noise_level": 0.03}
-    engine = build_engine(spec, config)
+    engine = build_engine(spec, ReconstructionConfig(**config))
 
     def steps(n: int) -> list[float]:
         stamps: list[float] = []

@@ -93,9 +93,9 @@ def ranks_main(out: str, cache: str, preset: str, backends: str, batch: int, rou
 
 
 def _estimate(preset: str, backend: str, batch: int, cache: str) -> dict:
-    from scopebench.policy.dataset import RobotDataset
+    from scopebench.policy.data.dataset import RobotDataset
     from scopebench.policy.memory import run_memory
-    from scopebench.policy.pi05 import config_for_dataset
+    from scopebench.policy.pi05.policy import config_for_dataset
     from scopebench.policy.run.train import model_overrides
     from scopebench.policy.settings import load_run_config
 

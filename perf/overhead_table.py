@@ -71,7 +71,8 @@ def calibrate(target_ms: float) -> dict:
     import torch
 
     from scopebench.policy.run.steps import BatchStream
-    from scopebench.policy.user import build_policy, make_policy_loader
+    from scopebench.policy.calls import make_policy_loader
+    from scopebench.policy.user import build_policy
 
     torch.set_num_threads(1)
     best = None

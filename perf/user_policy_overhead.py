@@ -58,11 +58,12 @@ import time
 import torch
 from round_conditions import RoundConditions  # perf/ is the script's folder
 
+from scopebench.policy.calls import make_policy_loader, to_device
 from scopebench.policy.run.steps import BatchStream
 from scopebench.policy.run.train import PolicyTrainRun
 from scopebench.policy.settings import TrainSettings
 from scopebench.policy.tools import policy_flags
-from scopebench.policy.user import build_policy, make_policy_loader, to_device
+from scopebench.policy.user import build_policy
 from scopebench.profiler import ProfilerConfig
 from scopebench.stats import median, percentile
 from scopebench.train import build_adamw

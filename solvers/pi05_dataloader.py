@@ -12,6 +12,7 @@ from pathlib import Path
 from benchopt import BaseSolver
 from benchopt.stopping_criterion import NoCriterion
 
+from scopebench.cluster import SLURM_PARAMETERS, CellLayout
 from scopebench.policy.run.solver import DATALOADER_SETTINGS, TrainSolverMixin
 from scopebench.policy.settings import TrainSettings, solver_parameters
 
@@ -27,7 +28,5 @@ class Solver(TrainSolverMixin, BaseSolver):
         # every run setting, with its default, from scopebench.policy.settings (seed: the dataset's)
         **solver_parameters(TrainSettings, *DATALOADER_SETTINGS),
         # The cell's SLURM job under the submitit backend (its tasks are the ranks); not run settings.
-        "slurm_gres": [None],
-        "slurm_nodes": [1],
-        "slurm_ntasks_per_node": [None],
+        **solver_parameters(CellLayout, *SLURM_PARAMETERS),
     }

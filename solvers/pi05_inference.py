@@ -5,7 +5,7 @@ Regions ``preprocess`` (host: tokenize, resize, normalize), ``prefill``, ``denoi
 ``max-autotune``...) ``torch.compile`` wraps prefill and denoise, the ``n_warmup`` calls
 of ``pre_run_hook`` pay for it, and ``compile_time_sec`` / ``first_call_ratio`` are
 reported apart. With ``control_hz`` (None: off) each row also carries the control-rate
-figures of the timed calls so far (``objective_control_*``, :mod:`scopebench.policy.control`),
+figures of the timed calls so far (``objective_control_*``, :mod:`scopebench.policy.control.figures`),
 with ``n_action_steps`` (None: the whole chunk) actions executed per chunk. Every parameter is a field of
 ``scopebench.policy.settings.InferenceSettings`` (documented there).
 """

@@ -17,6 +17,7 @@ from pathlib import Path
 from benchopt import BaseSolver
 from benchopt.stopping_criterion import NoCriterion
 
+from scopebench.cluster import SLURM_PARAMETERS, CellLayout
 from scopebench.policy.run.solver import TrainSolverMixin
 from scopebench.policy.settings import TrainSettings, solver_parameters
 
@@ -32,7 +33,5 @@ class Solver(TrainSolverMixin, BaseSolver):
         # every run setting, with its default, from scopebench.policy.settings (seed: the dataset's)
         **solver_parameters(TrainSettings),
         # The cell's SLURM job under the submitit backend (its tasks are the ranks); not run settings.
-        "slurm_gres": [None],
-        "slurm_nodes": [1],
-        "slurm_ntasks_per_node": [None],
+        **solver_parameters(CellLayout, *SLURM_PARAMETERS),
     }

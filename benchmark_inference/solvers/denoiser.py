@@ -5,7 +5,7 @@ as PnP. At set-up it counts one pass's FLOPs and bytes (``flops_per_iter``,
 ``bytes_per_iter``); rows with ``denoise_time_sec`` also carry
 ``achieved_gflop_per_sec`` and ``achieved_gbyte_per_sec`` to compare with the machine's
 peaks. Set-up is untimed and reported as ``setup_time_sec``. Parameters and their defaults
-come from ``ReconstructionConfig`` and ``Topology``, as PnP's.
+come from ``ReconstructionConfig`` and ``CellLayout``, as PnP's.
 """
 
 from pathlib import Path
@@ -13,9 +13,9 @@ from pathlib import Path
 from benchopt import BaseSolver
 from benchopt.stopping_criterion import NoCriterion
 
+from scopebench.cluster import CellLayout
 from scopebench.imaging.inference.engine import PNP_ONLY, ReconstructionConfig
 from scopebench.imaging.inference.solver import PnPSolverMixin
-from scopebench.imaging.inference.topology import Topology
 from scopebench.parameters import solver_parameters
 
 
@@ -29,7 +29,7 @@ class Solver(PnPSolverMixin, BaseSolver):
         **PnPSolverMixin.parameters,  # profiler_mode, profiler_warmup, ... (the eight profiler_*)
         # the denoiser and its tiles: ReconstructionConfig's fields and defaults, less the iteration's
         **solver_parameters(ReconstructionConfig, exclude=PNP_ONLY),
-        # the ranks and the cell's SLURM job: Topology's fields
-        **solver_parameters(Topology),
+        # the ranks and the cell's SLURM job: CellLayout's fields (every solver's)
+        **solver_parameters(CellLayout),
         "group_timeout_sec": [None],
     }

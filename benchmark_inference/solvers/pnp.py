@@ -6,7 +6,7 @@ torchrun, SLURM or a local spawn (``nproc_per_node > 1``). Layouts that cannot r
 declined by ``skip`` with a reason; invalid values raise ``ValueError``. Set-up (ranks,
 problem, denoiser, compilation) is untimed and reported as ``setup_time_sec``. Every
 parameter but the profiler's and ``group_timeout_sec`` is a field of
-``scopebench.imaging.inference.engine.ReconstructionConfig`` or ``.topology.Topology``
+``scopebench.imaging.inference.engine.ReconstructionConfig`` or ``scopebench.cluster.CellLayout``
 (documented there, defaults included).
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 from benchopt import BaseSolver
 from benchopt.stopping_criterion import NoCriterion
 
+from scopebench.cluster import CellLayout
 from scopebench.imaging.inference.engine import ReconstructionConfig
 from scopebench.imaging.inference.solver import PnPSolverMixin
-from scopebench.imaging.inference.topology import Topology
 from scopebench.parameters import solver_parameters
 
 
@@ -31,7 +31,7 @@ class Solver(PnPSolverMixin, BaseSolver):
         **PnPSolverMixin.parameters,  # profiler_mode, profiler_warmup, ... (the eight profiler_*)
         # the prior, the iteration, the tiles: every field of ReconstructionConfig, its default included
         **solver_parameters(ReconstructionConfig),
-        # the ranks and the cell's SLURM job: Topology's fields
-        **solver_parameters(Topology),
+        # the ranks and the cell's SLURM job: CellLayout's fields (every solver's)
+        **solver_parameters(CellLayout),
         "group_timeout_sec": [None],
     }

@@ -17,8 +17,10 @@ from pathlib import Path
 from benchopt import BaseSolver
 from benchopt.stopping_criterion import NoCriterion
 
+from scopebench.cluster import CellLayout
 from scopebench.imaging.training.solver import UnrolledSolverMixin
 from scopebench.imaging.training.trainer import solver_defaults
+from scopebench.parameters import solver_parameters
 
 
 class Solver(UnrolledSolverMixin, BaseSolver):
@@ -31,11 +33,8 @@ class Solver(UnrolledSolverMixin, BaseSolver):
         # the network, the optimisation, the tiles: defaults from the library's configs
         **solver_defaults(),
         "save_weights": [True],
-        # the ranks and the cell's SLURM job
-        "nproc_per_node": [1],
+        # the ranks and the cell's SLURM job: CellLayout's fields (every solver's)
+        **solver_parameters(CellLayout),
         "group_timeout_sec": [None],
-        "slurm_gres": ["gpu:1"],
-        "slurm_nodes": [1],
-        "slurm_ntasks_per_node": [1],
     }
     test_config = {"batch_size": 2, "save_weights": False}

@@ -4,4 +4,4 @@ The library under the three BenchOpt benchmarks of this repository; it never imp
 benchopt (see docs/design.md).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -22,6 +22,7 @@ off keeps its ``srun`` waiting on the other nodes long after the run has its ans
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -38,10 +39,13 @@ __all__ = [
     "BENCHOPT_DEFAULT_TIMEOUT_SEC",
     "JOB_FOLDER",
     "MIN_SLURM_MINUTES",
+    "SLURM_PARAMETERS",
+    "CellLayout",
     "Layout",
     "cancel_unfinished",
     "cell_layout",
     "describe_jobs",
+    "gres_gpu_count",
     "job_ids",
     "job_layout",
     "job_parameters",
@@ -259,6 +263,66 @@ def cell_layout(
         nproc = int(nproc_per_node)  # an integer >= 1: job_layout checked it
         return Layout(nodes=1, ranks_per_node=nproc, spawned=nproc > 1)
     return layout
+
+
+def gres_gpu_count(gres: str | None) -> int | None:
+    """GPUs per node requested by a SLURM ``--gres`` string, ``None`` when it names none.
+
+    :Examples:
+        >>> gres_gpu_count("gpu:4"), gres_gpu_count("gpu:a100:2"), gres_gpu_count(None)
+        (4, 2, None)
+    """
+    if gres is None:
+        return None
+    if not isinstance(gres, str):
+        raise ValueError(f"slurm_gres must be a string such as 'gpu:4', got {gres!r}")
+    match = re.search(r"gpu(?::[A-Za-z0-9_\-]+)?:(\d+)", gres)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellLayout:
+    """A grid cell's ranks and SLURM job: the layout parameters of every solver, one definition.
+
+    Every solver that runs on several ranks takes its grid's ``nproc_per_node`` and
+    ``slurm_*`` parameters, defaults included, from these fields
+    (``scopebench.parameters.solver_parameters(CellLayout)``; the policy's ``nproc_per_node``
+    is a run setting, so its solvers take :data:`SLURM_PARAMETERS` only), and reads a cell's
+    values back with :meth:`from_params`. Validated when built.
+    """
+
+    nproc_per_node: int = 1
+    """Processes per node (local spawn, torchrun or SLURM tasks)."""
+    slurm_nodes: int = 1
+    """Nodes; more than one needs a SLURM (or torchrun) launch."""
+    slurm_ntasks_per_node: int | None = None
+    """SLURM tasks per node (each task one rank; :func:`job_layout`); None: one."""
+    slurm_gres: str | None = None
+    """SLURM generic resources, e.g. ``gpu:4`` (one GPU per task); None: none asked for."""
+
+    def __post_init__(self) -> None:
+        integer("nproc_per_node", self.nproc_per_node, low=1)
+        integer("slurm_nodes", self.slurm_nodes, low=1)
+        optional(integer, "slurm_ntasks_per_node", self.slurm_ntasks_per_node, low=1)
+        gres_gpu_count(self.slurm_gres)
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> CellLayout:
+        """The layout of a cell from its solver parameters (the fields it has; the rest default).
+
+        :Examples:
+            >>> CellLayout.from_params({"nproc_per_node": 2, "lr": 1}).slurm_nodes
+            1
+        """
+        return cls(**{f.name: params[f.name] for f in dataclasses.fields(cls) if f.name in params})
+
+    def ranks(self, launcher_world_size: int | None = None) -> Layout:
+        """The ranks the cell runs with (:func:`cell_layout`, ``ValueError`` when the counts disagree)."""
+        return cell_layout(self.nproc_per_node, self.slurm_nodes, self.slurm_ntasks_per_node, launcher_world_size)
+
+
+#: The cell's SLURM job parameters: the ``slurm_*`` fields of :class:`CellLayout`.
+SLURM_PARAMETERS = tuple(f.name for f in dataclasses.fields(CellLayout) if f.name.startswith("slurm_"))
 
 
 def launcher_world_size(job: Mapping[str, Any]) -> int | None:

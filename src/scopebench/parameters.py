@@ -22,8 +22,8 @@ def defaults(cls) -> dict[str, Any]:
 
     :Examples:
 
-    >>> from scopebench.imaging.inference.topology import Topology
-    >>> defaults(Topology)
+    >>> from scopebench.cluster import CellLayout
+    >>> defaults(CellLayout)
     {'nproc_per_node': 1, 'slurm_nodes': 1, 'slurm_ntasks_per_node': None, 'slurm_gres': None}
     """
     return {
@@ -49,8 +49,8 @@ def solver_parameters(cls, *names: str, exclude: tuple[str, ...] = ("seed",)) ->
 
     :Examples:
 
-    >>> from scopebench.imaging.inference.topology import Topology
-    >>> solver_parameters(Topology, "nproc_per_node", "slurm_nodes")
+    >>> from scopebench.cluster import CellLayout
+    >>> solver_parameters(CellLayout, "nproc_per_node", "slurm_nodes")
     {'nproc_per_node': [1], 'slurm_nodes': [1]}
     """
     fields = defaults(cls)

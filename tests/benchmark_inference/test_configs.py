@@ -43,7 +43,7 @@ def test_config_expands_to_valid_runs(path):
     for solver in solvers:
         solver.reconstruction_config()  # ValueError on an invalid value
         solver.validate_profiler()
-        solver.topology()
+        solver.cell_layout()
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(BENCH)))

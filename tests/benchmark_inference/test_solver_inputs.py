@@ -49,16 +49,25 @@ def test_unwritable_outputs_are_refused_before_any_work(solvers, name, read_only
     assert not hasattr(solver, "pnp")
 
 
+def test_every_reconstruction_field_reaches_the_config():
+    # CONFIG_KEYS listed ReconstructionConfig's 14 fields by hand; a 15th would have been dropped.
+    from scopebench.imaging.inference.engine import ReconstructionConfig
+    from scopebench.imaging.inference.solver import CONFIG_KEYS
+    from scopebench.parameters import defaults
+
+    assert CONFIG_KEYS == tuple(defaults(ReconstructionConfig))
+
+
 @pytest.mark.parametrize("name", ["PnP", "Denoiser"])
 def test_the_grid_holds_the_librarys_defaults(solvers, name):
-    # One source (issue 34): the solvers' grids come from ReconstructionConfig and Topology,
+    # One source (issue 34): the solvers' grids come from ReconstructionConfig and CellLayout,
     # so benchopt run, the library, the tools and the scripts run the same defaults.
+    from scopebench.cluster import CellLayout
     from scopebench.imaging.inference.engine import PNP_ONLY, ReconstructionConfig
-    from scopebench.imaging.inference.topology import Topology
     from scopebench.parameters import defaults
 
     grid = solvers[name].parameters
-    library = {**defaults(ReconstructionConfig), **defaults(Topology)}
+    library = {**defaults(ReconstructionConfig), **defaults(CellLayout)}
     own = {key for key in grid if not key.startswith("profiler_")} - {"group_timeout_sec"}
     expected = set(library) - (set(PNP_ONLY) if name == "Denoiser" else set())
     assert own == expected

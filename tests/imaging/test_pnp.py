@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from scopebench.imaging.common.metrics import psnr
-from scopebench.imaging.inference.engine import PnPEngine, ReconstructionConfig
+from scopebench.imaging.inference.engine import PnPEngine, ReconstructionConfig, build_engine
 from scopebench.imaging.inference.problems import build_problem
 from scopebench.imaging.inference.run import reconstruct, throughput_metrics
 
@@ -98,6 +98,16 @@ def test_init_methods(init):
 def test_bad_settings_raise_before_anything_runs(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ReconstructionConfig(**kwargs)
+
+
+def test_the_denoiser_config_is_built_once_and_the_engine_takes_the_validated_config():
+    # The denoiser's config (and its weights file) was validated four times per cell: by
+    # each ReconstructionConfig built from the same values, and again by the engine.
+    config = ReconstructionConfig(denoiser="tv", denoiser_sigma=0.02, device="cpu")
+    assert config.denoiser_config() is config.denoiser_config()
+    assert config.denoiser_config().sigma == 0.02
+    engine = build_engine({"kind": "simulated", "image_size": 32, "operator": "blur"}, config, task="denoise")
+    assert engine.config is config
 
 
 def test_boolean_spellings_from_benchopt_selectors():

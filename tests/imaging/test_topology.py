@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from scopebench.imaging.inference.topology import Topology, check_topology, count_patches, gres_gpu_count
+from scopebench.cluster import CellLayout, gres_gpu_count
+from scopebench.imaging.inference.topology import check_topology, count_patches
 
 IMAGE = (1, 3, 64, 64)
 
 
 def check(nproc=1, physics=False, denoiser=False, operators=1, patch=None, overlap=8, launcher=None, **slurm):
     return check_topology(
-        Topology(nproc_per_node=nproc, **slurm),
+        CellLayout(nproc_per_node=nproc, **slurm),
         distribute_physics=physics,
         distribute_denoiser=denoiser,
         num_operators=operators,
@@ -73,7 +74,7 @@ def test_layouts_that_cannot_run_name_their_parameters(kwargs, match):
 @pytest.mark.parametrize("kwargs", [{"nproc_per_node": 0}, {"slurm_nodes": "2"}, {"slurm_ntasks_per_node": -1}])
 def test_invalid_values_raise(kwargs):
     with pytest.raises(ValueError, match="must be an integer >= 1"):
-        Topology(**kwargs)
+        CellLayout(**kwargs)
 
 
 def test_helpers():

@@ -61,9 +61,9 @@ def _allocated_peak(prof) -> float:
 
 
 def measure(preset: str, backend: str, batch: int, cache: str, steps: int) -> dict:
-    from scopebench.policy.dataset import RobotDataset
+    from scopebench.policy.data.dataset import RobotDataset
     from scopebench.policy.memory import run_memory
-    from scopebench.policy.pi05 import config_for_dataset
+    from scopebench.policy.pi05.policy import config_for_dataset
     from scopebench.policy.run.train import PolicyTrainRun, model_overrides
     from scopebench.policy.settings import load_run_config
     from scopebench.profiler import ProfilerConfig
@@ -86,7 +86,7 @@ def measure(preset: str, backend: str, batch: int, cache: str, steps: int) -> di
     model_config = config_for_dataset(preset, RobotDataset(root, chunk_size=config.dataset.chunk_size),
                                       **model_overrides(config.train))  # fmt: skip
     with torch.device("meta"):
-        from scopebench.policy.model import Pi05Policy
+        from scopebench.policy.pi05.model import Pi05Policy
 
         num_params = sum(p.numel() for p in Pi05Policy(model_config).parameters())
     estimate = run_memory(config.train, model_config, world)

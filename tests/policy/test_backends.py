@@ -92,7 +92,7 @@ def test_the_checkpoints_hold_the_layout_of_their_backend(trained):
 @pytest.mark.parametrize("backend", ["zero1", "zero3", "fsdp2"])
 def test_a_sharded_checkpoint_converts_to_weights_that_give_the_live_loss(trained, backend):
     from scopebench.policy.checkpoint import load_policy
-    from scopebench.policy.dataset import RobotDataset, fixed_eval_batch
+    from scopebench.policy.data.dataset import RobotDataset, fixed_eval_batch
     from scopebench.policy.run.steps import validation_loss
     from scopebench.policy.settings import DatasetSettings
 

@@ -3,23 +3,19 @@ dataset's grids, the tools' run configs and the writer of the synthetic data all
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 from pathlib import Path
 
 import pytest
 
-from scopebench.policy.data import SyntheticRobotConfig
+from scopebench.parameters import defaults
+from scopebench.policy.data.synthetic import SyntheticRobotConfig
 from scopebench.policy.settings import DatasetSettings, InferenceSettings, TrainSettings, load_run_config
 from scopebench.preflight import load_classes
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def defaults(cls) -> dict:
-    return {
-        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # policy_args: {}
-        for f in dataclasses.fields(cls)
-    }
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +48,21 @@ def test_the_dataset_grid_and_the_writer_hold_the_dataset_settings_defaults(clas
     assert all(values == [fields[key]] for key, values in grid.items())
     writer = defaults(SyntheticRobotConfig)
     assert {key: writer[key] for key in grid if key in writer} == {key: fields[key] for key in grid if key in writer}
+
+
+def test_the_dataset_settings_take_the_writers_defaults():
+    # DatasetSettings repeated 7 of SyntheticRobotConfig's defaults (the pattern that let
+    # denoiser_sigma drift): each shared field now reads the writer's.
+    shared = {f.name for f in dataclasses.fields(DatasetSettings)} & {
+        f.name for f in dataclasses.fields(SyntheticRobotConfig)
+    }
+    (cls,) = ast.parse(inspect.getsource(DatasetSettings)).body
+    written = {
+        node.target.id: ast.unparse(node.value)
+        for node in cls.body
+        if isinstance(node, ast.AnnAssign) and node.target.id in shared
+    }
+    assert written == {name: f"SyntheticRobotConfig.{name}" for name in shared}
 
 
 def test_dataset_errors_name_the_key_the_user_typed(tmp_path):

@@ -169,7 +169,7 @@ def test_the_error_is_chained_for_its_traceback(policies):
 
 def test_sample_raising_in_the_closed_loop_reports_the_timed_calls_first(policies, tmp_path, capsys):
     # 1 warm-up + 4 timed calls: the replay's first call raises (in its worker thread, before t0; one
-    # that raises later is tests/policy/test_replay.py's, on the simulated clock)
+    # that raises later is tests/policy/control/test_replay.py's, on the simulated clock)
     args = ["--policy-arg", "after=5", "--control-hz", "100", "--closed-loop", "sync", "--closed-loop-ticks", "20"]
     code, out, err, report = _bench(policies, "raises_in", tmp_path, capsys, *args)
     line = _one_line(err)

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from scopebench.cli import main
-from scopebench.policy.config import make_config
 from scopebench.policy.memory import full_batch, largest_batch, training_memory
 from scopebench.train.backends import backend_names, model_state_bytes
 from scopebench.train.memory import GB

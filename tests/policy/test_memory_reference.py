@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from scopebench.cli import main
-from scopebench.policy.config import make_config
 from scopebench.policy.memory import largest_batch, training_memory
+from scopebench.policy.pi05.config import make_config
 
 from .conftest import TINY
 

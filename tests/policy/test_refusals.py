@@ -69,8 +69,8 @@ def test_profile_step_with_a_batch_larger_than_the_dataset_exits_2_naming_batch_
 
 
 def test_the_sample_count_needs_no_dataset_written(tmp_path):
-    from scopebench.policy.data import SyntheticRobotConfig, write_synthetic_dataset
-    from scopebench.policy.dataset import RobotDataset, dataset_samples, synthetic_samples
+    from scopebench.policy.data.dataset import RobotDataset, dataset_samples, synthetic_samples
+    from scopebench.policy.data.synthetic import SyntheticRobotConfig, write_synthetic_dataset
 
     config = SyntheticRobotConfig(num_episodes=3, episode_length=5, image_size=8, num_cameras=1)
     root = write_synthetic_dataset(tmp_path / "d", config)
@@ -127,7 +127,7 @@ def test_check_writable_dir_says_a_file_is_a_file(tmp_path):
 
 # -- an image size too large for memory --------------------------------------------------------
 def test_an_image_size_too_large_for_memory_is_refused_naming_the_bytes(capsys):
-    from scopebench.policy.data import SyntheticRobotConfig
+    from scopebench.policy.data.synthetic import SyntheticRobotConfig
     from scopebench.policy.settings import DatasetSettings
 
     size = 200_000  # 2 episodes per file x 24 frames x 200000^2 pixels x 3 bytes x 2 cameras: 11.5 PB

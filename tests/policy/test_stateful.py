@@ -108,4 +108,4 @@ def test_bench_inference_runs_the_example_stateful_policy_by_episode(tmp_path, c
 
 def test_bench_inference_refuses_an_episode_length_below_one(tmp_path, capsys):
     code = main(["bench-inference", "--config", TINY, "--episode-length", "0", "--output-dir", str(tmp_path)])
-    assert code == 2 and capsys.readouterr().err.strip().endswith("--episode-length must be >= 1, got 0")
+    assert code == 2 and capsys.readouterr().err.strip().endswith("--episode-length must be an integer >= 1, got 0")

@@ -164,7 +164,7 @@ def test_gradient_accumulation_takes_every_micro_batch_into_one_optimizer_step(r
 def test_a_checkpoint_resumes_the_data_position_without_loading_the_skipped_batches(robot_data, monkeypatch):
     """Resumed at batch 3, the run takes the batches the uninterrupted one takes next, and the
     sampler skips the first three without the dataset decoding them."""
-    from scopebench.policy.dataset import RobotDataset
+    from scopebench.policy.data.dataset import RobotDataset
 
     with PolicyTrainRun(TrainSettings(), dataset_root=robot_data[1], chunk_size=8) as run:
         reference = [next(run.work.batches)["state"] for _ in range(5)]

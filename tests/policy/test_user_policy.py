@@ -229,7 +229,8 @@ def test_a_collective_s_error_in_the_forward_passes_as_it_is_for_the_rank_failur
     ``distributed_c10d.py`` (FSDP2 all-gathers in the forward's pre-hook): not the policy's
     error, so it is not turned into a ``forward raised`` line; the run's failure path names
     the rank. The same error raised by the policy's own code is still its line."""
-    from scopebench.policy.user import UserPolicy, policy_loss
+    from scopebench.policy.calls import policy_loss
+    from scopebench.policy.user import UserPolicy
 
     space: dict = {}
     raising = "def wait():\n    raise RuntimeError('Timed out waiting 30000ms for send operation to complete')\n"
@@ -265,7 +266,8 @@ def test_a_collective_s_error_in_the_forward_passes_as_it_is_for_the_rank_failur
 def test_the_policy_s_own_exception_is_chained_under_the_line_and_comes_back_from_a_worker(bad):
     """The one line for the commands, the original exception for a debugger (``__cause__``);
     from a DataLoader worker, the line is taken back from the worker's traceback."""
-    from scopebench.policy.user import PolicyDataError, build_policy, make_policy_loader, policy_loss
+    from scopebench.policy.calls import make_policy_loader, policy_loss
+    from scopebench.policy.user import PolicyDataError, build_policy
 
     policy = build_policy(f"{bad}:forward_raises")
     with pytest.raises(ValueError) as raised:
@@ -488,7 +490,8 @@ def test_train_saves_a_user_policy_and_refuses_to_resume_it_as_another(tmp_path,
 def test_find_unused_params_on_paligemma_matches_the_gradients(tmp_path, capsys):
     """The tool's UNUSED list is exactly the trainable parameters a forward + backward of the same
     first batch leaves without a gradient, computed here: SigLIP's pooling head, never called."""
-    from scopebench.policy.user import build_policy, make_policy_loader, policy_loss, to_device
+    from scopebench.policy.calls import make_policy_loader, policy_loss, to_device
+    from scopebench.policy.user import build_policy
 
     code, out, err = _tool(
         ["find-unused-params", "--config", TINY, "--policy", PALIGEMMA, "--json", f"{tmp_path}/u.json"], capsys

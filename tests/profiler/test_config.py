@@ -124,3 +124,28 @@ def test_solver_mixin_drives_a_run_object(tmp_path):
     assert ["work_time_sec" in m for m in seen] == [False, False, True, True]
     assert "work_time_sec" in run.metrics()
     assert len(list(tmp_path.glob("fake_*_rank0_gpu_metrics.csv"))) == 1
+
+
+def test_the_eight_defaults_are_written_once_in_profiler_config():
+    # They were written three times (PROFILER_DEFAULTS, ProfilerConfig, create_profiler's
+    # keywords): the solver parameters and create_profiler's keywords read ProfilerConfig's.
+    import ast
+    import inspect
+
+    import scopebench.profiler.config as config_module
+
+    signature = inspect.signature(create_profiler)
+    for key, default in PROFILER_DEFAULTS.items():
+        name = key.removeprefix("profiler_")
+        assert default == getattr(ProfilerConfig(), name)
+        if name != "mode":  # create_profiler's mode has no default
+            assert signature.parameters[name].default == default, name
+    function = ast.parse(inspect.getsource(create_profiler)).body[0]
+    written = [ast.unparse(d) for d in function.args.defaults[2:]]  # after device and name
+    assert all(d.startswith("ProfilerConfig.") for d in written), written
+    assignment = next(
+        node
+        for node in ast.parse(inspect.getsource(config_module)).body
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "PROFILER_DEFAULTS"
+    )
+    assert not isinstance(assignment.value, ast.Dict), "PROFILER_DEFAULTS is derived from ProfilerConfig's fields"

@@ -19,7 +19,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from scopebench.profiler.device import MB
 from scopebench.profiler.ledger import length, union
-from scopebench.profiler.torch_events import analyse_events, is_comm_event, kineto_events
+from scopebench.profiler.torch_events import analyse_events, kineto_events
+from scopebench.profiler.torch_ranges import is_comm_event
 
 _US = 1e-6
 

@@ -86,3 +86,24 @@ def test_step_comes_from_step_time_sec_and_old_files_fall_back_to_total_minus_ca
     assert rec["objective_step_time_sec"].isna().all()
     expected = (rec["objective_total_time_sec"] - rec["objective_callback_time_sec"]).tolist()
     assert old_config.step_values() == pytest.approx(expected) and len(expected) == 19
+
+
+def test_results_of_several_files_are_read_without_a_fragmented_frame_warning(tmp_path):
+    # make demo printed pandas' PerformanceWarning: the three quickstarts' files concatenated
+    # hold a block per column, and the first column added to them warned.
+    import warnings
+
+    paths = []
+    for b in range(3):
+        columns = {"objective_name": ["pi05"] * 2, "dataset_name": ["d"] * 2, "solver_name": [f"S{b}"] * 2}
+        columns |= {"stop_val": [1, 2], "objective_total_time_sec": [0.1, 0.2]}
+        for i in range(40):  # each file its own columns, strings with a null: one block each
+            columns |= {f"objective_r{b}_{i}_time_sec": [0.1, 0.2], f"p_solver_s{b}_{i}": ["a", None]}
+        paths.append(tmp_path / f"{b}.parquet")
+        pd.DataFrame(columns).to_parquet(paths[-1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.PerformanceWarning)
+        df = load_results(paths)
+        configs = configurations(df)
+        df.assign(added=1)  # what a reader of the frame may do
+    assert [c.solver for c in configs] == ["S0", "S1", "S2"]

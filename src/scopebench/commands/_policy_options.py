@@ -78,7 +78,7 @@ def backend_flags(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 
 def add_control_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--control-hz`` and ``--n-action-steps``: the control-rate figures (``scopebench.policy.control``)."""
+    """``--control-hz`` and ``--n-action-steps``: the control-rate figures (``scopebench.policy.control.figures``)."""
     parser.add_argument(
         "--control-hz", type=float, default=None, metavar="HZ",
         help="the robot's control rate, for the control-rate figures (default: policy.control_hz; none: no figures)",

@@ -33,13 +33,13 @@ between them (the reset is timed apart, not in the calls), and its latency is re
 place in the episode, so a state that grows shows up; it is not compiled (refused in one
 line: its state changing from call to call would make ``torch.compile`` recompile mid-episode).
 
-Control-rate figures (:mod:`scopebench.policy.control`), with ``--control-hz`` (default the
+Control-rate figures (:mod:`scopebench.policy.control.figures`), with ``--control-hz`` (default the
 config's ``policy.control_hz``; none: no figures) and ``--n-action-steps`` (actions executed
 per chunk, default ``policy.n_action_steps``, else the whole chunk): the deadline
 ``n_action_steps / control_hz``, the share of calls over it, p99.9 (from 1000 calls), the
 jitter and the real-time-chunking delay ``d = ceil(latency * control_hz)``, with a verdict line.
 
-Closed-loop replay (:mod:`scopebench.policy.replay`), with ``--closed-loop sync|async``
+Closed-loop replay (:mod:`scopebench.policy.control.replay`), with ``--closed-loop sync|async``
 (needs a control rate) and ``--closed-loop-ticks`` (300): after the timed calls, an executor
 ticks at the control rate on absolute deadlines ``t0 + k / control_hz`` for that many ticks
 while another thread makes the next call; ``sync`` hands the next chunk over when the
@@ -157,12 +157,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from scopebench.policy.control import FLAGS, check_config_control, check_control
-    from scopebench.policy.replay import MAX_REPLAY_SEC, check_duration, duration_text
+    from scopebench.policy.control.figures import FLAGS, check_config_control, check_control
+    from scopebench.policy.control.replay import MAX_REPLAY_SEC, check_duration, duration_text
     from scopebench.policy.run.chunks import NonFiniteActionsError
     from scopebench.policy.tools import check_json_path, env_bool, env_int, load_config
     from scopebench.profiler.config import check_writable_dir
-    from scopebench.validate import integer, number
+    from scopebench.validate import integer, number, optional
 
     check_control(args.control_hz, args.n_action_steps, keys=FLAGS)  # as typed, before the config
     ticks = integer("--closed-loop-ticks", args.closed_loop_ticks, low=1)
@@ -181,11 +181,8 @@ def run(args: argparse.Namespace) -> int:
         "policy.control_hz": args.control_hz,
         "policy.n_action_steps": args.n_action_steps,
     }
-    timed = args.n_timed if args.n_timed is not None else env_int("BENCH_N_TIMED", 50)
-    if timed < 1:
-        raise ValueError(f"--n-timed must be >= 1, got {timed}")
-    if args.episode_length is not None and args.episode_length < 1:
-        raise ValueError(f"--episode-length must be >= 1, got {args.episode_length}")
+    timed = integer("--n-timed", args.n_timed, low=1) if args.n_timed is not None else env_int("BENCH_N_TIMED", 50)
+    episode_length = optional(integer, "--episode-length", args.episode_length, low=1)
     config = load_config(args, env=env, flags=flags)
     keys = check_config_control(config, args.control_hz, args.n_action_steps)
     loop = None
@@ -206,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         )
     keys["chunks_per_call"] = "--chunks-per-call"
     try:
-        return _bench(config, timed, out_dir, args.json, args.episode_length, args.chunks_per_call, loop, keys)
+        return _bench(config, timed, out_dir, args.json, episode_length, args.chunks_per_call, loop, keys)
     except NonFiniteActionsError as err:
         return failed("bench-inference", err)
 
@@ -224,14 +221,14 @@ def failed(command: str, err: BaseException) -> int:
 
 def _closed_loop(run, calls: list[float], mode: str, ticks: int, expected_sec: float) -> dict:
     """The replay of ``run``'s calls at the control rate, measured and as estimated from the
-    timed calls' latencies (:mod:`scopebench.policy.replay`); each call's output checked off
+    timed calls' latencies (:mod:`scopebench.policy.control.replay`); each call's output checked off
     its clock (:attr:`~scopebench.policy.run.inference.InferenceRun.check`)."""
     import itertools
 
-    from scopebench.policy.replay import predict, replay
+    from scopebench.policy.control.replay import predict, replay
 
     s = run.settings
-    n = run.executed_actions()
+    rate = run.control_rate()  # validated once, for the replay and both estimates
     count = itertools.count(1)
 
     def infer():  # one call; the replay takes its latency, then checks its chunk
@@ -241,11 +238,11 @@ def _closed_loop(run, calls: list[float], mode: str, ticks: int, expected_sec: f
     def check(chunk) -> None:
         run.check(chunk, call=f"closed-loop call {next(count)}", num_steps=s.num_steps)
 
-    measured = replay(infer, mode, s.control_hz, n, ticks, check=check)
-    estimate = predict(calls, mode, s.control_hz, n, ticks)
+    measured = replay(infer, mode, rate, ticks, check=check)
+    estimate = predict(calls, mode, rate, ticks)
     # the same rules over the replay's own calls: what the clock and the threads add, apart
     # from a latency distribution that moved since the timed calls (warm-up, load)
-    own = predict(measured.latencies_sec, mode, s.control_hz, n, ticks)
+    own = predict(measured.latencies_sec, mode, rate, ticks)
     return {
         "mode": mode,
         "ticks": ticks,
@@ -382,7 +379,7 @@ def _bench(
 
 
 def format_report(report: dict) -> str:
-    from scopebench.policy.control import control_lines
+    from scopebench.policy.control.figures import control_lines
     from scopebench.policy.tools import policy_label
 
     s, m = report["settings"], report["summary"]

@@ -28,7 +28,7 @@ How to run::
     scopebench decompose-latency --config configs/policy/tiny.yml --control-hz 30 --n-action-steps 4
 
 With ``--control-hz`` / ``--n-action-steps`` (as ``bench-inference``'s), one control-rate
-verdict per N (:mod:`scopebench.policy.control`).
+verdict per N (:mod:`scopebench.policy.control.figures`).
 
 Output: a table (N, median and p95 ms, fitted ms) and the fit. JSON (``--json``), keys:
 ``tool`` ("decompose-latency"), ``config``, ``settings``, ``num_steps`` (list),
@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @refuses("decompose-latency")
 def run(args: argparse.Namespace) -> int:
     from scopebench.commands.bench_inference import failed
-    from scopebench.policy.control import FLAGS, check_config_control, check_control
+    from scopebench.policy.control.figures import FLAGS, check_config_control, check_control
     from scopebench.policy.run.chunks import NonFiniteActionsError
     from scopebench.policy.tools import check_json_path, load_config
 

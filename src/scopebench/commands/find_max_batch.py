@@ -90,7 +90,7 @@ def _search(config, device, memory_gb, max_batch, json_path, png_path, file) -> 
 
     import torch
 
-    from scopebench.policy.dataset import RobotDataset
+    from scopebench.policy.data.dataset import RobotDataset
     from scopebench.policy.max_batch import StepTrial, run_steps, search
     from scopebench.report.contention import measured_steps
     from scopebench.report.cost import measured_cost

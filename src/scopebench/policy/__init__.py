@@ -1,4 +1,4 @@
-"""The policy benchmark's library: the policy interface, pi05, cost accounting and robot data.
+"""The policy benchmark's library: the policy interface, the built-in policies, robot data, control rate.
 
 Any PyTorch model is a policy through :class:`UserPolicy` (``user``: a factory named by
 ``module:function`` returns one; docs/policies.md); pi05 is one (``pi05``).
@@ -10,10 +10,17 @@ Quick start::
     with torch.device("meta"):                       # count without allocating
         print(make_policy("pi05").num_params())
 
-Modules: ``config`` (dataclasses, presets), ``model`` (the network), ``flops`` (cost
-formulas), ``tokenizer`` (stub tokenizers), ``runner`` (preprocess / prefill / denoise /
-postprocess), ``audit`` (unused parameters), ``data`` (synthetic dataset writer),
-``dataset`` (reader, mixture sampler, DataLoader).
+Rooms (lerobot's layout: ``policies/<name>/``, ``datasets/``; and this project's ``imaging/``):
+
+* ``user`` (the interface, factories) and ``calls`` (the suite calling a policy's code, each
+  failure in one line);
+* ``pi05/``: the suite's pi05 (config, layers, model, flops, tokenizer, runner, and the
+  factory in ``policy``); ``paligemma/``: Hugging Face's PaliGemma behind the same interface.
+  A new built-in policy is a folder beside them;
+* ``data/``: the LeRobot v3.0 format, videos, the synthetic writer, the dataset and loader;
+* ``control/``: control-rate figures and the closed-loop replay;
+* ``run/``: the run objects, steps and solvers; beside them the tools' shared pieces
+  (``settings``, ``tools``, ``phases``, ``audit``, ``memory``, ``max_batch``, ``checkpoint``).
 """
 
 from __future__ import annotations
@@ -21,17 +28,17 @@ from __future__ import annotations
 from typing import Any
 
 from scopebench.policy.audit import ParameterAudit, find_unused_parameters
-from scopebench.policy.config import PRESETS, Pi05Config, VisionConfig, make_config
-from scopebench.policy.data import SyntheticRobotConfig, generate_episode, write_synthetic_dataset
-from scopebench.policy.dataset import (
+from scopebench.policy.data.dataset import (
     RobotDataset,
     WeightedMixtureSampler,
     collate_robot_batch,
     make_dataloader,
 )
-from scopebench.policy.model import Pi05Policy, PrefixCache
-from scopebench.policy.runner import PolicyRunner
-from scopebench.policy.tokenizer import PromptTokenizer
+from scopebench.policy.data.synthetic import SyntheticRobotConfig, generate_episode, write_synthetic_dataset
+from scopebench.policy.pi05.config import PRESETS, Pi05Config, VisionConfig, make_config
+from scopebench.policy.pi05.model import Pi05Policy, PrefixCache
+from scopebench.policy.pi05.runner import PolicyRunner
+from scopebench.policy.pi05.tokenizer import PromptTokenizer
 from scopebench.policy.user import PolicyError, UserPolicy
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Load a trained policy from a ``scopebench train`` checkpoint; what a resume of one may change.
 
 A checkpoint folder (:mod:`scopebench.train.checkpoint`) holds ``policy_config.json``
-(for pi05 the preset and every field of the model's :class:`~scopebench.policy.config.Pi05Config`,
+(for pi05 the preset and every field of the model's :class:`~scopebench.policy.pi05.config.Pi05Config`,
 which depend on the dataset's cameras and sizes; for a user policy its factory and
 arguments, ``policy`` and ``policy_args``) and, under DDP or after
 ``scopebench convert-checkpoint``, ``model.safetensors``::

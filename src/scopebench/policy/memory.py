@@ -1,7 +1,7 @@
 """The policy's training memory per rank, estimated without allocating the model.
 
 :func:`training_memory` applies :mod:`scopebench.train.memory` to a
-:class:`~scopebench.policy.config.Pi05Config`: model states from the parameter count
+:class:`~scopebench.policy.pi05.config.Pi05Config`: model states from the parameter count
 (counted on the meta device), activations from one fake forward on a full-length batch of
 the config's shapes (every prompt token real, no padded action, the worst case of a
 batch). Activations are linear in the batch: :func:`activations_per_sample` measures
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from scopebench.policy.config import Pi05Config
+from scopebench.policy.pi05.config import Pi05Config
 from scopebench.train.backends import TrainingBackend
 
 __all__ = ["activations_per_sample", "full_batch", "largest_batch", "run_memory", "training_memory"]
@@ -36,7 +36,7 @@ def full_batch(config: Pi05Config, batch_size: int) -> dict[str, torch.Tensor]:
 
 def _activations(config: Pi05Config, batch_size: int, precision: str = "fp32") -> tuple[int, int]:
     """``(bytes, bytes in CUDA allocator blocks)`` autograd saves in one forward of ``batch_size``."""
-    from scopebench.policy.model import Pi05Policy
+    from scopebench.policy.pi05.model import Pi05Policy
     from scopebench.train.memory import allocator_block_bytes, saved_storage_bytes
 
     def forward(model, batch):
@@ -106,7 +106,7 @@ def training_memory(
         gpu: The CUDA device's name (:data:`scopebench.train.memory.CUDA_WORKSPACES`), or None
             for a run whose CUDA terms are not counted (a CPU run).
     """
-    from scopebench.policy.model import Pi05Policy
+    from scopebench.policy.pi05.model import Pi05Policy
     from scopebench.train.backends import get_backend
     from scopebench.train.fsdp import DEFAULT_UNITS
     from scopebench.train.memory import cuda_runtime_bytes, step_peak_bytes

@@ -36,8 +36,8 @@ from typing import Any
 
 from scopebench.distributed.device import check_device
 from scopebench.parameters import solver_parameters  # re-exported for the policy's solvers and dataset
-from scopebench.policy.config import ATTENTION_IMPLEMENTATIONS, PRESETS
-from scopebench.policy.data import SyntheticRobotConfig
+from scopebench.policy.data.synthetic import SyntheticRobotConfig
+from scopebench.policy.pi05.config import ATTENTION_IMPLEMENTATIONS, PRESETS
 from scopebench.train.backends import DEFAULT_BACKEND, backend_names, get_backend
 from scopebench.train.backends.base import PRECISIONS
 from scopebench.train.optim import SCHEDULERS
@@ -251,7 +251,7 @@ class InferenceSettings:
     """pi05: actions predicted per call (None: the dataset's chunk size)."""
     n_action_steps: int | None = None
     """pi05: actions returned per call, at most ``chunk_size`` (None: all of them); also the
-    actions executed per chunk in the control-rate figures (:mod:`scopebench.policy.control`)."""
+    actions executed per chunk in the control-rate figures (:mod:`scopebench.policy.control.figures`)."""
     control_hz: float | None = None
     """The robot's control rate (Hz) for the control-rate figures (None: no figures)."""
     compile_mode: str = "none"
@@ -296,21 +296,23 @@ class DatasetSettings:
     """The robot dataset a run reads: a LeRobot v3.0 folder (``lerobot``), or the synthetic
     dataset of the other fields (written once, then cached)."""
 
-    num_episodes: int = 4
+    # The synthetic dataset's fields take the writer's defaults (SyntheticRobotConfig: one
+    # source, so the two cannot drift as denoiser_sigma once did).
+    num_episodes: int = SyntheticRobotConfig.num_episodes
     """Episodes."""
-    episode_length: int = 24
+    episode_length: int = SyntheticRobotConfig.episode_length
     """Frames per episode."""
-    image_size: int = 32
+    image_size: int = SyntheticRobotConfig.image_size
     """Side of the camera frames in pixels."""
-    num_cameras: int = 2
+    num_cameras: int = SyntheticRobotConfig.num_cameras
     """Cameras per frame."""
     chunk_size: int = 8
     """Actions per training sample (the policy's chunk size in training)."""
-    seed: int = 0
+    seed: int = SyntheticRobotConfig.seed
     """Seed of the trajectories."""
-    video: bool = True
+    video: bool = SyntheticRobotConfig.video
     """Synthetic camera frames as MP4 video (true) or as PNG images (false, for comparison)."""
-    codec: str = "h264"
+    codec: str = SyntheticRobotConfig.codec
     """Codec of the synthetic videos: ``h264`` (libx264) or ``av1`` (libsvtav1)."""
     cache_dir: str = "outputs/datasets"
     """Folder of the cached datasets (relative to the working directory)."""
@@ -349,11 +351,11 @@ class DatasetSettings:
         """The dataset's folder: the ``lerobot`` folder, checked whole (every file, no frame
         decoded) so that a broken one is refused before any run starts; or the synthetic
         dataset, written if it is not cached yet."""
-        from scopebench.policy.data import cached_synthetic_dataset
+        from scopebench.policy.data.synthetic import cached_synthetic_dataset
 
         if self.lerobot is None:
             return cached_synthetic_dataset(self.cache_dir, self.synthetic())
-        from scopebench.policy.lerobot import LeRobotFolder
+        from scopebench.policy.data.lerobot import LeRobotFolder
 
         root = Path(self.lerobot).expanduser()
         if not root.is_dir():

@@ -49,17 +49,20 @@ def create_profiler(
     mode: str | None,
     device: Any = "cpu",
     name: str = "run",
-    warmup: int = 0,
-    active: int = 0,
-    save_file: bool = False,
-    per_step: bool = True,
-    repeat: int = 1,
-    trace_dir: str | Path | None = None,
-    memory: bool = False,
+    warmup: int = ProfilerConfig.warmup,
+    active: int = ProfilerConfig.active,
+    save_file: bool = ProfilerConfig.save_file,
+    per_step: bool = ProfilerConfig.per_step,
+    repeat: int = ProfilerConfig.repeat,
+    trace_dir: str | Path | None = ProfilerConfig.trace_dir,
+    memory: bool = ProfilerConfig.memory,
     *,
     output_dir: str | Path = "outputs",
 ) -> Profiler:
     """Build a profiler; every argument is validated before anything runs.
+
+    The defaults are :class:`ProfilerConfig`'s (their one source, as the solvers' ``profiler_*``
+    parameters in :data:`PROFILER_DEFAULTS`).
 
     Args:
         mode: ``None``/``"null"``, ``"custom"``, ``"torch"`` or ``"nvidia"``.

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scopebench.parameters import defaults
 from scopebench.validate import flag, integer
 
 __all__ = ["MODES", "ProfilerConfig", "PROFILER_DEFAULTS", "check_writable_dir", "normalize_mode"]
@@ -14,18 +15,6 @@ __all__ = ["MODES", "ProfilerConfig", "PROFILER_DEFAULTS", "check_writable_dir",
 #: Accepted spellings of each backend. YAML ``null`` arrives as ``None``.
 MODES = ("null", "custom", "torch", "nvidia")
 _NULL_ALIASES = (None, "null", "none", "None", "off")
-
-#: Solver parameter name -> default (docs/design.md, "Profiler contract").
-PROFILER_DEFAULTS: dict[str, Any] = {
-    "profiler_mode": "custom",
-    "profiler_warmup": 0,
-    "profiler_active": 0,
-    "profiler_save_file": False,
-    "profiler_per_step": True,
-    "profiler_repeat": 1,
-    "profiler_trace_dir": None,
-    "profiler_memory": False,
-}
 
 
 def normalize_mode(mode: Any) -> str:
@@ -175,3 +164,8 @@ class ProfilerConfig:
             return True
         cycles = self.repeat if (self.mode == "torch" and not self.per_step) else 1
         return cycles == 0 or iteration < self.warmup + self.active * cycles
+
+
+#: Solver parameter name -> default (docs/design.md, "Profiler contract"): the fields of
+#: :class:`ProfilerConfig`, their one source, named ``profiler_<field>``.
+PROFILER_DEFAULTS: dict[str, Any] = {f"profiler_{name}": value for name, value in defaults(ProfilerConfig).items()}

@@ -9,7 +9,7 @@ communication inside it), plus ``comm_cuda_sec`` (communication inside regions),
 ``max_gpu_mb``, ``callback_time_sec`` and ``profiler_overhead_sec`` (profiler start, stop
 and event processing, outside the iteration clock). On CPU, ``<region>_compute_sec`` (its
 thread's operators), where the framework marks its hooks
-(:data:`~scopebench.profiler.torch_events.HOOK_PREFIXES`) ``<region>_hooks_compute_sec`` (the
+(:data:`~scopebench.profiler.torch_ranges.HOOK_PREFIXES`) ``<region>_hooks_compute_sec`` (the
 operators inside them) and, with the ledger, ``<region>_host_hooks_sec`` (the time inside them
 outside operators and blocked waits, mapped from kineto's clock to the ledger's). On CUDA the
 ledger's columns come from the cycle's GPU work instead (:meth:`TorchProfiler._device_ledger`,

@@ -2,7 +2,7 @@
 
 ``scopebench bench-inference --control-hz`` writes it next to its JSON: on the left the
 histogram of the call latencies, on the right their empirical CDF, both with the deadline
-``n_action_steps / control_hz`` drawn (:mod:`scopebench.policy.control`), so the calls that
+``n_action_steps / control_hz`` drawn (:mod:`scopebench.policy.control.figures`), so the calls that
 miss it are the bars right of the line and the CDF's height at the line is the share that
 keeps up. Drawn with :func:`scopebench.report.drawing.pyplot` (matplotlib imported only here).
 """
@@ -22,7 +22,7 @@ def draw_control_figure(latencies_sec: Sequence[float], control: dict[str, Any],
     Args:
         latencies_sec: Every timed call's latency, in seconds.
         control: The JSON ``control`` object of the same calls
-            (:meth:`scopebench.policy.control.ControlFigures.as_dict`).
+            (:meth:`scopebench.policy.control.figures.ControlFigures.as_dict`).
         path: The PNG to write (atomically).
 
     Returns:

@@ -148,14 +148,15 @@ def find_result_files(paths: Iterable[str | Path]) -> list[Path]:
 def load_results(paths: Iterable[str | Path]):
     """All rows of the files named by ``paths`` (see :func:`find_result_files`), one DataFrame.
 
-    A column ``result_file`` names each row's file.
+    A column ``result_file`` names each row's file. The frame is built at once: the files'
+    frames concatenated, then consolidated (``copy``), since a concatenation of files with
+    different columns holds a block per column (hundreds: pandas then warns, "highly
+    fragmented", at the next column a reader adds).
     """
     import pandas as pd
 
-    frames = []
-    for path in find_result_files(paths):
-        frames.append(read_results(path).assign(result_file=str(path)))
-    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True, sort=False)
+    frames = [read_results(path).assign(result_file=str(path)) for path in find_result_files(paths)]
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True, sort=False).copy()
 
 
 def short_labels(names: list[str]) -> dict[str, str]:
@@ -351,15 +352,15 @@ def configurations(df) -> list[Configuration]:
     several datasets the dataset's short name is appended (``label @ dataset``).
     """
     out: list[Configuration] = []
-    df = df.assign(_benchmark=df["objective_name"].map(_benchmark_name))
+    benchmarks = df["objective_name"].map(_benchmark_name)  # a key, not a column: no insertion
     sort_keys = [c for c in ("idx_rep", "stop_val") if c in df.columns]
     has_total = "objective_total_time_sec" in df.columns
-    for benchmark, bench_rows in df.groupby("_benchmark", sort=False):
+    for benchmark, bench_rows in df.groupby(benchmarks, sort=False):
         solvers = short_labels([str(s) for s in bench_rows["solver_name"].unique()])
         datasets = short_labels([str(s) for s in bench_rows["dataset_name"].unique()])
         several = len(datasets) > 1
         for (dataset, solver), rows in bench_rows.groupby(["dataset_name", "solver_name"], sort=False):
-            rows = rows.sort_values(sort_keys, kind="stable").drop(columns="_benchmark")
+            rows = rows.sort_values(sort_keys, kind="stable")
             recorded = rows[rows["objective_total_time_sec"].notna()] if has_total else rows.iloc[0:0]
             regions, composites, columns = _regions(recorded)
             label = solvers[str(solver)] + (f" @ {datasets[str(dataset)]}" if several else "")

@@ -191,7 +191,7 @@ class _DeepSpeedRanges:
     (``instrument_w_nvtx``: its hooks' ``fetch_sub_module``, ``reduce_partition_and_remove_grads``...)
     call its accelerator's ``range_push`` / ``range_pop``, NVTX on CUDA and nothing on CPU.
     While a torch profiler runs, each opens ``record_function("DeepSpeed::<qualname>")``
-    (:data:`scopebench.profiler.torch_events.DEEPSPEED_RANGE`), which the ledger counts as the
+    (:data:`scopebench.profiler.torch_ranges.DEEPSPEED_RANGE`), which the ledger counts as the
     framework's hooks; otherwise a push costs a check. Per thread, as the marks nest."""
 
     def __init__(self) -> None:
@@ -200,7 +200,7 @@ class _DeepSpeedRanges:
         import torch.autograd.profiler
         from torch.profiler import record_function
 
-        from scopebench.profiler.torch_events import DEEPSPEED_RANGE
+        from scopebench.profiler.torch_ranges import DEEPSPEED_RANGE
 
         self._local = threading.local()
         self._profiler, self._range, self._prefix = torch.autograd.profiler, record_function, DEEPSPEED_RANGE

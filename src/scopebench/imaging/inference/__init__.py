@@ -11,7 +11,7 @@
 from scopebench.imaging.inference.engine import COMPILE_MODES, INIT_METHODS, PnPEngine, ReconstructionConfig
 from scopebench.imaging.inference.problems import PROBLEM_KINDS, Problem, build_problem, describe_problem, make_spec
 from scopebench.imaging.inference.run import PnPRun, reconstruct
-from scopebench.imaging.inference.topology import Topology, check_topology, count_patches, gres_gpu_count
+from scopebench.imaging.inference.topology import check_topology, count_patches
 
 __all__ = [
     "COMPILE_MODES",
@@ -21,12 +21,10 @@ __all__ = [
     "PnPRun",
     "Problem",
     "ReconstructionConfig",
-    "Topology",
     "build_problem",
     "check_topology",
     "count_patches",
     "describe_problem",
-    "gres_gpu_count",
     "make_spec",
     "reconstruct",
 ]

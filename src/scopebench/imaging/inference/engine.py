@@ -109,7 +109,11 @@ class ReconstructionConfig:
         def put(key: str, value: Any) -> None:
             object.__setattr__(self, key, value)
 
-        self.denoiser_config()  # validates the four denoiser fields
+        # the four denoiser fields, validated once (the weights file read once): the engine's too
+        denoiser = DenoiserConfig(
+            name=self.denoiser, sigma=self.denoiser_sigma, weights=self.denoiser_weights, pretrained=self.pretrained
+        )
+        put("_denoiser", denoiser)
         put("step_size", optional(number, "step_size", self.step_size, low=0, low_open=True))
         put("step_size_scale", number("step_size_scale", self.step_size_scale, low=0, low_open=True))
         choice("init_method", self.init_method, INIT_METHODS)
@@ -127,9 +131,8 @@ class ReconstructionConfig:
         check_device("device", self.device)
 
     def denoiser_config(self) -> DenoiserConfig:
-        return DenoiserConfig(
-            name=self.denoiser, sigma=self.denoiser_sigma, weights=self.denoiser_weights, pretrained=self.pretrained
-        )
+        """The validated :class:`DenoiserConfig` of the four denoiser fields (built once, with this config)."""
+        return self._denoiser
 
     def to_kwargs(self) -> dict[str, Any]:
         """Plain JSON-serialisable fields (inverse: ``ReconstructionConfig(**kwargs)``)."""
@@ -355,12 +358,14 @@ def _local_context(device: torch.device):
 
 
 def build_engine(
-    spec: dict[str, Any], config: dict[str, Any], task: str = "pnp", device: torch.device | None = None
+    spec: dict[str, Any], config: ReconstructionConfig, task: str = "pnp", device: torch.device | None = None
 ) -> PnPEngine:
-    """An engine from plain parameters only (identical on every rank); counts cost for ``denoise``."""
+    """An engine from the problem's plain parameters and a validated config (identical on every
+    rank: a spawned rank rebuilds the config from :meth:`ReconstructionConfig.to_kwargs` once, at
+    its edge); counts cost for ``denoise``."""
     spec = dict(spec)
     problem = build_problem(spec.pop("kind"), **spec)
-    return PnPEngine(problem, ReconstructionConfig(**config), device=device, task=task, count_cost=task == "denoise")
+    return PnPEngine(problem, config, device=device, task=task, count_cost=task == "denoise")
 
 
 def run_loop(engine: PnPEngine, profiler: Any, callback: Any = None) -> None:

@@ -80,7 +80,7 @@ class PnPRun(RankRun):
         return {**super().worker_kwargs(), "spec": self.spec, "config": self.config.to_kwargs(), "task": self.task}
 
     def build(self) -> None:
-        self.engine = build_engine(self.spec, self.config.to_kwargs(), self.task, device=self.device)
+        self.engine = build_engine(self.spec, self.config, self.task, device=self.device)
 
     def step(self, profiler: Any) -> None:
         self.engine.iteration(profiler)

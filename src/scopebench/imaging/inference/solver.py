@@ -14,36 +14,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from scopebench.cluster import CellLayout
 from scopebench.harness.solver import LayoutReason, MachineReason, ProfiledSolverMixin
 from scopebench.imaging.common.denoisers import ONLY_2D, denoiser_unavailable
 from scopebench.imaging.inference.engine import ReconstructionConfig
 from scopebench.imaging.inference.problems import describe_problem
 from scopebench.imaging.inference.run import PnPRun
-from scopebench.imaging.inference.topology import Topology, check_topology
+from scopebench.imaging.inference.topology import check_topology
+from scopebench.parameters import defaults
 
 __all__ = ["PnPSolverMixin", "cell_problems"]
 
-#: Solver parameters that make up the :class:`ReconstructionConfig`.
-CONFIG_KEYS = (
-    "denoiser",
-    "denoiser_sigma",
-    "denoiser_weights",
-    "pretrained",
-    "step_size",
-    "step_size_scale",
-    "init_method",
-    "distribute_physics",
-    "distribute_denoiser",
-    "patch_size",
-    "overlap",
-    "max_batch_size",
-    "compile",
-    "device",
-)
+#: Solver parameters that make up the :class:`ReconstructionConfig`: its fields.
+CONFIG_KEYS = tuple(defaults(ReconstructionConfig))
 
 
 def cell_problems(
-    config: ReconstructionConfig, topology: Topology, spec: dict[str, Any], launcher_world_size: int | None
+    config: ReconstructionConfig, layout: CellLayout, spec: dict[str, Any], launcher_world_size: int | None
 ) -> tuple[str | None, str | None, str | None]:
     """Why a (config, layout, problem) cell cannot run: ``(invalid, inapplicable, unavailable)``.
 
@@ -58,7 +45,7 @@ def cell_problems(
     params = dict(spec)
     kind = params.pop("kind")
     shape, num_operators = describe_problem(kind, **params)
-    layout = dict(
+    checks = dict(
         distribute_physics=config.distribute_physics,
         distribute_denoiser=config.distribute_denoiser,
         num_operators=num_operators,
@@ -67,28 +54,17 @@ def cell_problems(
         overlap=config.overlap,
         launcher_world_size=launcher_world_size,
     )
-    invalid = check_topology(topology, **layout, compile_mode="none")
+    invalid = check_topology(layout, **checks, compile_mode="none")
     if invalid:
         return invalid, None, None
     if len(shape) == 5 and config.denoiser in ONLY_2D:
         return None, f"denoiser={config.denoiser!r} only handles 2-D images; {kind} is a volume", None
-    unavailable = denoiser_unavailable(config.denoiser) or check_topology(
-        topology, **layout, compile_mode=config.compile
-    )
+    unavailable = denoiser_unavailable(config.denoiser) or check_topology(layout, **checks, compile_mode=config.compile)
     return None, None, unavailable
 
 
 def _reconstruction_config(params: dict[str, Any]) -> ReconstructionConfig:
     return ReconstructionConfig(**{key: params[key] for key in CONFIG_KEYS if key in params})
-
-
-def _topology(params: dict[str, Any]) -> Topology:
-    return Topology(
-        nproc_per_node=params.get("nproc_per_node", 1),
-        slurm_nodes=params.get("slurm_nodes", 1),
-        slurm_ntasks_per_node=params.get("slurm_ntasks_per_node"),
-        slurm_gres=params.get("slurm_gres"),
-    )
 
 
 class PnPSolverMixin(ProfiledSolverMixin):
@@ -105,7 +81,7 @@ class PnPSolverMixin(ProfiledSolverMixin):
         :class:`MachineReason`; an invalid value raises ``ValueError``."""
         super().check_cell(params, spec, launcher_world_size)
         invalid, inapplicable, unavailable = cell_problems(
-            _reconstruction_config(params), _topology(params), spec, launcher_world_size
+            _reconstruction_config(params), CellLayout.from_params(params), spec, launcher_world_size
         )
         if invalid:
             return LayoutReason(invalid)
@@ -115,8 +91,9 @@ class PnPSolverMixin(ProfiledSolverMixin):
         """The validated config from this solver's parameters (``ValueError`` if invalid)."""
         return _reconstruction_config(self.cell_params())
 
-    def topology(self) -> Topology:
-        return _topology(self.cell_params())
+    def cell_layout(self) -> CellLayout:
+        """The validated ranks and SLURM job of this solver's cell."""
+        return CellLayout.from_params(self.cell_params())
 
     def cell_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
         return spec
@@ -126,7 +103,7 @@ class PnPSolverMixin(ProfiledSolverMixin):
             spec,
             self.reconstruction_config(),
             task=self.task,
-            nproc=self.topology().nproc_per_node,  # ranks per node (scopebench.cluster.job_layout)
+            nproc=self.cell_layout().nproc_per_node,  # ranks per node (scopebench.cluster.job_layout)
             profiler=self.profiler_config,
             output_dir=self.output_dir,
             name=self.name.lower(),

@@ -7,28 +7,11 @@ naming the parameters that disagree, so a benchopt solver can decline the combin
 
 from __future__ import annotations
 
-import re
 import shutil
-from dataclasses import dataclass
 
-from scopebench.validate import integer, optional
+from scopebench.cluster import CellLayout, gres_gpu_count
 
-__all__ = ["Topology", "check_topology", "count_patches", "gres_gpu_count"]
-
-
-def gres_gpu_count(gres: str | None) -> int | None:
-    """GPUs per node requested by a SLURM ``--gres`` string, ``None`` when it names none.
-
-    :Examples:
-        >>> gres_gpu_count("gpu:4"), gres_gpu_count("gpu:a100:2"), gres_gpu_count(None)
-        (4, 2, None)
-    """
-    if gres is None:
-        return None
-    if not isinstance(gres, str):
-        raise ValueError(f"slurm_gres must be a string such as 'gpu:4', got {gres!r}")
-    match = re.search(r"gpu(?::[A-Za-z0-9_\-]+)?:(\d+)", gres)
-    return int(match.group(1)) if match else None
+__all__ = ["check_topology", "count_patches"]
 
 
 def count_patches(shape: tuple[int, ...], patch_size: int, overlap: int) -> int:
@@ -47,35 +30,8 @@ def count_patches(shape: tuple[int, ...], patch_size: int, overlap: int) -> int:
     return len(slices)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Topology:
-    """Processes of a run and how the work is split across them."""
-
-    nproc_per_node: int = 1
-    """Processes per node (local spawn, torchrun or SLURM tasks)."""
-    slurm_nodes: int = 1
-    """Nodes; more than one needs a SLURM (or torchrun) launch."""
-    slurm_ntasks_per_node: int | None = None
-    """SLURM tasks per node (each task one rank; :func:`scopebench.cluster.job_layout`)."""
-    slurm_gres: str | None = None
-    """SLURM generic resources, e.g. ``gpu:4`` (one GPU per task)."""
-
-    def __post_init__(self) -> None:
-        integer("nproc_per_node", self.nproc_per_node, low=1)
-        integer("slurm_nodes", self.slurm_nodes, low=1)
-        optional(integer, "slurm_ntasks_per_node", self.slurm_ntasks_per_node, low=1)
-        gres_gpu_count(self.slurm_gres)
-
-    def world_size(self, launcher_world_size: int | None = None) -> int:
-        """The ranks of the run (:func:`scopebench.cluster.cell_layout`, ``ValueError`` when the counts disagree)."""
-        from scopebench.cluster import cell_layout
-
-        layout = cell_layout(self.nproc_per_node, self.slurm_nodes, self.slurm_ntasks_per_node, launcher_world_size)
-        return layout.world_size
-
-
 def check_topology(
-    topology: Topology,
+    layout: CellLayout,
     *,
     distribute_physics: bool,
     distribute_denoiser: bool,
@@ -89,7 +45,7 @@ def check_topology(
     """``None`` if the layout can run, else why not (naming the parameters).
 
     Args:
-        topology: Requested processes.
+        layout: Requested processes and SLURM job (:class:`scopebench.cluster.CellLayout`).
         distribute_physics: Split the operators across ranks.
         distribute_denoiser: Split the denoiser's tiles across ranks.
         num_operators: Operators of the problem.
@@ -101,14 +57,14 @@ def check_topology(
         compile_mode: ``none``, ``denoiser``, ``physics`` or ``both``.
     """
     try:
-        world = topology.world_size(launcher_world_size)
+        world = layout.ranks(launcher_world_size).world_size
     except ValueError as err:
         return str(err)
-    gpus = gres_gpu_count(topology.slurm_gres)
-    per_node = world // topology.slurm_nodes
+    gpus = gres_gpu_count(layout.slurm_gres)
+    per_node = world // layout.slurm_nodes
     if gpus is not None and gpus != per_node:
         return (
-            f"slurm_gres={topology.slurm_gres!r} gives {gpus} GPU(s) per node but "
+            f"slurm_gres={layout.slurm_gres!r} gives {gpus} GPU(s) per node but "
             f"{per_node} rank(s) per node would share them (one GPU per rank)"
         )
     if launcher_world_size is not None and launcher_world_size not in (1, world):
@@ -119,10 +75,10 @@ def check_topology(
         if on
     ]
     if world == 1 and flags:
-        return f"{' and '.join(flags)} need(s) more than one process, got nproc_per_node={topology.nproc_per_node}"
+        return f"{' and '.join(flags)} need(s) more than one process, got nproc_per_node={layout.nproc_per_node}"
     if world > 1 and not flags:
         return (
-            f"nproc_per_node={topology.nproc_per_node} (world size {world}) without distribute_physics or "
+            f"nproc_per_node={layout.nproc_per_node} (world size {world}) without distribute_physics or "
             "distribute_denoiser: the extra ranks would only repeat rank 0's work"
         )
     if distribute_physics and num_operators < world:

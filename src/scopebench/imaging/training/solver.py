@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scopebench.cluster import cell_layout
+from scopebench.cluster import CellLayout
 from scopebench.harness.solver import LayoutReason, ProfiledSolverMixin
 from scopebench.imaging.training.data import TrainingDataSpec
 from scopebench.imaging.training.run import TrainingRun, check_world_size
@@ -40,12 +40,7 @@ class UnrolledSolverMixin(ProfiledSolverMixin):
         data = TrainingDataSpec(**{key: value for key, value in spec.items() if key != "kind"})
         _, train = configs_from_params(data, **{key: params[key] for key in SOLVER_PARAMS})
         try:
-            layout = cell_layout(
-                params.get("nproc_per_node", 1),
-                params.get("slurm_nodes", 1),
-                params.get("slurm_ntasks_per_node"),
-                launcher_world_size,
-            )
+            layout = CellLayout.from_params(params).ranks(launcher_world_size)
             check_world_size(launcher_world_size or layout.world_size, train.distribute_model)
         except ValueError as err:  # the ranks, not a value, are wrong: declined (check-config: invalid)
             return LayoutReason(str(err))

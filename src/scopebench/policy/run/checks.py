@@ -32,7 +32,7 @@ __all__ = [
 
 
 def model_overrides(settings: TrainSettings) -> dict[str, Any]:
-    """The :class:`~scopebench.policy.config.Pi05Config` fields a training run sets (what the
+    """The :class:`~scopebench.policy.pi05.config.Pi05Config` fields a training run sets (what the
     memory check measures and a resume compares)."""
     return dict(
         attention_implementation=settings.attention_implementation,
@@ -203,14 +203,14 @@ def check_run(
         if settings.policy == "pi05":
             config = None
             if measure and settings.check_memory:
-                from scopebench.policy.dataset import RobotDataset
+                from scopebench.policy.data.dataset import RobotDataset
                 from scopebench.policy.pi05 import config_for_dataset
 
                 dataset = RobotDataset(dataset_root, chunk_size=chunk_size)
                 config = config_for_dataset(settings.preset, dataset, **model_overrides(settings))
             training_memory_check(settings, processes=processes, world_size=world_size, config=config, file=file)
     if settings.policy == "pi05":
-        from scopebench.policy.dataset import check_dataset_batch  # drop_last: a share under one batch has none
+        from scopebench.policy.data.dataset import check_dataset_batch  # drop_last: a share under one batch has none
 
         check_dataset_batch(dataset_root, settings.batch_size, world_size)
     else:

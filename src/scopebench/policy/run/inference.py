@@ -21,13 +21,13 @@ compiled and the graph breaks it took during the warm-up (``torch._dynamo``'s co
 a compile that silently fell back to eager is reported in the note, not hidden.
 
 **Checked calls**: every callable of the policy names the policy and itself when it raises
-(:func:`scopebench.policy.user.attributed`), and each call's output is checked after its clock
+(:func:`scopebench.policy.calls.attributed`), and each call's output is checked after its clock
 (:class:`~scopebench.policy.run.chunks.ChunkCheck`: its shape, the actions of its chunk against
 ``n_action_steps``, NaN or inf).
 
 The observation is the policy's ``observation(1)``. pi05 builds it from the dataset's first
 frame (the objective scores against that frame's recorded actions):
-:func:`scopebench.policy.pi05.make_observation`.
+:func:`scopebench.policy.pi05.policy.make_observation`.
 """
 
 from __future__ import annotations
@@ -277,9 +277,9 @@ class InferenceRun(RankRun):
         import functools
 
         from scopebench.host_load import process_age_sec
+        from scopebench.policy.calls import attributed, prepare_batch, to_device
         from scopebench.policy.run.chunks import check_chunks_memory
         from scopebench.policy.run.train import run_policy
-        from scopebench.policy.user import attributed, prepare_batch, to_device
 
         s = self.settings
         before_build, begin = process_age_sec(), time.perf_counter()
@@ -469,8 +469,8 @@ class InferenceRun(RankRun):
             size's) and ``free_up_to`` (the largest size before the first that is not free)
             and ``knee`` (that first size, None when every size is free).
         """
+        from scopebench.policy.calls import attributed
         from scopebench.policy.run.chunks import check_chunks_memory
-        from scopebench.policy.user import attributed
         from scopebench.stats import median, percentile
 
         if self.policy.stateful:
@@ -565,16 +565,21 @@ class InferenceRun(RankRun):
         s, seen = self.settings, self.check.actions if self.check is not None else {}
         return s.n_action_steps or seen.get(num_steps or s.num_steps) or self.chunk_size
 
-    def control(self, latencies: Sequence[float], num_steps: int | None = None):
-        """The :class:`~scopebench.policy.control.ControlFigures` of ``latencies`` (calls at
-        ``num_steps``, None: the settings') at the settings' ``control_hz`` with
-        :meth:`executed_actions` actions a chunk; None without a ``control_hz`` or a latency."""
-        from scopebench.policy.control import control_figures
+    def control_rate(self, num_steps: int | None = None):
+        """The run's :class:`~scopebench.policy.control.figures.ControlRate`: ``control_hz`` and
+        :meth:`executed_actions` at ``num_steps``, built once per value; None without a ``control_hz``."""
+        from scopebench.policy.control.figures import ControlRate
 
-        s = self.settings
-        if s.control_hz is None or not latencies:
-            return None
-        return control_figures(latencies, s.control_hz, self.executed_actions(num_steps))
+        keys, hz = (self._key("control_hz"), self._key("n_action_steps")), self.settings.control_hz
+        return None if hz is None else ControlRate.cached(hz, self.executed_actions(num_steps), keys)
+
+    def control(self, latencies: Sequence[float], num_steps: int | None = None):
+        """The :class:`~scopebench.policy.control.figures.ControlFigures` of ``latencies`` (calls at
+        ``num_steps``, None: the settings') at :meth:`control_rate`; None without a rate or a latency."""
+        from scopebench.policy.control.figures import control_figures
+
+        rate = self.control_rate(num_steps)
+        return control_figures(latencies, rate) if rate is not None and latencies else None
 
     def control_metrics(self) -> dict[str, Any]:
         """The ``control_*`` metrics over the timed calls so far (the solver's rows): the last

@@ -90,8 +90,8 @@ class TrainSolverMixin(_PolicySolverMixin):
         accelerate file is resolved then, once. Otherwise the
         :class:`~scopebench.policy.settings.TrainSettings` (seeded by the dataset), the profiler
         parameters and the batch against each rank's share of the dataset's samples
-        (:func:`~scopebench.policy.dataset.check_batch_fits`) are checked."""
-        from scopebench.policy.dataset import check_batch_fits, synthetic_samples
+        (:func:`~scopebench.policy.data.dataset.check_batch_fits`) are checked."""
+        from scopebench.policy.data.dataset import check_batch_fits, synthetic_samples
         from scopebench.policy.settings import DatasetSettings, TrainSettings, settings_from
         from scopebench.validate import integer
 
@@ -228,5 +228,5 @@ class InferenceSolverMixin(_PolicySolverMixin):
             return dict(sampled=True, **metrics)
         actions = run.actions
         if actions is None:  # no call yet (n_warmup: 0): "no motion", scored like any other
-            actions = torch.zeros(1, run.settings.n_action_steps or run.chunk_size, self.action_dim)
+            actions = torch.zeros(1, run.executed_actions(), self.action_dim)
         return dict(actions=actions, **metrics)

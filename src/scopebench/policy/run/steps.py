@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from scopebench.policy.model import Pi05Policy
+from scopebench.policy.pi05.model import Pi05Policy
 from scopebench.policy.run.nonfinite import NonFiniteLoss
 
 __all__ = [
@@ -131,7 +131,7 @@ class TrainStep:
         scheduler: The prepared LR scheduler, or None.
         batches: Endless dataloader batches.
         prepare: Batch -> model inputs on the device (the policy's ``preprocess``, or the copy).
-        loss: ``(model, inputs) -> (loss, {name: term})`` (:func:`scopebench.policy.user.policy_loss`).
+        loss: ``(model, inputs) -> (loss, {name: term})`` (:func:`scopebench.policy.calls.policy_loss`).
         grad_clip: Maximum global gradient norm; 0 disables clipping (DeepSpeed clips
             inside its ``step`` from its own config).
         gather_every: Gather loss terms and peaks every this many steps.
@@ -449,7 +449,7 @@ class DataloaderStep:
         self.decodes_here = getattr(getattr(batches, "loader", None), "num_workers", None) == 0
 
     def __call__(self, prof) -> None:
-        from scopebench.policy.dataset import decode_seconds
+        from scopebench.policy.data.dataset import decode_seconds
         from scopebench.policy.phases import DECODE_PHASE
 
         before = decode_seconds()
@@ -546,11 +546,11 @@ class InferenceStep:
 
 def validation_loss(model: Pi05Policy, batch: Mapping, stats: Mapping | None, seed: int = 0) -> float:
     """pi05's loss on ``batch`` (a dataloader batch of its robot dataset, with ``stats``), its
-    noise and times fixed by ``seed``: :func:`scopebench.policy.user.validation_loss` of the
+    noise and times fixed by ``seed``: :func:`scopebench.policy.calls.validation_loss` of the
     pi05 policy around ``model``, as the training run computes it."""
-    from scopebench.policy.runner import Preprocessor
+    from scopebench.policy.calls import validation_loss as policy_validation_loss
+    from scopebench.policy.pi05.runner import Preprocessor
     from scopebench.policy.user import UserPolicy
-    from scopebench.policy.user import validation_loss as policy_validation_loss
 
     def preprocess(batch: Mapping, device: torch.device) -> dict:
         return Preprocessor(model.config, stats, device, next(model.parameters()).dtype).preprocess(batch)

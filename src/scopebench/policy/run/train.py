@@ -59,8 +59,8 @@ WORKER = "scopebench.policy.run.train:run_worker"
 def run_policy(settings: Any, *, dataset_root: str | Path, chunk_size: int, task: str = "train"):
     """The :class:`~scopebench.policy.user.UserPolicy` of a run (``settings.policy``), built after
     seeding torch with ``settings.seed``: pi05 with the run's data and model settings
-    (:func:`scopebench.policy.pi05.pi05_args`), a user factory with ``settings.policy_args``."""
-    from scopebench.policy.pi05 import pi05_args
+    (:func:`scopebench.policy.pi05.policy.pi05_args`), a user factory with ``settings.policy_args``."""
+    from scopebench.policy.pi05.policy import pi05_args
     from scopebench.policy.user import build_policy
 
     if settings.policy == "pi05":
@@ -74,7 +74,7 @@ def audit_parameters(settings: TrainSettings, *, dataset_root: str | Path, chunk
     """One forward + backward of the run's model on the run's first batch, on one device
     (no DDP): which parameters get no gradient (:func:`scopebench.policy.audit.find_unused_parameters`)."""
     from scopebench.policy.audit import find_unused_parameters
-    from scopebench.policy.user import check_trainable, make_policy_loader, policy_loss, prepare_batch
+    from scopebench.policy.calls import check_trainable, make_policy_loader, policy_loss, prepare_batch
 
     device = resolve_device(settings.device)
     policy = run_policy(settings, dataset_root=dataset_root, chunk_size=chunk_size)
@@ -100,8 +100,8 @@ class PolicyTrainRun(RankRun):
         chunk_size: Actions per training sample (the policy's chunk size).
         task: ``train`` or ``dataloader`` (no model, no optimizer, no collective).
         eval_batch_size: Before each callback every rank computes the held-out validation loss of
-            the objective (:func:`scopebench.policy.user.validation_loss` on the same
-            ``eval_batch_size`` samples of the policy's dataset, :func:`~scopebench.policy.user.fixed_batch`;
+            the objective (:func:`scopebench.policy.calls.validation_loss` on the same
+            ``eval_batch_size`` samples of the policy's dataset, :func:`~scopebench.policy.calls.fixed_batch`;
             where the backend shards the parameters a forward needs every rank's shard); it becomes :attr:`val_loss`.
         resume_from: A checkpoint (folder, ``checkpoints/`` or output folder with a
             ``last`` pointer) to continue from: weights, optimizer, scheduler, RNG states,
@@ -218,7 +218,7 @@ class PolicyTrainRun(RankRun):
         """The accelerator, the data, and for training the model, AdamW and the schedule."""
         import functools
 
-        from scopebench.policy.user import fixed_batch, make_policy_loader, measure_flops_per_sample, prepare_batch
+        from scopebench.policy.calls import fixed_batch, make_policy_loader, measure_flops_per_sample, prepare_batch
         from scopebench.train import AcceleratorSettings, build_accelerator, peak_flops
 
         s = self.settings
@@ -269,8 +269,8 @@ class PolicyTrainRun(RankRun):
 
     def _check_policy(self) -> None:
         """A user policy's dataset against the batch, and its model states against the free memory."""
-        from scopebench.policy.dataset import check_batch_fits
-        from scopebench.policy.user import check_trainable
+        from scopebench.policy.calls import check_trainable
+        from scopebench.policy.data.dataset import check_batch_fits
 
         s, policy = self.settings, self.policy
         if s.policy == "pi05":
@@ -317,7 +317,7 @@ class PolicyTrainRun(RankRun):
     def _build_training(self, model, loader, prepare) -> None:
         import functools
 
-        from scopebench.policy.user import policy_loss
+        from scopebench.policy.calls import policy_loss
         from scopebench.profiler.device import DeviceOps, peak_rss_mb
         from scopebench.train import build_adamw, build_scheduler
 
@@ -468,7 +468,7 @@ class PolicyTrainRun(RankRun):
         self.rank_checks = [c for _, c in gathered]
 
     def _score_on_every_rank(self) -> None:
-        from scopebench.policy.user import validation_loss
+        from scopebench.policy.calls import validation_loss
 
         model = self.accelerator.unwrap_model(self.work.model)
         self.val_loss = validation_loss(self.policy, model, self._eval, self.settings.seed)

@@ -92,7 +92,7 @@ def check_resume(config: RunConfig, checkpoint: str | Path, world_size: int) -> 
     import json
 
     from scopebench.policy.checkpoint import POLICY_CONFIG_FILE
-    from scopebench.policy.dataset import RobotDataset
+    from scopebench.policy.data.dataset import RobotDataset
     from scopebench.policy.pi05 import config_for_dataset
     from scopebench.policy.run.checks import model_overrides
     from scopebench.train.checkpoint import verify_checkpoint

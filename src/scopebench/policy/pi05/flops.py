@@ -20,7 +20,7 @@ Conventions, for ``B`` samples:
 
 from __future__ import annotations
 
-from scopebench.policy.config import Pi05Config
+from scopebench.policy.pi05.config import Pi05Config
 
 MODES = ("train", "forward", "inference")
 
@@ -113,7 +113,7 @@ def estimate_flops(cfg: Pi05Config, batch_size: int, mode: str = "train", num_st
 
     :Examples:
 
-    >>> from scopebench.policy.config import make_config
+    >>> from scopebench.policy.pi05.config import make_config
     >>> cfg = make_config("tiny")
     >>> estimate_flops(cfg, 2, "train") == 3 * estimate_flops(cfg, 2, "forward")
     True

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from scopebench.cli import main
-from scopebench.policy.control import P999_MIN_CALLS, check_control, control_figures
+from scopebench.policy.control.figures import P999_MIN_CALLS, ControlRate, check_control, control_figures
 
-from .conftest import TINY
-from .helpers import SAMPLE_POLICY_SOURCE
+from ..conftest import TINY
+from ..helpers import SAMPLE_POLICY_SOURCE
 
 
 def _pattern(n: int = 200, seed: int = 0) -> list[float]:
@@ -29,7 +29,7 @@ def _pattern(n: int = 200, seed: int = 0) -> list[float]:
 
 
 def test_every_tenth_call_at_60_ms_misses_a_one_action_chunk_at_30_hz():
-    f = control_figures(_pattern(), 30, 1)
+    f = control_figures(_pattern(), ControlRate(30, 1))
     assert f.deadline_sec == pytest.approx(1 / 30)
     assert f.calls == 200 and f.missed == 20 and f.missed_share == 0.1
     assert f.delay_steps == {1: 180, 2: 20} and f.worst_delay_steps == 2  # ceil(0.6) = 1, ceil(1.8) = 2
@@ -41,30 +41,30 @@ def test_every_tenth_call_at_60_ms_misses_a_one_action_chunk_at_30_hz():
 
 
 def test_four_actions_a_chunk_keep_up_with_the_same_calls():
-    f = control_figures(_pattern(), 30, 4)
+    f = control_figures(_pattern(), ControlRate(30, 4))
     assert f.deadline_sec == pytest.approx(4 / 30) and f.missed == 0 and f.keeps_up
     assert f.delay_steps == {1: 180, 2: 20}  # d does not depend on the actions executed
     assert f.line() == "keeps up at 30 Hz with 4 actions a chunk: 0.0% missed, worst d = 2"
 
 
 def test_p999_needs_a_thousand_calls():
-    few = control_figures(_pattern(P999_MIN_CALLS - 1), 30, 1)
+    few = control_figures(_pattern(P999_MIN_CALLS - 1), ControlRate(30, 1))
     assert few.p999_sec is None
     assert few.as_dict()["p999_sec"] is None
     assert few.as_dict()["p999_note"] == "not estimable (999 calls; needs 1000)"
-    enough = control_figures([i / 1000 for i in range(P999_MIN_CALLS)], 30, 1)  # 0 .. 999 ms
+    enough = control_figures([i / 1000 for i in range(P999_MIN_CALLS)], ControlRate(30, 1))  # 0 .. 999 ms
     assert enough.p999_sec == pytest.approx(0.998001)  # (1000 - 1) * 0.999 = 998.001th of the sorted values
     assert enough.as_dict()["p999_note"] is None
 
 
 def test_jitter_on_a_crafted_list():
-    f = control_figures([0.001, 0.002, 0.003, 0.004, 0.005], 10, 1)
+    f = control_figures([0.001, 0.002, 0.003, 0.004, 0.005], ControlRate(10, 1))
     assert f.std_sec == pytest.approx(math.sqrt(2.5) * 1e-3, rel=1e-12)  # sample std of 1..5 ms
     assert f.p99_minus_p50_sec == pytest.approx(0.00196, rel=1e-12)  # p99 = 4.96 ms, p50 = 3 ms
 
 
 def test_a_latency_on_a_step_boundary_is_not_rounded_up():
-    assert control_figures([0.5, 0.25], 2, 1).delay_steps == {1: 2}  # 0.5 s at 2 Hz is one step
+    assert control_figures([0.5, 0.25], ControlRate(2, 1)).delay_steps == {1: 2}  # 0.5 s at 2 Hz is one step
 
 
 @pytest.mark.parametrize(
@@ -83,9 +83,21 @@ def test_bad_rates_and_steps_are_refused_naming_the_key(hz, steps, chunk, messag
         check_control(hz, steps, chunk)
 
 
+def test_a_control_rate_is_validated_once_when_built_and_taken_as_it_is():
+    # control_hz was validated 5 to 8 times per bench-inference command (and at every row of
+    # Pi05Inference): the figures, the replay and its estimates now take a validated ControlRate.
+    rate = ControlRate(30, 4, keys=("--control-hz", "--n-action-steps"))
+    assert (rate.control_hz, rate.n_action_steps, rate.deadline_sec) == (30.0, 4, 4 / 30)
+    with pytest.raises(ValueError, match=r"^--n-action-steps must be an integer >= 1, got 0$"):
+        ControlRate(30, 0, keys=("--control-hz", "--n-action-steps"))
+    with pytest.raises(ValueError, match=r"^n_action_steps must be given for the control-rate figures, got None$"):
+        ControlRate(30, None)
+    assert control_figures([0.1], rate).deadline_sec == rate.deadline_sec
+
+
 def test_no_latency_is_refused():
     with pytest.raises(ValueError, match=r"^latencies must hold one call or more, got none$"):
-        control_figures([], 30, 1)
+        control_figures([], ControlRate(30, 1))
 
 
 CONTROL_POLICIES = SAMPLE_POLICY_SOURCE + """
@@ -261,7 +273,10 @@ def test_pi05_inference_writes_control_columns(tmp_path):
     last = recorded.iloc[-1]
     hist = json.loads(last["objective_control_delay_steps_json"])
     assert sum(hist.values()) == last["objective_control_calls"]
-    assert last["objective_control_verdict"] == control_figures(recorded["objective_step_time_sec"], 1.0, 4).line()
+    assert (
+        last["objective_control_verdict"]
+        == control_figures(recorded["objective_step_time_sec"], ControlRate(1.0, 4)).line()
+    )
     # the report's latency figure draws the deadline on its histogram and CDF (PNG and HTML)
     from scopebench.report import figures, html, plots
     from scopebench.report.build import read

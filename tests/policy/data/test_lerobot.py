@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from scopebench.policy import RobotDataset, SyntheticRobotConfig, generate_episode, write_synthetic_dataset
-from scopebench.policy.data import TASKS
+from scopebench.policy.data.synthetic import TASKS
 from scopebench.policy.settings import DatasetSettings
 
 from . import lerobot_fixture as fx
@@ -59,7 +59,7 @@ def test_video_frames_come_back_at_40_db_and_state_and_actions_exactly(tmp_path,
 def test_encoding_leaves_the_threads_scheduling_as_it_was(tmp_path, codec):
     """SVT-AV1 run as root makes the encoding thread SCHED_FIFO 99 and keeps it so: a session
     that wrote AV1 videos then starved beside a busy loop (a CPU hog froze the test suite)."""
-    from scopebench.policy.video import encode_video
+    from scopebench.policy.data.video import encode_video
 
     before = (os.sched_getscheduler(0), os.sched_getparam(0))
     try:
@@ -111,7 +111,7 @@ def _video(root, camera=0, file=0):
 
 
 def _shorter(root, cfg):
-    from scopebench.policy.video import encode_video
+    from scopebench.policy.data.video import encode_video
 
     frames = [f for e in (0, 1) for f in generate_episode(cfg, e).frames["observation.images.camera0"]]
     encode_video(_video(root), frames[:-2], cfg.fps, "h264")
@@ -279,7 +279,7 @@ def test_a_broken_folder_is_refused_naming_the_file(small, tmp_path, case):
 def test_a_tool_refuses_a_broken_folder_in_one_line_before_any_run(small, tmp_path, capsys, started):
     from scopebench.cli import main
 
-    from .conftest import TINY
+    from ..conftest import TINY
 
     root = shutil.copytree(small[0], tmp_path / "ds")
     _shorter(root, small[1])
@@ -412,7 +412,7 @@ def test_symlinks_inside_the_folder_are_followed_wherever_they_point(small, tmp_
 def test_a_tool_refuses_a_template_leading_out_of_the_folder_in_one_line(small, tmp_path, capsys, started):
     from scopebench.cli import main
 
-    from .conftest import TINY
+    from ..conftest import TINY
 
     root = shutil.copytree(small[0], tmp_path / "ds")
     _edit_info(root, data_path="../outside/" + _outside_data(root, tmp_path / "outside"))
@@ -424,7 +424,7 @@ def test_a_tool_refuses_a_template_leading_out_of_the_folder_in_one_line(small, 
 
 
 def test_a_frame_past_the_end_of_a_video_names_the_file(small):
-    from scopebench.policy.video import VideoFrames
+    from scopebench.policy.data.video import VideoFrames
 
     frames = VideoFrames()
     assert frames.frame_at(_video(small[0]), 1.1).shape == (32, 32, 3)  # the last of 12 frames at 10 fps
@@ -436,8 +436,8 @@ def test_a_frame_past_the_end_of_a_video_names_the_file(small):
 def test_training_on_a_lerobot_folder_resumes_at_the_same_data_position(published, tmp_path, capsys, monkeypatch):
     """4 steps straight, and 2 steps then ``--resume`` to 4: the resumed run reads the frames the
     straight one read after its second step, in the same order."""
-    from .conftest import TINY
-    from .helpers import train_tool as train
+    from ..conftest import TINY
+    from ..helpers import train_tool as train
 
     read: list[int] = []
     original = RobotDataset.__getitem__
@@ -496,7 +496,7 @@ def test_hevc_with_an_open_gop_reads_every_frame(tmp_path):
 
     import av
 
-    from scopebench.policy.video import VideoFrames, thread_scheduling_kept
+    from scopebench.policy.data.video import VideoFrames, thread_scheduling_kept
 
     fps, count = 10, 30
     sources = [np.full((64, 64, 3), 8 * k, dtype=np.uint8) for k in range(count)]

@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from scopebench.policy import make_policy
 
-from .helpers import make_batch
+from ..helpers import make_batch
 
 
 def test_training_is_three_forwards_and_inference_is_affine_in_steps(tiny):

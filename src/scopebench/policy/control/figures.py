@@ -21,9 +21,10 @@ columns cannot disagree.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Any
 
 from scopebench.stats import percentile, std
@@ -33,6 +34,7 @@ __all__ = [
     "FLAGS",
     "P999_MIN_CALLS",
     "ControlFigures",
+    "ControlRate",
     "check_config_control",
     "check_control",
     "control_figures",
@@ -83,6 +85,57 @@ def check_control(
     return hz, steps
 
 
+@dataclass(frozen=True)
+class ControlRate:
+    """A control rate and the actions executed per chunk, validated once, when built.
+
+    What :func:`control_figures`, :func:`~scopebench.policy.control.replay.predict` and
+    :func:`~scopebench.policy.control.replay.replay` take: they validate nothing more, so a
+    command checks its values at its edge and every figure of the run reads the same object.
+
+    :Examples:
+
+    >>> ControlRate(30, 4).deadline_sec
+    0.13333333333333333
+    >>> ControlRate(0, 4, keys=("--control-hz", "--n-action-steps"))
+    Traceback (most recent call last):
+    ...
+    ValueError: --control-hz must be a finite number > 0, got 0
+    """
+
+    control_hz: float
+    """The control rate (Hz); one control step lasts ``dt = 1 / control_hz``."""
+    n_action_steps: int
+    """Actions executed per chunk."""
+    keys: InitVar[tuple[str, str]] = ("control_hz", "n_action_steps")
+    """How the errors name the two values (not stored)."""
+
+    def __post_init__(self, keys: tuple[str, str]) -> None:
+        hz, steps = check_control(self.control_hz, self.n_action_steps, keys=keys)
+        if hz is None or steps is None:
+            missing = keys[0] if hz is None else keys[1]
+            raise ValueError(f"{missing} must be given for the control-rate figures, got None")
+        object.__setattr__(self, "control_hz", hz)
+        object.__setattr__(self, "n_action_steps", steps)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def cached(control_hz: float, n_action_steps: int, keys: tuple[str, str] = ("control_hz", "n_action_steps")):
+        """The :class:`ControlRate` of these values, built (validated) once: a run that asks for
+        its figures at every row (``Pi05Inference``) gets the same object back."""
+        return ControlRate(control_hz, n_action_steps, keys=keys)
+
+    @property
+    def dt_sec(self) -> float:
+        """One control step, ``1 / control_hz``."""
+        return 1.0 / self.control_hz
+
+    @property
+    def deadline_sec(self) -> float:
+        """How long the executed part of a chunk lasts, ``n_action_steps / control_hz``."""
+        return self.n_action_steps / self.control_hz
+
+
 def check_config_control(config: Any, control_hz: Any = None, n_action_steps: Any = None) -> dict[str, str]:
     """A command's ``--control-hz`` / ``--n-action-steps`` (:data:`FLAGS`, None: not given)
     and its run config's ``policy.control_hz`` / ``policy.n_action_steps``, checked before any
@@ -98,12 +151,13 @@ def check_config_control(config: Any, control_hz: Any = None, n_action_steps: An
         How later errors name the two settings (``{"n_action_steps": "--n-action-steps"}``), the
         ``keys`` of :class:`~scopebench.policy.run.inference.InferenceRun`.
     """
-    s = config.inference
+    s = config.inference  # its values validated when it was built: here only the chunk bound
     keys = tuple(flag if given is not None else f"policy.{key}" for flag, given, key in zip(
         FLAGS, (control_hz, n_action_steps), ("control_hz", "n_action_steps")
     ))  # fmt: skip
     chunk = s.chunk_size or config.dataset.chunk_size if s.policy == "pi05" else None
-    check_control(s.control_hz, s.n_action_steps, chunk, keys=keys)
+    if chunk is not None and s.n_action_steps is not None and s.n_action_steps > chunk:
+        raise ValueError(f"{keys[1]} must be at most the chunk size {chunk}, got {s.n_action_steps}")
     return dict(zip(("control_hz", "n_action_steps"), keys))
 
 
@@ -156,9 +210,9 @@ class ControlFigures:
 
         :Examples:
 
-        >>> control_figures([0.02] * 9 + [0.06], 30, 1).line()
+        >>> control_figures([0.02] * 9 + [0.06], ControlRate(30, 1)).line()
         'misses the deadline at 30 Hz with 1 action a chunk: 10.0% of 10 calls over 33.3 ms, worst d = 2'
-        >>> control_figures([0.02] * 10, 30, 10).line()
+        >>> control_figures([0.02] * 10, ControlRate(30, 10)).line()
         'keeps up at 30 Hz with 10 actions a chunk: 0.0% missed, worst d = 1'
         """
         at = f"at {self.control_hz:g} Hz with {self.n_action_steps} action{'s' if self.n_action_steps != 1 else ''} a chunk"
@@ -175,7 +229,7 @@ class ControlFigures:
 
         :Examples:
 
-        >>> control_figures([0.02, 0.06], 30, 1).as_dict()["delay_steps"]
+        >>> control_figures([0.02, 0.06], ControlRate(30, 1)).as_dict()["delay_steps"]
         {'1': 1, '2': 1}
         """
         return {
@@ -201,7 +255,7 @@ class ControlFigures:
 
         :Examples:
 
-        >>> sorted(control_figures([0.02, 0.06], 30, 1).metrics())[:4]
+        >>> sorted(control_figures([0.02, 0.06], ControlRate(30, 1)).metrics())[:4]
         ['control_calls', 'control_deadline_sec', 'control_delay_steps_json', 'control_hz']
         """
         import json
@@ -220,7 +274,7 @@ def control_lines(control: dict[str, Any] | None) -> list[str]:
 
     :Examples:
 
-    >>> for line in control_lines(control_figures([0.02] * 9 + [0.06], 30, 1).as_dict()):
+    >>> for line in control_lines(control_figures([0.02] * 9 + [0.06], ControlRate(30, 1)).as_dict()):
     ...     print(line)
     control: misses the deadline at 30 Hz with 1 action a chunk: 10.0% of 10 calls over 33.3 ms, worst d = 2
       deadline 33.33 ms (1 / 30 Hz), missed 1/10 (10.0%), p99.9 not estimable (10 calls; needs 1000), jitter std 12.65 ms, p99-p50 36.40 ms
@@ -252,29 +306,27 @@ def delay_ticks(latency_sec: float, control_hz: float) -> int:
     return math.ceil(latency_sec * control_hz)
 
 
-def control_figures(latencies: Iterable[float], control_hz: float, n_action_steps: int) -> ControlFigures:
-    """The :class:`ControlFigures` of ``latencies`` (seconds, one per call) at ``control_hz``
-    with ``n_action_steps`` actions executed per chunk.
+def control_figures(latencies: Iterable[float], rate: ControlRate) -> ControlFigures:
+    """The :class:`ControlFigures` of ``latencies`` (seconds, one per call) at ``rate``'s
+    ``control_hz`` with its ``n_action_steps`` actions executed per chunk.
 
     Formulas: deadline ``= n_action_steps / control_hz``; missed ``= #{latency > deadline}``;
     ``d = ceil(latency * control_hz)``; p99.9, p99, p50 by :func:`scopebench.stats.percentile`.
 
     Raises:
-        ValueError: no latency, or a bad ``control_hz`` / ``n_action_steps`` (naming it).
+        ValueError: no latency.
 
     :Examples:
 
-    >>> f = control_figures([0.02] * 9 + [0.06], 30, 1)
+    >>> f = control_figures([0.02] * 9 + [0.06], ControlRate(30, 1))
     >>> f.missed, f.delay_steps, f.p999_sec
     (1, {1: 9, 2: 1}, None)
     """
-    hz, steps = check_control(control_hz, n_action_steps)
-    if steps is None:
-        raise ValueError("n_action_steps must be an integer >= 1, got None")
+    hz, steps = rate.control_hz, rate.n_action_steps
     values = [float(t) for t in latencies]
     if not values:
         raise ValueError("latencies must hold one call or more, got none")
-    deadline = steps / hz
+    deadline = rate.deadline_sec
     delays: dict[int, int] = {}
     for t in values:
         d = delay_ticks(t, hz)

@@ -10,7 +10,7 @@ depend on which ids come out, only on how many. So:
 - :func:`action_tokens` averages an action chunk over a few time segments and bins it,
   a fixed-length block that, like FAST, keeps the low-frequency content of the chunk.
 
-Token-id layout of the shared vocabulary (see :class:`~scopebench.policy.config.Pi05Config`):
+Token-id layout of the shared vocabulary (see :class:`~scopebench.policy.pi05.config.Pi05Config`):
 ``0`` padding, ``[1, text_vocab_size)`` prompt words, then the begin-of-actions id,
 the action bins and the state bins at the very end.
 """
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from scopebench.policy.config import Pi05Config
+from scopebench.policy.pi05.config import Pi05Config
 
 PAD_ID = 0
 BOS_ID = 1

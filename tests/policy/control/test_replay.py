@@ -16,10 +16,10 @@ import threading
 import pytest
 
 from scopebench.cli import main
-from scopebench.policy.control import control_figures
-from scopebench.policy.replay import RealClock, VirtualClock, predict, replay
+from scopebench.policy.control.figures import ControlRate, control_figures
+from scopebench.policy.control.replay import RealClock, VirtualClock, predict, replay
 
-from .conftest import TINY
+from ..conftest import TINY
 from .test_control import control_policies  # noqa: F401 - the fixture, reused
 
 HZ, TICKS = 30.0, 330
@@ -43,7 +43,7 @@ def _policy(clock):
 
 def _run(mode: str, n: int, ticks: int = TICKS):
     clock = VirtualClock()
-    return replay(_policy(clock), mode, HZ, n, ticks, clock=clock)
+    return replay(_policy(clock), mode, ControlRate(HZ, n), ticks, clock=clock)
 
 
 def test_sync_one_action_a_chunk_stalls_once_a_slow_call():
@@ -58,11 +58,11 @@ def test_sync_one_action_a_chunk_stalls_once_a_slow_call():
 
 def test_sync_stalls_agree_with_the_distribution_estimate():
     measured = _run("sync", 1)
-    figures = control_figures(measured.latencies_sec, HZ, 1)  # ControlFigures' d of the same calls
+    figures = control_figures(measured.latencies_sec, ControlRate(HZ, 1))  # ControlFigures' d of the same calls
     per_chunk = sum(max(0, d - 1) * c for d, c in figures.delay_steps.items()) / figures.calls
     ticks_per_chunk = sum(max(1, d) * c for d, c in figures.delay_steps.items()) / figures.calls
     assert abs(measured.stalls - TICKS * per_chunk / ticks_per_chunk) <= TICKS / 100
-    estimate = predict([_latency(i) for i in range(10)], "sync", HZ, 1, TICKS)
+    estimate = predict([_latency(i) for i in range(10)], "sync", ControlRate(HZ, 1), TICKS)
     assert estimate.stalls == measured.stalls and estimate.chunks == measured.chunks
     assert estimate.stall_sec == pytest.approx(measured.stall_sec)
 
@@ -90,7 +90,7 @@ def test_async_discards_what_each_new_chunk_supersedes():
     discarded, adopted = _async_discarded(4, TICKS)
     assert f.discarded == discarded and f.chunks == adopted + 1
     assert f.skipped == sum(math.ceil(_latency(i) * HZ) for i in range(1, adopted + 1))
-    assert predict([_latency(i) for i in range(10)], "async", HZ, 4, TICKS).discarded == discarded
+    assert predict([_latency(i) for i in range(10)], "async", ControlRate(HZ, 4), TICKS).discarded == discarded
 
 
 def test_async_with_one_action_a_chunk_has_only_stale_chunks():
@@ -100,15 +100,17 @@ def test_async_with_one_action_a_chunk_has_only_stale_chunks():
 
 def test_the_actions_executed_are_the_due_ones():
     clock, done = VirtualClock(), []
-    replay(_policy(clock), "async", HZ, 4, 40, clock=clock, execute=lambda chunk, j: done.append((chunk, j)))
+    replay(
+        _policy(clock), "async", ControlRate(HZ, 4), 40, clock=clock, execute=lambda chunk, j: done.append((chunk, j))
+    )
     assert len(done) == 40 and done[0] == (0, 0) and done[1] == (1, 1)  # chunk 1 arrives at tick 1, d = 1
 
 
 def test_bad_arguments_are_refused_naming_them():
     with pytest.raises(ValueError, match=r"^mode must be one of sync, async, got 'x'$"):
-        predict([0.02], "x", HZ, 1, 10)
+        predict([0.02], "x", ControlRate(HZ, 1), 10)
     with pytest.raises(ValueError, match=r"^ticks must be an integer >= 1, got 0$"):
-        replay(lambda: None, "sync", HZ, 1, 0)
+        replay(lambda: None, "sync", ControlRate(HZ, 1), 0)
 
 
 def test_an_inference_error_ends_the_replay_as_it_was_raised():
@@ -123,7 +125,7 @@ def test_an_inference_error_ends_the_replay_as_it_was_raised():
         clock.sleep_until(clock.now() + 0.01)
 
     with pytest.raises(OSError, match="^camera unplugged$") as info:
-        replay(infer, "sync", HZ, 1, 50, clock=clock)
+        replay(infer, "sync", ControlRate(HZ, 1), 50, clock=clock)
     assert info.value.__cause__ is None and len(calls) == 3
     assert threading.active_count() == 1 or all(t.name != "scopebench-replay-infer" for t in threading.enumerate())
 
@@ -133,7 +135,7 @@ def test_a_first_call_that_raises_ends_the_replay_before_t0():
         raise OSError("no weights")
 
     with pytest.raises(OSError, match="^no weights$"):
-        replay(infer, "async", HZ, 4, 10, clock=VirtualClock())
+        replay(infer, "async", ControlRate(HZ, 4), 10, clock=VirtualClock())
 
 
 def test_an_error_of_the_call_in_flight_at_the_last_tick_is_not_lost():
@@ -146,7 +148,7 @@ def test_an_error_of_the_call_in_flight_at_the_last_tick_is_not_lost():
             raise OSError("camera unplugged")
 
     with pytest.raises(OSError, match="^camera unplugged$"):
-        replay(infer, "sync", HZ, 4, 3, clock=clock)
+        replay(infer, "sync", ControlRate(HZ, 4), 3, clock=clock)
     assert len(calls) == 2
 
 
@@ -157,7 +159,7 @@ def test_each_chunk_is_checked_after_its_latency_is_taken():
         checked.append(chunk)
         clock.sleep_until(clock.now() + 1.0)  # a check as slow as 30 ticks: not in the call's latency
 
-    figures = replay(_policy(clock), "sync", HZ, 4, 100, clock=clock, check=check)
+    figures = replay(_policy(clock), "sync", ControlRate(HZ, 4), 100, clock=clock, check=check)
     assert checked == list(range(len(figures.latencies_sec)))
     assert figures.latencies_sec == pytest.approx([_latency(i) for i in range(len(checked))])
 
@@ -166,11 +168,11 @@ def test_each_chunk_is_checked_after_its_latency_is_taken():
             raise ValueError("chunk 3 is garbage")
 
     with pytest.raises(ValueError, match="^chunk 3 is garbage$"):
-        replay(_policy(clock), "sync", HZ, 4, 100, clock=clock, check=refuse)
+        replay(_policy(clock), "sync", ControlRate(HZ, 4), 100, clock=clock, check=refuse)
 
 
 def test_the_duration_of_a_replay_is_bounded_naming_the_keys():
-    from scopebench.policy.replay import MAX_REPLAY_SEC, check_duration
+    from scopebench.policy.control.replay import MAX_REPLAY_SEC, check_duration
 
     assert check_duration(300, 30.0) == 10.0 and MAX_REPLAY_SEC == 3600
     assert check_duration(7200, 1.0, 7200) == 7200.0  # the bound raised
@@ -192,7 +194,7 @@ def test_every_call_runs_in_the_worker_thread():
         threads.add(threading.current_thread().name)
         clock.sleep_until(clock.now() + 0.02)
 
-    replay(infer, "sync", HZ, 1, 20, clock=clock)
+    replay(infer, "sync", ControlRate(HZ, 1), 20, clock=clock)
     assert threads == {"scopebench-replay-infer"}
 
 
@@ -202,14 +204,14 @@ def test_real_clock_has_no_drift_and_about_the_expected_stalls():
     exact zero drift is the simulated clock's test above); stalls need the slow calls to
     overrun (60 ms vs 33 ms) and are compared with the estimate only when the clock kept time."""
     clock = RealClock()
-    f = replay(_policy(clock), "sync", HZ, 1, 60, clock=clock)
+    f = replay(_policy(clock), "sync", ControlRate(HZ, 1), 60, clock=clock)
     assert f.max_lateness_sec >= 0.0 and math.isfinite(f.drift_sec)
     assert f.mean_lateness_sec >= 0.0 and 0 <= f.stalls <= 60
     assert min(f.latencies_sec) >= 0.02  # a call lasts at least its sleep
     # the estimate over the loop's own calls misses only what the executor's lateness and the
     # worker's wake-up move across a tick: compared, within a tenth of the ticks, when the
     # clock kept time
-    own = predict(f.latencies_sec, "sync", HZ, 1, 60)
+    own = predict(f.latencies_sec, "sync", ControlRate(HZ, 1), 60)
     if f.max_lateness_sec < 0.005:
         assert abs(f.stalls - own.stalls) <= 6
 
@@ -231,6 +233,11 @@ def test_bench_inference_closed_loop(control_policies, tmp_path, capsys):  # noq
     assert len(loop["latencies_sec"]) == loop["measured"]["calls"] and loop["estimate_replay_calls"]["ticks"] == 12
 
 
+def test_the_replay_takes_a_validated_control_rate():
+    with pytest.raises(TypeError, match=r"^rate must be a ControlRate, got int$"):
+        predict([0.02], "sync", 30, 10)
+
+
 def test_closed_loop_needs_a_control_rate(control_policies, tmp_path, capsys):  # noqa: F811
     args = ["bench-inference", "--config", TINY, "--policy", f"{control_policies}:quick"]
     args += ["--output-dir", str(tmp_path), "--closed-loop", "sync"]
@@ -244,6 +251,7 @@ def test_closed_loop_needs_a_control_rate(control_policies, tmp_path, capsys):  
         # refused without --closed-loop too: a bad value is a bad value
         (["--closed-loop-ticks", "-3"], "--closed-loop-ticks must be an integer >= 1, got -3"),
         (["--closed-loop-max-sec", "0"], "--closed-loop-max-sec must be a finite number > 0, got 0"),
+        (["--n-timed", "0"], "--n-timed must be an integer >= 1, got 0"),  # the validators' words, as every flag's
         (
             ["--control-hz", "0.001", "--closed-loop", "sync"],
             "--closed-loop-ticks=300 at --control-hz=0.001 would run the closed loop for 3.5 days (300000 s), over "

@@ -5,7 +5,7 @@ showing an object (coloured by the task) moving along a smooth path with a marke
 the arm. The point is realistic *input-pipeline* cost (video or PNG decoding, parquet
 reads, chunking, padding at episode ends), not a learnable robot task.
 
-Layout under ``root`` (LeRobot v3.0, as :mod:`scopebench.policy.lerobot` reads it;
+Layout under ``root`` (LeRobot v3.0, as :mod:`scopebench.policy.data.lerobot` reads it;
 ``episodes_per_file`` episodes per data and video file)::
 
     data/chunk-000/file-000.parquet   observation.state, action, timestamp, frame_index,
@@ -18,7 +18,7 @@ Layout under ``root`` (LeRobot v3.0, as :mod:`scopebench.policy.lerobot` reads i
     meta/episodes/chunk-000/file-000.parquet   per episode: rows, data and video files, and
                                       the episode's first frame time in each video
 
-Frames are H.264 (or AV1) MP4 at ``g=2`` by default (:mod:`scopebench.policy.video`), or
+Frames are H.264 (or AV1) MP4 at ``g=2`` by default (:mod:`scopebench.policy.data.video`), or
 lossless PNG (``video: false``, LeRobot's ``image`` features) for comparison.
 """
 
@@ -32,18 +32,19 @@ from pathlib import Path
 
 import numpy as np
 
+from scopebench.policy.data.lerobot_meta import (
+    ACTION_KEY,
+    CHUNKS_SIZE,
+    CODEBASE_VERSION,
+    DATA_PATH,
+    EPISODES_PATH,
+    STATE_KEY,
+    VIDEO_PATH,
+)
 from scopebench.validate import choice, flag, integer
 
-#: Column and feature names of the state and action vectors (LeRobot's), the one definition.
-STATE_KEY = "observation.state"
-ACTION_KEY = "action"
-CODEBASE_VERSION = "v3.0"
-DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-CHUNKS_SIZE = 1000  # files per chunk-XXX folder, as in LeRobot
 FRAME_COLUMNS = ("frame_index", "episode_index", "index", "task_index")
-#: Codecs the writer knows (the encoders: :data:`scopebench.policy.video.CODECS`).
+#: Codecs the writer knows (the encoders: :data:`scopebench.policy.data.video.CODECS`).
 VIDEO_CODECS = ("h264", "av1")
 TASKS = (
     ("pick up the red cube", (220, 40, 40)),
@@ -255,7 +256,7 @@ def write_synthetic_dataset(root: str | Path, config: SyntheticRobotConfig | Non
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from scopebench.policy.video import encode_video
+    from scopebench.policy.data.video import encode_video
 
     cfg = config or SyntheticRobotConfig()
     root = Path(root)

@@ -1,6 +1,10 @@
-"""The metadata of a LeRobot v3.0 folder, checked before it names a file or a number is used.
+"""The LeRobot v3.0 format's names, and a folder's metadata checked before it names a file or a number is used.
 
-What :class:`scopebench.policy.lerobot.LeRobotFolder` reads from ``meta/info.json`` and
+The format's names (:data:`STATE_KEY`, :data:`ACTION_KEY`, the path templates) are defined
+here once, for the reader (:mod:`scopebench.policy.data.lerobot`) and the synthetic writer
+(:mod:`scopebench.policy.data.synthetic`) alike.
+
+What :class:`scopebench.policy.data.lerobot.LeRobotFolder` reads from ``meta/info.json`` and
 ``meta/stats.json``, each refused in one line naming the file and the key:
 
 * the JSON itself (:func:`read_json`): not UTF-8, not JSON, nested deeper than
@@ -25,15 +29,21 @@ import string
 import sys
 from pathlib import Path, PurePosixPath
 
-from scopebench.policy.data import DATA_PATH, VIDEO_PATH
 from scopebench.validate import quote
 
 __all__ = [
+    "ACTION_KEY",
+    "CHUNKS_SIZE",
+    "CODEBASE_VERSION",
+    "DATA_PATH",
+    "EPISODES_PATH",
     "MAX_JSON_DEPTH",
     "NAME_MAX",
     "NORMALIZING_STATS",
     "PER_DIMENSION_STATS",
+    "STATE_KEY",
     "TEMPLATES",
+    "VIDEO_PATH",
     "camera_shape",
     "check_stats",
     "check_template",
@@ -42,6 +52,18 @@ __all__ = [
     "template_path",
     "vector_size",
 ]
+
+#: Column and feature names of the state and action vectors (LeRobot's), the one definition.
+STATE_KEY = "observation.state"
+ACTION_KEY = "action"
+#: The format version the writer writes; the reader takes any v3.x (:func:`check_version`).
+CODEBASE_VERSION = "v3.0"
+#: LeRobot v3.0's file layout: frames, videos and episode tables, ``CHUNKS_SIZE`` files per
+#: ``chunk-XXX`` folder.
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+CHUNKS_SIZE = 1000
 
 #: info.json's path templates -> the fields LeRobot v3.0 formats them with, and an example
 TEMPLATES = {

@@ -1,6 +1,6 @@
 """Closed-loop replay: actions executed at the control rate while the next chunk is inferred.
 
-:mod:`scopebench.policy.control` derives figures from a list of latencies; this module
+:mod:`scopebench.policy.control.figures` derives figures from a list of latencies; this module
 **measures** them: :func:`replay` runs an executor (the calling thread) that ticks at
 ``control_hz`` on absolute deadlines ``t0 + k * dt`` (``dt = 1 / control_hz``, so lateness
 never accumulates into drift) while a worker thread calls ``infer()``, one chunk a call.
@@ -13,7 +13,7 @@ Hand-over modes:
 * ``sync``: inference of the next chunk starts when a chunk is handed over (its
   observation is that tick); the arrived chunk waits until the current one has run out,
   then is handed over at index 0. A tick with no action left is a **stall**. With
-  ``d = ceil(latency * control_hz)`` (:class:`~scopebench.policy.control.ControlFigures`'
+  ``d = ceil(latency * control_hz)`` (:class:`~scopebench.policy.control.figures.ControlFigures`'
   delay), a chunk costs ``max(0, d - n)`` stalls and the next hand-over comes
   ``max(n, d)`` ticks later.
 * ``async``: inference likewise starts when a chunk is handed over, but the arrived
@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scopebench.policy.control import check_control, delay_ticks
+from scopebench.policy.control.figures import ControlRate, delay_ticks
 from scopebench.validate import integer
 
 __all__ = [
@@ -287,14 +287,14 @@ class ReplayFigures:
         return text
 
 
-def _check(mode: str, control_hz: float, n_action_steps: int, ticks: int) -> tuple[float, int]:
+def _check(mode: str, rate: ControlRate, ticks: int) -> tuple[float, int]:
+    """The mode and the tick count (the rate was validated when built)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    hz, n = check_control(control_hz, n_action_steps)
-    if n is None:
-        raise ValueError("n_action_steps must be an integer >= 1, got None")
+    if not isinstance(rate, ControlRate):
+        raise TypeError(f"rate must be a ControlRate, got {type(rate).__name__}")
     integer("ticks", ticks, low=1)
-    return hz, n
+    return rate.control_hz, rate.n_action_steps
 
 
 class _Tally:
@@ -333,21 +333,21 @@ class _Tally:
         return False, request
 
 
-def predict(latencies: Sequence[float], mode: str, control_hz: float, n_action_steps: int, ticks: int) -> ReplayFigures:
+def predict(latencies: Sequence[float], mode: str, rate: ControlRate, ticks: int) -> ReplayFigures:
     """The distribution-based estimate: :func:`replay`'s hand-over rules over ``latencies``
-    (cycled, in order), chunk ready ``d = ceil(latency * control_hz)`` ticks after its
-    observation, no clock. For ``sync`` this is the analytic count ``sum max(0, d - n)``
+    (cycled, in order) at ``rate``, chunk ready ``d = ceil(latency * control_hz)`` ticks after
+    its observation, no clock. For ``sync`` this is the analytic count ``sum max(0, d - n)``
     over the chunks that fit in ``ticks``.
 
     :Examples:
 
-    >>> f = predict([0.02] * 9 + [0.06], "sync", 30, 1, 110)
+    >>> f = predict([0.02] * 9 + [0.06], "sync", ControlRate(30, 1), 110)
     >>> f.stalls, f.chunks
     (10, 100)
-    >>> predict([0.02] * 9 + [0.06], "sync", 30, 4, 110).stalls
+    >>> predict([0.02] * 9 + [0.06], "sync", ControlRate(30, 4), 110).stalls
     0
     """
-    hz, n = _check(mode, control_hz, n_action_steps, ticks)
+    hz, n = _check(mode, rate, ticks)
     values = [float(t) for t in latencies]
     if not values:
         raise ValueError("latencies must hold one call or more, got none")
@@ -378,8 +378,7 @@ def predict(latencies: Sequence[float], mode: str, control_hz: float, n_action_s
 def replay(
     infer: Callable[[], Any],
     mode: str,
-    control_hz: float,
-    n_action_steps: int,
+    rate: ControlRate,
     ticks: int,
     *,
     clock: Any = None,
@@ -391,8 +390,7 @@ def replay(
     Args:
         infer: One inference call; returns the chunk (passed to ``execute``).
         mode: ``sync`` or ``async``.
-        control_hz: The control rate (Hz).
-        n_action_steps: Executable actions per chunk.
+        rate: The control rate and the executable actions per chunk (validated).
         ticks: Control ticks to run.
         clock: :class:`RealClock` (default) or :class:`VirtualClock`.
         execute: Called with (chunk, action index) for each executed action (default: nothing).
@@ -400,12 +398,12 @@ def replay(
             nothing); what it raises ends the replay as an exception of ``infer`` does.
 
     Raises:
-        ValueError: a bad mode, rate, step count or tick count (naming it).
+        ValueError: a bad mode or tick count (naming it).
         Exception: what ``infer`` or ``check`` raised, as it was raised (in the worker thread),
             at the executor's next tick (the replay stops there), or once the call in flight at
             the last tick has ended.
     """
-    hz, n = _check(mode, control_hz, n_action_steps, ticks)
+    hz, n = _check(mode, rate, ticks)
     clock = clock or RealClock()
     dt = 1.0 / hz
     clock.attach()  # the executor (this thread)

@@ -2,7 +2,7 @@
 reach the user as a system error, is refused up front in one line naming the file and the key.
 
 Every case damages a copy of the folder built from LeRobot's published format
-(:mod:`tests.policy.lerobot_fixture`). Before these checks a ``stats.json`` without ``action``
+(:mod:`tests.policy.data.lerobot_fixture`). Before these checks a ``stats.json`` without ``action``
 trained on unnormalised actions, a one-value ``min`` / ``max`` was broadcast over every
 dimension, a template width of 999 ended in ``File name too long``, and deep or huge JSON in a
 ``RecursionError`` or Python's integer-digits message without the file's name.
@@ -180,7 +180,7 @@ def test_the_published_statistics_still_read(published):
 def test_a_tool_refuses_missing_action_stats_in_one_line_before_any_run(published, tmp_path, capsys, started):
     from scopebench.cli import main
 
-    from .conftest import TINY
+    from ..conftest import TINY
 
     root = shutil.copytree(published, tmp_path / "ds")
     BROKEN["no action stats"][0](root)

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scopebench.policy.config import Pi05Config, make_config
-from scopebench.policy.model import Pi05Policy
+from scopebench.policy.pi05.config import Pi05Config, make_config
+from scopebench.policy.pi05.model import Pi05Policy
 from scopebench.policy.user import UserPolicy
 
 if TYPE_CHECKING:
-    from scopebench.policy.dataset import RobotDataset
+    from scopebench.policy.data.dataset import RobotDataset
 
 __all__ = ["config_for_dataset", "make_observation", "make_pi05_policy", "pi05_args", "policy_for_dataset"]
 
@@ -119,10 +119,10 @@ def make_pi05_policy(
         n_action_steps: Actions an inference call returns (None: the whole chunk).
         meta_model: Build the model on the meta device (the dataloader benchmark: its
             preprocessing reads the config, and the ``pi05`` preset's 3.3 B weights are not allocated).
-        **overrides: :class:`~scopebench.policy.config.Pi05Config` fields.
+        **overrides: :class:`~scopebench.policy.pi05.config.Pi05Config` fields.
     """
-    from scopebench.policy.dataset import RobotDataset, collate_robot_batch
-    from scopebench.policy.runner import Preprocessor
+    from scopebench.policy.data.dataset import RobotDataset, collate_robot_batch
+    from scopebench.policy.pi05.runner import Preprocessor
     from scopebench.train.fsdp import DEFAULT_UNITS
 
     dataset = RobotDataset(dataset_root, chunk_size=chunk_size)

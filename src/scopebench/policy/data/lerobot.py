@@ -27,7 +27,7 @@ or infinite number in a state or action (which would make every training loss Na
 (:meth:`LeRobotFolder.check_videos`) a missing, unreadable or undecodable video, or one shorter
 than its episodes' rows or timestamps. The metadata itself, ``meta/info.json`` and
 ``meta/stats.json`` (their JSON, the state and action sizes, the statistics the policy
-normalises with, the path templates), is checked by :mod:`scopebench.policy.lerobot_meta`
+normalises with, the path templates), is checked by :mod:`scopebench.policy.data.lerobot_meta`
 before any of it names a file or is used.
 """
 
@@ -38,8 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from scopebench.policy.data import ACTION_KEY, STATE_KEY
-from scopebench.policy.lerobot_meta import (
+from scopebench.policy.data.lerobot_meta import (
+    ACTION_KEY,
+    STATE_KEY,
     TEMPLATES,
     camera_shape,
     check_stats,
@@ -49,7 +50,7 @@ from scopebench.policy.lerobot_meta import (
     template_path,
     vector_size,
 )
-from scopebench.policy.video import TOLERANCE_SEC, probe_video
+from scopebench.policy.data.video import TOLERANCE_SEC, probe_video
 from scopebench.validate import number, quote
 
 INFO_KEYS = ("codebase_version", "fps", "features", "data_path", "total_frames")
@@ -296,7 +297,7 @@ class LeRobotFolder:
         """Probe every video file once (no frame decoded) against the episodes stored in it.
 
         Returns:
-            The :class:`~scopebench.policy.video.VideoInfo` of each file.
+            The :class:`~scopebench.policy.data.video.VideoInfo` of each file.
 
         Raises:
             FileNotFoundError: a video file is missing (named).

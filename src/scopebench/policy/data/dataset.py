@@ -1,8 +1,8 @@
 """Reading LeRobot v3.0 robot datasets: a torch Dataset, a weighted mixture, a DataLoader.
 
-:class:`RobotDataset` reads a LeRobot v3.0 folder (:class:`scopebench.policy.lerobot.LeRobotFolder`:
+:class:`RobotDataset` reads a LeRobot v3.0 folder (:class:`scopebench.policy.data.lerobot.LeRobotFolder`:
 the tables in memory, every file checked at construction) and decodes the camera frames
-in ``__getitem__`` (MP4 through :mod:`scopebench.policy.video`, or PNG bytes), so decoding
+in ``__getitem__`` (MP4 through :mod:`scopebench.policy.data.video`, or PNG bytes), so decoding
 runs in DataLoader workers. Each sample holds:
 
 - ``camera{i}``: (3, H, W) float32 in [0, 1] (``uint8 / 255``, exactly), the i-th camera
@@ -33,9 +33,8 @@ import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
 from scopebench import validate
-from scopebench.policy.data import ACTION_KEY, STATE_KEY
-from scopebench.policy.lerobot import LeRobotFolder
-from scopebench.policy.lerobot_meta import camera_shape, read_json
+from scopebench.policy.data.lerobot import LeRobotFolder
+from scopebench.policy.data.lerobot_meta import ACTION_KEY, STATE_KEY, camera_shape, read_json
 from scopebench.validate import integer
 
 #: Seconds this process spent decoding camera frames in :meth:`RobotDataset.__getitem__`, all
@@ -74,7 +73,7 @@ class RobotDataset(Dataset):
     """
 
     def __init__(self, root: str | Path, chunk_size: int) -> None:
-        from scopebench.policy.video import DECODER, VideoFrames
+        from scopebench.policy.data.video import DECODER, VideoFrames
 
         integer("chunk_size", chunk_size, low=1)
         self.root = Path(root)

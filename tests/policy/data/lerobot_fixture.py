@@ -67,7 +67,7 @@ def action(index: int) -> np.ndarray:
 def _encode(path: Path, levels: list[int], encoder: str, options: dict) -> None:
     import av
 
-    from scopebench.policy.video import thread_scheduling_kept
+    from scopebench.policy.data.video import thread_scheduling_kept
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with thread_scheduling_kept(), av.open(str(path), "w") as out:

@@ -27,10 +27,10 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from scopebench.policy.config import Pi05Config
-from scopebench.policy.data import ACTION_KEY, STATE_KEY
-from scopebench.policy.model import Pi05Policy, PrefixCache
-from scopebench.policy.tokenizer import PromptTokenizer
+from scopebench.policy.data.lerobot_meta import ACTION_KEY, STATE_KEY
+from scopebench.policy.pi05.config import Pi05Config
+from scopebench.policy.pi05.model import Pi05Policy, PrefixCache
+from scopebench.policy.pi05.tokenizer import PromptTokenizer
 
 
 def _pad_last(x: torch.Tensor, size: int, name: str) -> torch.Tensor:
@@ -139,7 +139,7 @@ class Preprocessor:
 
 
 class PolicyRunner(Preprocessor):
-    """Batches from :func:`~scopebench.policy.dataset.make_dataloader` in, actions out.
+    """Batches from :func:`~scopebench.policy.data.dataset.make_dataloader` in, actions out.
 
     Args:
         model: the policy.

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from scopebench.policy import make_config
-from scopebench.policy.tokenizer import PromptTokenizer, action_tokens, discretize, undiscretize
+from scopebench.policy.pi05.tokenizer import PromptTokenizer, action_tokens, discretize, undiscretize
 
 
 def test_prompt_tokenizer_is_deterministic_padded_and_in_range():

@@ -9,7 +9,7 @@ import torch
 
 from scopebench.policy import make_policy
 
-from .helpers import make_batch, randomize_modulations
+from ..helpers import make_batch, randomize_modulations
 
 
 def test_pi05_preset_on_meta_device_has_real_size_and_no_memory():
@@ -76,7 +76,7 @@ def test_kv_cache_matches_recomputing_the_prefix(tiny):
 def test_attention_matches_one_copy_of_k_and_v_per_query_head(impl, kv):
     """Head h reads key/value head h // (H / KV) (the grouping of repeat_interleave), with
     the mask, in the forward and the gradients, whichever way the heads are grouped."""
-    from scopebench.policy.model import attention, mask_to_bias
+    from scopebench.policy.pi05.layers import attention, mask_to_bias
 
     gen = torch.Generator().manual_seed(kv)
     q = torch.randn(2, 4, 5, 8, generator=gen, requires_grad=True)

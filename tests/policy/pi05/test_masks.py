@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from scopebench.policy.model import make_att_2d_masks
+from scopebench.policy.pi05.layers import make_att_2d_masks
 
-from .helpers import make_batch
+from ..helpers import make_batch
 
 
 def test_cumsum_rule_prefix_lm_and_causal_blocks():

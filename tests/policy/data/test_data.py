@@ -17,7 +17,7 @@ from scopebench.policy import (
     make_policy,
     write_synthetic_dataset,
 )
-from scopebench.policy.data import TASKS
+from scopebench.policy.data.synthetic import TASKS
 
 CHUNK = 8
 
@@ -169,7 +169,7 @@ def test_cached_dataset_is_written_once_and_a_dead_writers_temporary_is_removed(
     import subprocess
     import sys
 
-    from scopebench.policy.data import cached_synthetic_dataset
+    from scopebench.policy.data.synthetic import cached_synthetic_dataset
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)
@@ -190,7 +190,7 @@ def test_cached_dataset_is_written_once_and_a_dead_writers_temporary_is_removed(
 
 
 def test_a_folder_of_the_same_name_without_a_dataset_is_refused(tmp_path, data_config):
-    from scopebench.policy.data import cached_synthetic_dataset
+    from scopebench.policy.data.synthetic import cached_synthetic_dataset
 
     root = cached_synthetic_dataset(tmp_path, data_config)
     import shutil
@@ -201,12 +201,12 @@ def test_a_folder_of_the_same_name_without_a_dataset_is_refused(tmp_path, data_c
 
 
 def test_pi05_and_user_policies_take_the_same_fixed_eval_batch():
-    # One rule for the validation batch (scopebench.policy.dataset.eval_indices): evenly
+    # One rule for the validation batch (scopebench.policy.data.dataset.eval_indices): evenly
     # spread, never larger than the dataset.
     from types import SimpleNamespace
 
-    from scopebench.policy.dataset import fixed_eval_batch
-    from scopebench.policy.user import fixed_batch
+    from scopebench.policy.calls import fixed_batch
+    from scopebench.policy.data.dataset import fixed_eval_batch
 
     frames = [{"i": torch.tensor(i)} for i in range(10)]
     policy = SimpleNamespace(dataset=frames, collate_fn=None)
