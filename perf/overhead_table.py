@@ -70,8 +70,8 @@ def calibrate(target_ms: float) -> dict:
     are not tried."""
     import torch
 
-    from scopebench.policy.run.steps import BatchStream
     from scopebench.policy.calls import make_policy_loader
+    from scopebench.policy.run.steps import BatchStream
     from scopebench.policy.user import build_policy
 
     torch.set_num_threads(1)

@@ -12,6 +12,7 @@ import torch
 
 from scopebench.cli import main
 from scopebench.policy.memory import full_batch, largest_batch, training_memory
+from scopebench.policy.pi05.config import make_config
 from scopebench.train.backends import backend_names, model_state_bytes
 from scopebench.train.memory import GB
 

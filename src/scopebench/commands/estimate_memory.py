@@ -108,8 +108,8 @@ def _line(key: str, value: float | None, note: str = "") -> None:
 def _estimate(
     config, world: int, limit_gb: float | None, json_path: str | None, gpu: str | None = None, file=None
 ) -> int:
-    from scopebench.policy.pi05.config import make_config
     from scopebench.policy.memory import largest_batch, run_memory
+    from scopebench.policy.pi05.config import make_config
     from scopebench.policy.run.checks import model_overrides
     from scopebench.train.memory import GB
 
