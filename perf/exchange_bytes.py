@@ -51,11 +51,11 @@ def main() -> None:
     from scopebench.policy.run.train import PolicyTrainRun
     from scopebench.policy.settings import TrainSettings
     from scopebench.policy.tools import StepCounter
-    from scopebench.profiler import ProfilerConfig, base
+    from scopebench.profiler import ProfilerConfig, base, exchange
     from scopebench.profiler import ledger as ledger_module
 
     gathers: list[dict] = []
-    plain = base.gather_objects
+    plain = exchange.gather_objects
 
     def gather_objects(obj):
         if run.profiler.loop_ended_at is not None:  # the exchange's (not the run id's, before the loop)
@@ -87,12 +87,12 @@ def main() -> None:
         defer_exchange=True,
     )
     with run:
-        base.gather_objects = gather_objects
+        exchange.gather_objects = gather_objects
         ledger_module.ledger_metrics = ledger_metrics
         try:
             run.loop(StepCounter(2 + args.steps))
         finally:
-            base.gather_objects = plain
+            exchange.gather_objects = plain
             ledger_module.ledger_metrics = plain_metrics
         world, after = run.world_size, run.profiler.after_window_sec
         rank = run.rank

@@ -97,22 +97,22 @@ def test_reduced_step_time_is_the_slowest_rank_own_step(tmp_path, worker_path):
 
 
 def _deferred(tmp_path, monkeypatch, iterations: int, chunk: int, slow_sec: float = 0.0):
-    """A run of ``comm_loop`` with the exchange deferred; on rank 0, each gather the profiler makes:
+    """A run of ``comm_loop`` with the exchange deferred; on rank 0, each gather the exchange makes:
     whether the loop had ended, and the bytes rank 0 sent (pickled, as ``all_gather_object`` does)."""
     import pickle
 
     from profiler.workloads import comm_loop
-    from scopebench.profiler import base
+    from scopebench.profiler import base, exchange
 
     gathers: list[tuple[bool, int]] = []
     holder: dict = {}
-    plain = base.gather_objects
+    plain = exchange.gather_objects
 
     def gather_objects(obj):
         gathers.append((holder["prof"].loop_ended_at is not None, len(pickle.dumps(obj))))
         return plain(obj)
 
-    monkeypatch.setattr(base, "gather_objects", gather_objects)
+    monkeypatch.setattr(exchange, "gather_objects", gather_objects)
     kwargs = dict(
         mode="custom",
         iterations=iterations,
@@ -141,8 +141,8 @@ def test_a_deferred_exchange_crosses_the_ranks_only_after_the_loop(tmp_path, wor
     gives them: rank 1, 0.3 s slower in ``compute``, is the late rank of every iteration."""
     iterations = 5
     prof, gathers = _deferred(tmp_path, monkeypatch, iterations, chunk=2, slow_sec=0.3)
-    # the run's start-up gathers its run id before the loop; the rest come after its last iteration
-    assert [ended for ended, _ in gathers[1:]] == [True] * 6, gathers  # 3 chunks: records, then metrics
+    # every gather of the exchange comes after the loop's last iteration
+    assert [ended for ended, _ in gathers] == [True] * 6, gathers  # 3 chunks: records, then metrics
     assert len(prof.rows) == len(prof.reduced_rows) == iterations
     for row, reduced in zip(prof.rows, prof.reduced_rows):
         assert row["late_rank"] == 1 and row["late_rank_region"] == "compute", row
@@ -162,7 +162,7 @@ def test_what_one_gather_of_an_exchange_sends_does_not_grow_with_the_steps(tmp_p
     sizes = {}
     for iterations in (3, 9):
         _, gathers = _deferred(tmp_path / str(iterations), monkeypatch, iterations, chunk)
-        sizes[iterations] = [size for _, size in gathers[1:]]
+        sizes[iterations] = [size for _, size in gathers]
     assert len(sizes[9]) == 3 * len(sizes[3]) == 6
     records, metrics = sizes[3]
     for k in range(3):
