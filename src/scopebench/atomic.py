@@ -69,6 +69,7 @@ __all__ = [
     "claim_output",
     "no_space",
     "claimed_outputs_env",
+    "file_kind",
     "read_lock_record",
     "release_outputs",
     "remove_stale_temporaries",
@@ -318,14 +319,21 @@ def _not_a_lock(path: Path, found: os.stat_result | None) -> str | None:
             target = "?"
         return f"{path} -> {target}: a lock file is never a link"
     if not stat.S_ISREG(found.st_mode):
-        return f"{path} is {_file_kind(found.st_mode)}, not a regular file: a lock file is a regular file"
+        return f"{path} is {file_kind(found.st_mode)}, not a regular file: a lock file is a regular file"
     if found.st_nlink > 1:
         return f"{path} has {found.st_nlink} hard links (it is another file's name too): a lock file has one"
     return None
 
 
-def _file_kind(mode: int) -> str:
-    """``a directory``, ``a FIFO``... for the refusal of a lock path that is no regular file."""
+def file_kind(mode: int) -> str:
+    """``a directory``, ``a FIFO``... what a path that is no regular file is, for a refusal (a lock
+    path here, a checkpoint's file in :mod:`scopebench.train.checkpoint_files`).
+
+    :Examples:
+        >>> import stat
+        >>> file_kind(stat.S_IFIFO)
+        'a FIFO'
+    """
     kinds = (
         (stat.S_ISDIR, "a directory"),
         (stat.S_ISFIFO, "a FIFO"),

@@ -32,6 +32,8 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from scopebench.atomic import file_kind
+
 __all__ = [
     "JSON_LIMIT_BYTES",
     "bounded_ranks",
@@ -109,20 +111,9 @@ def regular(path: str | Path, source: str | Path) -> os.stat_result | None:
         return None
     if not stat.S_ISREG(found.st_mode):
         raise ValueError(
-            f"{path} is {_kind(found.st_mode)}, not a regular file ({source} names it): refused before reading it"
+            f"{path} is {file_kind(found.st_mode)}, not a regular file ({source} names it): refused before reading it"
         )
     return found
-
-
-def _kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((name for test, name in kinds if test(mode)), "a special file")
 
 
 def sha256_of(path: str | Path, size: int) -> str:
@@ -163,7 +154,7 @@ def read_json(path: str | Path, what: str, limit: int = JSON_LIMIT_BYTES) -> Any
     with os.fdopen(fd, "rb") as fh:
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode):
-            raise ValueError(f"{path} is {_kind(found.st_mode)}: the {what} must be a regular file")
+            raise ValueError(f"{path} is {file_kind(found.st_mode)}: the {what} must be a regular file")
         data = fh.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"{path}: more than {limit} bytes, more than a {what} holds: refused")
