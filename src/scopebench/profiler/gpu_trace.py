@@ -26,7 +26,7 @@ from typing import Any
 
 from scopebench.profiler.gpu_ledger import idle_gaps, innermost, windowed
 from scopebench.profiler.kineto import read_trace
-from scopebench.profiler.trace_ledger import CATEGORY, LEDGER_PID, PROCESS_NAME, SORT_INDEX, splice
+from scopebench.profiler.trace_ledger import CATEGORY, LEDGER_PID, splice, with_header
 
 __all__ = ["STEPS_TID", "IDLE_TID", "COLLECTIVES_TID", "device_ledger_events", "write_annotated"]
 
@@ -114,23 +114,9 @@ def device_ledger_events(path: str | Path, rank: int, report: dict, include_last
 
 
 def _header(rank: int, events: list[dict[str, Any]], lanes: int) -> list[dict[str, Any]]:
-    if not events:
-        return []
-    first = min(e["ts"] for e in events)
-
-    def meta(name: str, tid: int, key: str, value: Any) -> dict[str, Any]:
-        return {"ph": "M", "name": name, "ts": first, "pid": LEDGER_PID, "tid": tid, "args": {key: value}}
-
     threads = {STEPS_TID: "gpu steps", IDLE_TID: "gpu idle"}
     threads.update({COLLECTIVES_TID + k: "gpu collectives" + (f" {k + 1}" if k else "") for k in range(lanes)})
-    header = [
-        meta("process_name", 0, "name", PROCESS_NAME),
-        meta("process_labels", 0, "labels", f"rank {rank}"),
-        meta("process_sort_index", 0, "sort_index", SORT_INDEX),
-    ]
-    for tid, name in threads.items():
-        header += [meta("thread_name", tid, "name", name), meta("thread_sort_index", tid, "sort_index", tid)]
-    return header + events
+    return with_header(rank, events, threads)
 
 
 def write_annotated(summaries: list[Any], report: dict, out: Path, include_last_step: bool) -> list[Path]:

@@ -65,6 +65,7 @@ __all__ = [
     "record_epoch_ns",
     "splice",
     "splice_events",
+    "with_header",
 ]
 
 #: The pid of the ledger's tracks: Linux's pids stay below ``2**22`` (the highest ``pid_max``),
@@ -240,6 +241,15 @@ def ledger_events(iterations: list[LedgerIteration], base_ns: int) -> list[dict[
             if index in splits:
                 args["wait_peer_ms"], args["transfer_ms"] = (_ms(v) for v in splits[index])
             event(names[index], COLLECTIVES_TID + lane, issue, stop, args)
+    threads = {ITERATIONS_TID: "iterations", BLOCKED_TID: "blocked"}
+    threads.update({COLLECTIVES_TID + k: "collectives" + (f" {k + 1}" if k else "") for k in range(len(lanes))})
+    return with_header(rank, events, threads)
+
+
+def with_header(rank: int, events: list[dict[str, Any]], threads: dict[int, str]) -> list[dict[str, Any]]:
+    """``events`` after the metadata events Perfetto names and orders the ledger's process (rank
+    ``rank``) and its ``threads`` (tid -> name) by, at the first event's time; ``[]`` without
+    events (the CPU ledger's and the GPU ledger's, :mod:`scopebench.profiler.gpu_trace`)."""
     if not events:
         return []
     first = min(e["ts"] for e in events)
@@ -247,8 +257,6 @@ def ledger_events(iterations: list[LedgerIteration], base_ns: int) -> list[dict[
     def meta(name: str, tid: int, key: str, value: Any) -> dict[str, Any]:
         return {"ph": "M", "name": name, "ts": first, "pid": LEDGER_PID, "tid": tid, "args": {key: value}}
 
-    threads = {ITERATIONS_TID: "iterations", BLOCKED_TID: "blocked"}
-    threads.update({COLLECTIVES_TID + k: "collectives" + (f" {k + 1}" if k else "") for k in range(len(lanes))})
     header = [
         meta("process_name", 0, "name", PROCESS_NAME),
         meta("process_labels", 0, "labels", f"rank {rank}"),
