@@ -57,24 +57,28 @@ def detect(tmp_path, spec: FaultSpec, backend: str = "ddp", hogs: int = 0):
     return score(spec, run.record), run.record
 
 
-_late: dict[str, dict] = {}
+LATE = [("zero2", "optim_step"), ("zero3", "forward"), ("fsdp2", "dataload_wait")]
 
 
-@pytest.mark.parametrize("backend, phase", [("zero2", "optim_step"), ("zero3", "forward"), ("fsdp2", "dataload_wait")])
-def test_a_rank_50_ms_late_is_named_with_its_rank_phase_and_delay(tmp_path, backend, phase):
-    spec = FaultSpec(fault="late_rank", rank=1, phase=phase, delay_ms=50)
-    out, _ = detect(tmp_path, spec, backend)
-    _late[backend] = out
+@pytest.fixture(scope="module")
+def late(tmp_path_factory) -> dict[str, dict]:
+    """A rank 50 ms late in each backend's phase of :data:`LATE`: each run's score, by backend
+    (the runs once, for the per-backend and the median tests)."""
+    spec = {backend: FaultSpec(fault="late_rank", rank=1, phase=phase, delay_ms=50) for backend, phase in LATE}
+    return {backend: detect(tmp_path_factory.mktemp(backend), spec[backend], backend)[0] for backend, _ in LATE}
+
+
+@pytest.mark.parametrize("backend", [backend for backend, _ in LATE])
+def test_a_rank_50_ms_late_is_named_with_its_rank_phase_and_delay(late, backend):
+    out = late[backend]
     assert (out["detected"], out["named_right"]) == (1.0, 1.0), out["findings"]
     assert out["injected"] >= 0.05
     assert out["error_pct"] <= 25.0, (out["reported"], out["injected"])
     assert "late-rank" not in out["false_positive_rules"]
 
 
-def test_the_median_error_over_the_backends_is_within_10_percent():
-    if len(_late) < 3:
-        pytest.skip("needs the three late-rank runs of this file (run the whole file)")
-    assert stats.median([out["error_pct"] for out in _late.values()]) <= 10.0, _late
+def test_the_median_error_over_the_backends_is_within_10_percent(late):
+    assert stats.median([out["error_pct"] for out in late.values()]) <= 10.0, late
 
 
 def test_slow_input_is_input_bound_and_other_processes_work_is_contended(tmp_path):
