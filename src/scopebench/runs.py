@@ -348,7 +348,11 @@ def run_benchopt(
         jobs, slurm = "\n".join(_job_errors(folder, since)), cluster.describe_jobs(states, cancelled)
         raise RuntimeError(
             f"benchopt run of {benchmark} failed ({reason}):\n{run.log[-4000:]}"
-            + (f"\nSubmitit job logs:\n{jobs}" if jobs else "")
+            + (
+                f"\nSubmitit job logs:\n{jobs}"
+                if jobs
+                else f"\nSubmitit job logs: no job wrote an error line ({folder})" if folder.is_dir() else ""
+            )
             + (f"\nSLURM's view of this run's jobs (scontrol show job):\n{slurm}" if slurm else "")
         )
     stopped = _stopped_on_timeout(run, _max_runs(config, extra_args))

@@ -267,6 +267,8 @@ n-repetitions: 1
     message = str(err.value)
     assert "failure line(s)" in message, message
     assert "Reason: refused: denoiser_sigma must be a finite number > 0, got -1" in message, message
-    assert "Submitit job logs:" in message, message
+    # its jobs' logs: quoted where a job wrote an error line (a warning may), else their folder named
+    (folder,) = [entry for entry in job_folder.new_entries() if entry.is_dir()]
+    assert "Submitit job logs:" in message and str(folder) in message, message
     # The empty success this guards against: benchopt itself wrote the good cell's rows.
     assert (tmp_path / "partial.parquet").exists()
