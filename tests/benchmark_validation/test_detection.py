@@ -82,9 +82,9 @@ def test_the_median_error_over_the_backends_is_within_10_percent(late):
 
 
 def test_slow_input_is_input_bound_and_other_processes_work_is_contended(tmp_path):
-    """One run for both: every rank's input computes 30 ms more per step while CPU hogs take a
-    third of the CPUs or more (one of 2 here): the sampler must see at least 80 % of what they
-    take (more on a machine others use too)."""
+    """One run for both: every rank's input computes 30 ms more per step while CPU hogs ask for
+    a third of the CPUs or more (one of 2 here): the sampler must see at least 80 % of what they
+    had (measured from their CPU time; more on a machine others use too)."""
     hogs = max(1, math.ceil(os.cpu_count() / 3))
     out, record = detect(tmp_path, FaultSpec(fault="slow_input", delay_ms=30), hogs=hogs)
     assert (out["detected"], out["named_right"]) == (1.0, 1.0), out["findings"]
@@ -92,7 +92,9 @@ def test_slow_input_is_input_bound_and_other_processes_work_is_contended(tmp_pat
     # the same rows, scored as the contention fault (one hog process)
     hog = score(FaultSpec(fault="contention", magnitude=hogs), dataclasses.replace(record, first_detected=None))
     assert (hog["detected"], hog["named_right"]) == (1.0, 1.0), hog["findings"]
-    assert hog["injected"] == pytest.approx(100.0 * hogs / os.cpu_count())
+    # what the hogs had, measured: some of what they asked for, less on a busy machine
+    assert len(record.hog_cpu) == ITERATIONS
+    assert 0.0 < hog["injected"] <= 100.0 * hogs / len(os.sched_getaffinity(0)) * 1.1, hog["injected"]
     assert hog["reported"] >= 0.8 * hog["injected"], hog["reported"]
 
 

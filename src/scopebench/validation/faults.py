@@ -322,15 +322,20 @@ class CpuHogs:
     ``contention`` fault: other processes' work, which the host sampler must see).
 
     Each is ``python -c 'while True: pass'`` in a session of its own, ended by its id when the
-    context exits (also on error)."""
+    context exits (also on error). What they took is measured, not assumed (:meth:`cpu_sec`): on
+    a busy machine a hog gets less than its CPU, and the score compares the sampler with what
+    the hogs had."""
 
     def __init__(self, count: float) -> None:
         self.count = integer("magnitude", int(count), low=0) if float(count) == int(count) else None
         if self.count is None:
             raise ValueError(f"magnitude must be a whole number of processes for contention, got {count!r}")
         self.procs: list[subprocess.Popen] = []
+        self._own = None
 
     def __enter__(self) -> CpuHogs:
+        from scopebench.host_load import OwnTime
+
         for _ in range(self.count):
             self.procs.append(
                 subprocess.Popen(
@@ -341,7 +346,14 @@ class CpuHogs:
                     start_new_session=True,
                 )
             )
+        self._own = OwnTime(pgids=[proc.pid for proc in self.procs])  # each leads its own session
         return self
+
+    def cpu_sec(self) -> float:
+        """CPU seconds the hogs have used since they started (0 without hogs)."""
+        from scopebench.host_load import CLK_TCK
+
+        return self._own.read() / CLK_TCK if self._own is not None and self.procs else 0.0
 
     def __exit__(self, *exc) -> None:
         procs, self.procs = self.procs, []

@@ -11,7 +11,8 @@ same fault). Rank 0 keeps, per recorded iteration, the reduced row, its own unpr
 profiled step times and what the fault policy measured it injected (:attr:`DetectRun.record`).
 With a ``contention`` fault rank 0 also starts the CPU hogs
 (:class:`~scopebench.validation.faults.CpuHogs`) once the ranks are set up, and stops them at
-the end, also on error.
+the end, also on error; per recorded iteration it keeps the CPU time they had and the wall time
+(the truth the sampler's ``host_other_cpu_pct`` is scored against).
 
 Spawned ranks run :func:`run_worker` (the same loop, the same unprofiled steps).
 """
@@ -64,6 +65,8 @@ class DetectRun(PolicyTrainRun):
         self._off: float | None = None
         self._seen = 0
         self._null = None
+        self._hogs = None
+        self._hog_mark: tuple[float, float] | None = None  # (their CPU seconds, perf_counter) then
 
     def worker_kwargs(self) -> dict[str, Any]:
         """:class:`PolicyTrainRun`'s, and whether to interleave (the hogs are rank 0's alone)."""
@@ -78,7 +81,8 @@ class DetectRun(PolicyTrainRun):
         super().start()
         self._null = create_profiler("null", self.device)
         if self.hogs and self.rank == 0:
-            self._stack.enter_context(CpuHogs(self.hogs))
+            self._hogs = self._stack.enter_context(CpuHogs(self.hogs))
+            self._hog_mark = (0.0, time.perf_counter())
         return self
 
     def teardown(self) -> None:
@@ -115,6 +119,11 @@ class DetectRun(PolicyTrainRun):
             step = local.get("step_time_sec")
             if self._off is not None and step is not None:
                 self.record.pairs.append((self._off, step, local.get("profiler_overhead_sec") or 0.0))
+            if self._hog_mark is not None:  # the hogs' CPU and the wall time since the last iteration
+                cpu, now = self._hogs.cpu_sec(), time.perf_counter()
+                self.record.hog_cpu.append((cpu - self._hog_mark[0], now - self._hog_mark[1]))
+        if self._hog_mark is not None:
+            self._hog_mark = (self._hogs.cpu_sec(), time.perf_counter())
         self._seen, self._off = self.profiler.recorded, None
 
     def _unprofiled_step(self) -> None:

@@ -82,6 +82,8 @@ class RunRecord:
     """(unprofiled step, profiled step, the profiler's time outside the clock), rank 0's seconds."""
     injected: list[float] = field(default_factory=list)
     """Per recorded iteration, the largest :data:`INJECTED_TERM` over the ranks (seconds)."""
+    hog_cpu: list[tuple[float, float]] = field(default_factory=list)
+    """(``contention``) per recorded iteration, (CPU seconds the hogs had, wall seconds)."""
     stopped_at: int | None = None
     """The iteration (1-based) whose non-finite loss stopped the run, and on which rank."""
     stopped_rank: int | None = None
@@ -166,7 +168,7 @@ def _magnitudes(record: RunRecord, config, spec: FaultSpec, found: set[str]) -> 
 
         measured = contention(config)
         reported = measured.other_pct if measured is not None else None
-        return "contended" in found, reported, min(100.0, spec.size / (os.cpu_count() or 1) * 100.0)
+        return "contended" in found, reported, _hog_pct(record, spec)
     if fault == "memory_growth":
         peaks, iterations = config.values("mem_peak_mb"), config.iterations()
         reported = None
@@ -176,6 +178,18 @@ def _magnitudes(record: RunRecord, config, spec: FaultSpec, found: set[str]) -> 
     if fault == "comm_heavy":
         return "communication-bound" in found, None, None
     return False, None, None
+
+
+def _hog_pct(record: RunRecord, spec: FaultSpec) -> float:
+    """The share of the run's CPUs the hogs had over the recorded iterations (%): measured when
+    the run kept it (a hog gets less than its CPU on a busy machine), else what they ask for."""
+    from scopebench.host_load import usable_cpus
+
+    cpus = len(usable_cpus()) or os.cpu_count() or 1
+    wall = sum(w for _, w in record.hog_cpu)
+    if wall > 0:
+        return 100.0 * sum(c for c, _ in record.hog_cpu) / (wall * cpus)
+    return min(100.0, spec.size / cpus * 100.0)
 
 
 def _overhead(record: RunRecord) -> dict[str, float]:
