@@ -327,7 +327,8 @@ SLURM_PARAMETERS = tuple(f.name for f in dataclasses.fields(CellLayout) if f.nam
 
 def launcher_world_size(job: Mapping[str, Any]) -> int | None:
     """SLURM tasks of a job (``nodes x ntasks_per_node``), ``None`` when it runs one task."""
-    world = int(job.get("slurm_nodes", 1) or 1) * int(job.get("slurm_ntasks_per_node", 1) or 1)
+    nodes = job.get("slurm_nodes", CellLayout.slurm_nodes) or CellLayout.slurm_nodes
+    world = int(nodes) * int(job.get("slurm_ntasks_per_node") or 1)
     return world if world > 1 else None
 
 

@@ -25,6 +25,7 @@ from scopebench.cluster import (
     BENCHOPT_DEFAULT_TIMEOUT_SEC,
     JOB_FOLDER,
     MIN_SLURM_MINUTES,
+    CellLayout,
     Layout,
     cell_layout,
     job_parameters,
@@ -198,8 +199,8 @@ def preflight(
         resources = report.jobs.get(cell.index, cell.solver_params)
         try:
             report.layouts[cell.index] = cell_layout(
-                cell.solver_params.get("nproc_per_node", 1),
-                resources.get("slurm_nodes", 1),
+                cell.solver_params.get("nproc_per_node", CellLayout.nproc_per_node),
+                resources.get("slurm_nodes", CellLayout.slurm_nodes),
                 resources.get("slurm_ntasks_per_node"),
                 world,
             )

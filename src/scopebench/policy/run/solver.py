@@ -49,30 +49,31 @@ def _policy_world_size(params: dict[str, Any], launcher_world_size: int | None) 
     local processes (:func:`scopebench.cluster.cell_layout`, the one rule); under a running
     launcher ``nproc_per_node`` must agree with its ranks per node (what
     :class:`scopebench.distributed.DistSession` requires)."""
-    from scopebench.cluster import cell_layout
+    from scopebench.cluster import CellLayout
     from scopebench.distributed import get_dist_info
     from scopebench.distributed.launch import check_launcher_nproc
     from scopebench.validate import integer
 
-    nproc = integer("nproc_per_node", params.get("nproc_per_node", 1), low=1)
+    nproc = integer("nproc_per_node", params.get("nproc_per_node", CellLayout.nproc_per_node), low=1)
     launcher = get_dist_info() if launcher_world_size is not None else None
     if launcher is not None and launcher.is_distributed:  # the run's own skip, under its launcher
         check_launcher_nproc("nproc_per_node", nproc, launcher_world_size, launcher.source, launcher.nodes)
         return launcher_world_size
     # check-config, for the cell's job; or a run without a launcher
-    layout = cell_layout(nproc, params.get("slurm_nodes", 1), params.get("slurm_ntasks_per_node"), launcher_world_size)
+    layout = CellLayout.from_params({**params, "nproc_per_node": nproc}).ranks(launcher_world_size)
     return launcher_world_size or layout.world_size
 
 
 def _policy_nodes(params: dict[str, Any], launcher_world_size: int | None) -> int:
     """The nodes of a policy run: the launcher's, else the cell's ``slurm_nodes`` (1 without SLURM)."""
+    from scopebench.cluster import CellLayout
     from scopebench.distributed import get_dist_info
 
     launcher = get_dist_info() if launcher_world_size is not None else None
     if launcher is not None and launcher.is_distributed:
         return launcher.nodes
-    nodes = params.get("slurm_nodes", 1)
-    return nodes if type(nodes) is int and nodes >= 1 else 1
+    nodes = params.get("slurm_nodes", CellLayout.slurm_nodes)
+    return nodes if type(nodes) is int and nodes >= 1 else CellLayout.slurm_nodes
 
 
 class TrainSolverMixin(_PolicySolverMixin):
