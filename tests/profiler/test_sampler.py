@@ -106,20 +106,6 @@ def test_cpu_columns_on_a_real_run():
     assert prof.sampler.reasons == {"gpu": "cpu is not a CUDA device"}
 
 
-def test_the_sampler_costs_under_one_percent_of_a_core_over_five_seconds():
-    sampler = HostSampler("cpu")
-    start = time.perf_counter()
-    sampler.start()
-    while sampler.samples_taken < 51:  # the first sample and 50 periods: 5 s
-        time.sleep(0.05)
-    sampler.stop()
-    elapsed = time.perf_counter() - start
-    assert elapsed >= 5.0
-    # The thread's own CPU time, read inside it (time.thread_time), not wall time.
-    share = sampler.thread_cpu_sec / elapsed
-    assert share < 0.01, f"sampler thread used {share * 100:.2f}% of a core over {elapsed:.1f}s"
-
-
 # --- CPU shares on a fake /proc -----------------------------------------------------------
 
 
