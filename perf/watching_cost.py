@@ -8,7 +8,7 @@ processes. Per run, from its JSON:
 
 * the loop's wall clock per step (``wall_clock_sec`` over warm-up + measured steps: the loop's
   iterations, not the exchange after it) against the mean measured step (``phases.total``, the
-  slowest rank's step), as a ratio;
+  ranks' mean step: no barrier between the steps), as a ratio;
 * the profiler's reported cost per step as a share of the step (``profiler_cost.share_pct``) and
   its exchange after the window (``after_window_sec``, once);
 * ``sync_gather``'s share of the step (``phases.sync_gather.share``).

@@ -88,3 +88,47 @@ def test_the_loss_gather_neither_blocks_nor_reads_the_device_step_after_step():
     # the values still arrive, every rank's, and the rows still carry the ranks' mean loss
     assert gathered is not None and len(gathered) == 2
     assert all(math.isfinite(row["train_loss"]) for row in gathered), gathered
+
+
+def test_a_counted_loop_crosses_nothing_between_the_steps():
+    """``loop_steps`` (``profile-step``): every rank counts the steps itself, so rank 0 makes no
+    continue/stop broadcast (on NCCL a host-device synchronisation each) and its spawned rank,
+    told the count, stops with it: both ranks record every step."""
+    import torch.distributed as dist
+
+    from scopebench.policy.run.train import PolicyTrainRun
+    from scopebench.policy.settings import TrainSettings
+    from scopebench.policy.tools import StepCounter
+
+    settings = TrainSettings(policy=EXAMPLE, nproc_per_node=2, backend="ddp", batch_size=4, group_timeout_sec=120)
+    run = PolicyTrainRun(settings, dataset_root="", chunk_size=8, loop_steps=STEPS, keep_rows=True)
+    calls: list[str] = []
+    with run:
+        plain = dist.broadcast
+
+        def broadcast(*args, **kwargs):
+            calls.append("broadcast")
+            return plain(*args, **kwargs)
+
+        dist.broadcast = broadcast
+        try:
+            run.loop(StepCounter(STEPS))  # rank 0's own count too: without loop_steps it would broadcast
+        finally:
+            dist.broadcast = plain
+    assert calls == []
+    assert run.work.steps == STEPS and [len(rows) for rows in run.rank_rows] == [STEPS, STEPS]
+    # no barrier: rank 0's rows carry the ranks' mean step, not the maximum of each iteration
+    for i, reduced in enumerate(run.profiler.reduced_rows):
+        steps = [rows[i]["step_time_sec"] for rows in run.rank_rows]
+        assert reduced["step_time_sec"] == pytest.approx(sum(steps) / 2), (i, reduced["step_time_sec"], steps)
+
+
+def test_a_counted_loop_refuses_a_callback_that_stops_before_the_count():
+    from scopebench.harness.run import _Counted
+
+    counted = _Counted(3, lambda: False)
+    with pytest.raises(RuntimeError, match=r"^the loop's callback stopped at iteration 1 of the 3 its loop_steps"):
+        counted()
+    ticks = iter([True, True, True, False])
+    counted = _Counted(3, lambda: next(ticks))
+    assert [counted() for _ in range(4)] == [True, True, True, False]

@@ -6,8 +6,9 @@ on accelerate), each split into ``dataload_wait``, ``forward``, ``bwd``, ``unsca
 ``optim_step``, ``zero_grad_sched``, ``sync_gather`` and the derived ``backward_step``;
 per phase mean / median / p95 over the measured steps and its share of the mean step;
 steps/s and global samples/s; peak memory per rank; achieved FLOP/s and MFU. Each step's
-phase times are the slowest rank's (as in the parquet); the JSON keeps every rank's raw
-samples. Why: "why is my policy's training slow?" — read the shares (docs/tools.md, "The policy tools").
+phase times are the ranks' mean (every rank counts the steps: no barrier between them, so a slow
+rank's cost is in the others' waits inside the step; :func:`scopebench.profiler.reduce_across_ranks`);
+the JSON keeps every rank's raw samples. Why: "why is my policy's training slow?" — read the shares (docs/tools.md, "The policy tools").
 
 How to run::
 
@@ -63,8 +64,14 @@ processes or steal took more than ``scopebench summary`` allows, else ``host loa
 (:func:`scopebench.report.contention.measured_steps`), then ``profiler_cost``'s ``line``:
 ``profiler cost: x µs / step (y% of the step): ...`` (docs/tools.md, "Profiler cost").
 
-A loss or loss term that is NaN or infinite (checked when the losses are gathered, every
-``gather_every`` steps and after the last step) does not stop the measurement: the steps
+The losses are gathered every :data:`GATHER_EVERY` (64) steps, or every ``gather_every`` steps when
+that is more, and after the last step: ``profile-step`` reads them only at the end, and a gather
+every step would be a cost of the suite's inside each measured step (docs/performance.md, "What
+watching costs"). The loop itself needs nothing from the other ranks between the steps (every
+rank counts the steps: no stop broadcast).
+
+A loss or loss term that is NaN or infinite (checked when the losses are gathered) does not
+stop the measurement: the steps
 still run and are timed, the report is printed and written, and then one line on stderr
 names the first such step (counted from the first warm-up step, and its place among the
 measured steps), the term and the rank; the JSON's ``nonfinite_loss`` holds it (null when
@@ -148,7 +155,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
+#: Steps between the loss gathers of ``profile-step`` at least (the losses are read at the end).
+GATHER_EVERY = 64
+
+
 def _profile(config, *, warmup: int, steps: int, json_path: str | None, mode: str = "custom", file=None) -> int:
+    import dataclasses
     import time
 
     from scopebench.distributed import writes_reports
@@ -157,14 +169,18 @@ def _profile(config, *, warmup: int, steps: int, json_path: str | None, mode: st
     from scopebench.profiler import ProfilerConfig
 
     root = data_root(config)
+    settings = config.train
+    if settings.gather_every < GATHER_EVERY:
+        settings = dataclasses.replace(settings, gather_every=GATHER_EVERY)
     run = PolicyTrainRun(
-        config.train,
+        settings,
         dataset_root=root,
         chunk_size=config.dataset.chunk_size,
         profiler=ProfilerConfig(mode=mode, warmup=warmup, active=steps),
         name="profile_step",
         keep_rows=True,
         defer_exchange=True,  # the rows are read after the loop: the profiler's exchange waits for its end
+        loop_steps=warmup + steps,  # every rank counts them: no stop broadcast between the steps
         accelerate_file=file,
     )
     with run:
@@ -205,7 +221,7 @@ def _nonfinite(found, warmup: int) -> dict | None:
     warm-up) and the ``message`` printed on stderr."""
     if found is None:
         return None
-    record = found.record()
+    record = found.record(found_at=False)  # nothing stops on it: when it was checked says nothing
     measured = found.step - warmup if found.step > warmup else None
     where = ""
     if warmup:

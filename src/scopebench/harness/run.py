@@ -65,6 +65,9 @@ class RankRun:
         defer_exchange: The profiler's cross-rank exchange once per window, not after every
             iteration (:attr:`scopebench.profiler.Profiler.defer_exchange`): for a driver that
             reads the rows after the loop (``profile-step``), not rank 0's row at each callback.
+        loop_steps: The iterations :meth:`loop` runs, counted by every rank itself (spawned ranks
+            are told): no continue/stop broadcast between the steps (on NCCL also a host-device
+            synchronisation each). None: rank 0's callback decides, broadcast every iteration.
     """
 
     #: ``"module:function"`` that spawned ranks run (the subclass module's ``run_worker``).
@@ -82,11 +85,12 @@ class RankRun:
         worker: str | None = None,
         keep_rows: bool = False,
         defer_exchange: bool = False,
+        loop_steps: int | None = None,
     ) -> None:
         from scopebench.distributed.device import check_device, resolve_device
         from scopebench.distributed.launch import check_launcher_nproc, check_local_nproc
         from scopebench.profiler import ProfilerConfig
-        from scopebench.validate import flag, number, optional
+        from scopebench.validate import flag, integer, number, optional
 
         self.device_setting = check_device("device", device)
         self.device = resolve_device(device)  # refined by start(), which knows the local rank
@@ -104,6 +108,7 @@ class RankRun:
         self.name = name
         self.keep_rows = flag("keep_rows", keep_rows)
         self.defer_exchange = flag("defer_exchange", defer_exchange)
+        self.loop_steps = optional(integer, "loop_steps", loop_steps, low=0)
         self.worker = worker or self.worker_target
         self.info = launcher
         self.session = None
@@ -147,6 +152,7 @@ class RankRun:
             "group_timeout_sec": self.group_timeout_sec,
             "keep_rows": self.keep_rows,
             "defer_exchange": self.defer_exchange,
+            "loop_steps": self.loop_steps,
         }
 
     # -- lifecycle -------------------------------------------------------------------
@@ -215,15 +221,20 @@ class RankRun:
     ) -> None:
         """One :meth:`step` per iteration until rank 0's ``callback`` returns False.
 
-        Other ranks ignore ``callback`` and follow rank 0's decision. ``before_callback``
-        runs on every rank at the top of each iteration (collective work such as saving a
-        checkpoint); its time counts as callback time, not step time.
+        Other ranks ignore ``callback`` and follow rank 0's decision, broadcast every iteration.
+        With :attr:`loop_steps` every rank runs that many iterations by its own count and nothing
+        crosses the ranks between them; rank 0's ``callback`` still runs (a progress bar) and
+        must not stop earlier. ``before_callback`` runs on every rank at the top of each
+        iteration (collective work such as saving a checkpoint); its time counts as callback
+        time, not step time.
         """
         from scopebench.distributed.launch import report_progress
 
         if self.profiler is None:
             raise RuntimeError(f"{type(self).__name__}.start() must run before loop()")
         callback = callback if self.info.rank == 0 else None
+        if self.loop_steps is not None:
+            callback = _Counted(self.loop_steps, callback)
         for i in self.profiler.iterate(callback, before_callback=before_callback):
             self.step(self.profiler)
             report_progress(i)
@@ -290,3 +301,23 @@ class RankRun:
     def _close_session(self) -> None:
         session, self.session = self.session, None
         session.close(failed=self._failed)
+
+
+class _Counted:
+    """A loop of ``total`` iterations that every rank counts alike (``every_rank``: the profiler
+    asks no broadcast), calling ``inner`` (rank 0's callback, or None) at each one as before."""
+
+    every_rank = True
+
+    def __init__(self, total: int, inner: Callable[[], bool] | None) -> None:
+        self.total, self.inner, self.calls = total, inner, 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        go = self.calls <= self.total
+        if self.inner is not None and not self.inner() and go:
+            raise RuntimeError(
+                f"the loop's callback stopped at iteration {self.calls} of the {self.total} its loop_steps "
+                "promised every rank: the other ranks would wait for it"
+            )
+        return go

@@ -151,6 +151,10 @@ class Profiler(CrossRank):
         #: iterations), never on the step path. Until then rank 0's :meth:`get_current_metrics` is
         #: its own iteration's, without the ledger's columns.
         self.defer_exchange = False
+        #: The loop has no barrier between its steps (every rank counts them, :meth:`iterate` with
+        #: an ``every_rank`` callback): rank 0's reduced rows take the ranks' mean of the
+        #: iteration and region times, not their maximum (:func:`reduce_across_ranks`).
+        self.unaligned_steps = False
         #: Recorded iterations per gather of an exchange (:data:`EXCHANGE_CHUNK`; the same on
         #: every rank).
         self.exchange_chunk = EXCHANGE_CHUNK
@@ -294,7 +298,8 @@ class Profiler(CrossRank):
         """The solver loop: ``for i in profiler.iterate(callback): <one iteration>``.
 
         Rank 0 calls ``callback`` (benchopt's) at the top of each iteration and every rank
-        follows its decision, so all ranks stop together. Other ranks pass ``None``.
+        follows its decision, so all ranks stop together. Other ranks pass ``None``, unless the
+        callback decides alike on every rank (``every_rank``: each rank calls its own, no broadcast).
         ``before_callback``, when given, runs on every rank just before (work all ranks
         must do for the scoring or a checkpoint); its time counts in ``callback_time_sec``.
         """
@@ -316,7 +321,16 @@ class Profiler(CrossRank):
             self.end_iteration()
 
     def _should_continue(self, callback: Callable[[], bool] | None) -> bool:
-        """Rank 0's decision (its callback's, or go on without one), on every rank."""
+        """Rank 0's decision (its callback's, or go on without one), on every rank.
+
+        A callback whose ``every_rank`` attribute is true (a fixed count every rank keeps,
+        :attr:`scopebench.harness.run.RankRun.loop_steps`) is called on every rank and gives every
+        rank the same answer by itself: nothing crosses the ranks (on NCCL the broadcast would
+        also be a host-device synchronisation every iteration).
+        """
+        if getattr(callback, "every_rank", False):
+            self.unaligned_steps = True
+            return bool(callback())
         rank, size = self._world or self._read_world()
         go = callback() if (rank == 0 and callback is not None) else (rank == 0 or None)
         return bool(go) if size == 1 else broadcast_flag(go, str(self.device))

@@ -106,6 +106,24 @@ def _nbytes(value: Any) -> int:
         return 0
 
 
+def closed_waits(dones: list[float | None], waits: list[Wait], ddp_waits: list[tuple[float, list[int]]]) -> list[Wait]:
+    """``waits`` and DDP's bucket waits, each closed at the last completion among its calls
+    (``dones``: each call's completion time, None: not complete), sorted by start.
+
+    :Examples:
+
+    >>> [(w.start, w.end) for w in closed_waits([2.0, None], [Wait(3.0, 4.0)], [(1.0, [0, 1])])]
+    [(1.0, 2.0), (3.0, 4.0)]
+    """
+    out = list(waits)
+    for begin, members in ddp_waits:
+        ends = [dones[i] for i in members if dones[i] is not None]
+        end = max(ends) if ends else begin
+        out.append(Wait(begin, max(end, begin), members))
+    out.sort(key=lambda w: w.start)
+    return out
+
+
 class CommRecorder:
     """The collectives and blocked intervals of the current recorded iteration (one per process).
 
@@ -146,15 +164,17 @@ class CommRecorder:
 
     def take(self) -> tuple[list[Call], list[Wait]]:
         """The iteration's calls and waits (DDP's bucket waits closed at their last completion)."""
+        calls, dones, waits, ddp_waits = self.take_raw()
+        return calls, closed_waits(dones, waits, ddp_waits)
+
+    def take_raw(self) -> tuple[list[Call], list[float | None], list[Wait], list[tuple[float, list[int]]]]:
+        """The iteration's calls, their completion times now, its waits and DDP's bucket waits as
+        recorded, handed over without any work (the profiler's step end): :func:`closed_waits`
+        makes :meth:`take`'s waits of them later."""
         with self._lock:
-            calls, waits = self.calls, list(self.waits)
-            for begin, members in self._ddp_waits:
-                ends = [calls[i].done for i in members if calls[i].done is not None]
-                end = max(ends) if ends else begin
-                waits.append(Wait(begin, max(end, begin), members))
+            calls, waits, ddp_waits = self.calls, self.waits, self._ddp_waits
             self.calls, self.waits, self._works, self._ddp_waits = [], [], {}, []
-        waits.sort(key=lambda w: w.start)
-        return calls, waits
+        return calls, [c.done for c in calls], waits, ddp_waits
 
     # -- what the wrappers call -----------------------------------------------------------
     def _begin(self, op: str, group: Any, nbytes: int) -> int:

@@ -13,7 +13,7 @@ the profiler's), kept apart so each file holds one concern.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from scopebench.distributed.reduce import gather_objects
 from scopebench.profiler.memory import cross_rank_memory
@@ -29,12 +29,22 @@ EXCHANGE_CHUNK = 64
 BUFFER_MAX = 4096
 
 
-def reduce_across_ranks(per_rank: list[dict[str, Any]], time_keys: list[str]) -> dict[str, Any]:
+#: The whole-iteration times a loop without a barrier between its steps reports as the ranks'
+#: mean (with the ``time_keys``: the regions' times), :func:`reduce_across_ranks`.
+ITERATION_TIMES = ("total_time_sec", "step_time_sec", "callback_time_sec", "untracked_time_sec")
+
+
+def reduce_across_ranks(per_rank: list[dict[str, Any]], time_keys: list[str], mean: bool = False) -> dict[str, Any]:
     """Combine every rank's metrics into the row rank 0 reports.
 
     Each numeric value becomes its maximum over ranks (the slowest rank sets the pace);
     ``step_time_sec`` too is the maximum of each rank's own step time, not a difference
-    of the reduced total and callback.
+    of the reduced total and callback. With ``mean`` (a loop with no barrier between its
+    steps, :attr:`~scopebench.harness.run.RankRun.loop_steps`) the ``time_keys`` and
+    :data:`ITERATION_TIMES` are the ranks' mean instead: no rank waits for the slowest at a step
+    boundary, so what a slow rank costs the others is inside their own steps (their waits in
+    its collectives), and the maximum of each iteration would add every rank's own jitter
+    between two collectives (the mean step then matches the loop's wall clock per step).
     For each key in ``time_keys`` present on every rank, ``<key>`` skew is added as
     ``(max - min) / max * 100`` under ``rank_skew_pct`` (for ``total_time_sec``) or
     ``<region>_rank_skew_pct`` (for ``<region>_<unit>``).
@@ -43,6 +53,8 @@ def reduce_across_ranks(per_rank: list[dict[str, Any]], time_keys: list[str]) ->
         >>> out = reduce_across_ranks([{"total_time_sec": 1.0}, {"total_time_sec": 2.0}], ["total_time_sec"])
         >>> out["total_time_sec"], out["rank_skew_pct"]
         (2.0, 50.0)
+        >>> reduce_across_ranks([{"total_time_sec": 1.0}, {"total_time_sec": 2.0}], [], mean=True)["total_time_sec"]
+        1.5
     """
     if len(per_rank) == 1:
         return dict(per_rank[0])
@@ -51,6 +63,11 @@ def reduce_across_ranks(per_rank: list[dict[str, Any]], time_keys: list[str]) ->
         values = [row[key] for row in per_rank if key in row]
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
         out[key] = max(values) if numeric else values[0]
+    if mean:
+        for key in (*ITERATION_TIMES, *time_keys):
+            values = [row.get(key) for row in per_rank]
+            if key in out and all(isinstance(v, (int, float)) for v in values):
+                out[key] = sum(values) / len(values)
     for key in time_keys:
         values = [row.get(key) for row in per_rank]
         if any(v is None for v in values):
@@ -62,31 +79,57 @@ def reduce_across_ranks(per_rank: list[dict[str, Any]], time_keys: list[str]) ->
     return out
 
 
+class _Raw(NamedTuple):
+    """One recorded iteration's ledger inputs, as :meth:`CrossRank._ledger_record` read them."""
+
+    spans: list
+    calls: list
+    #: Each call's completion time when the iteration ended (None: not complete then).
+    dones: list
+    waits: list
+    #: DDP's bucket waits, not closed yet (:func:`~scopebench.profiler.collectives.closed_waits`).
+    ddp_waits: list
+    stop: float
+    start: float
+    #: This rank's clock offset to rank 0's.
+    offset: float
+
+
 class CrossRank:
     """The exchange and the ledger's per-iteration record and columns of a
     :class:`~scopebench.profiler.base.Profiler` (a base class of it: the attributes it reads,
     ``_world``, ``_ledger``, ``_pending``, ``rows``... are the profiler's)."""
 
     def _ledger_record(self, i: int, stop: float, metrics: dict[str, Any]) -> Any:
-        """This rank's :class:`~scopebench.profiler.ledger.RankRecord` of recorded iteration ``i``
-        (on rank 0's clock), kept until the exchange."""
+        """What this rank's :class:`~scopebench.profiler.ledger.RankRecord` of recorded iteration
+        ``i`` is made of, kept until the exchange builds it (:meth:`_built_record`): the
+        iteration's spans, collectives (their completion times as they are now) and waits, read
+        once here; the record itself, on rank 0's clock, is built when it crosses the ranks, in
+        the exchange's time (after the window under ``defer_exchange``: no step pays for it)."""
         from scopebench.profiler.collectives import recorder
+
+        calls, dones, waits, ddp_waits = recorder.take_raw()
+        spans, self._spans = self._spans or [], None
+        return _Raw(spans, calls, dones, waits, ddp_waits, stop, self._t0, self._ledger[0])
+
+    def _built_record(self, raw: _Raw, metrics: dict[str, Any]) -> Any:
+        """The :class:`~scopebench.profiler.ledger.RankRecord` of ``raw`` (from
+        :meth:`_ledger_record`), times on rank 0's clock; ``metrics``: the iteration's own."""
+        from scopebench.profiler.collectives import closed_waits
         from scopebench.profiler.ledger import RankRecord
 
-        offset = self._ledger[0]
-        calls, waits = recorder.take()
-        spans, self._spans = self._spans or [], None
-        regions = {name for name, _s, _e in spans}
+        offset = raw.offset
+        regions = {name for name, _s, _e in raw.spans}
         return RankRecord(
             self.rank,
-            [(name, s - offset, e - offset) for name, s, e in spans],
+            [(name, s - offset, e - offset) for name, s, e in raw.spans],
             [
-                (c.group, c.seq, c.op, c.size, c.nbytes, c.issue - offset, None if c.done is None else c.done - offset)
-                for c in calls
+                (c.group, c.seq, c.op, c.size, c.nbytes, c.issue - offset, None if done is None else done - offset)
+                for c, done in zip(raw.calls, raw.dones)
             ],
-            [(w.start - offset, w.end - offset, w.calls) for w in waits],
-            stop - offset,
-            self._t0 - offset,
+            [(w.start - offset, w.end - offset, w.calls) for w in closed_waits(raw.dones, raw.waits, raw.ddp_waits)],
+            raw.stop - offset,
+            raw.start - offset,
             {name: metrics[f"{name}_compute_sec"] for name in regions if f"{name}_compute_sec" in metrics},
             self._region_times(metrics, regions),
         )
@@ -135,7 +178,7 @@ class CrossRank:
         rank, size = self._world
         start = time.perf_counter()
         if self._ledger is not None:
-            mine = [record for _, _, record in items]
+            mine = [self._built_record(raw, metrics) for _, metrics, raw in items]
             per_rank = gather_objects(mine) if size > 1 else [mine]
             for k, (i, metrics, _record) in enumerate(items):
                 metrics.update(self._ledger_columns(i, [records[k] for records in per_rank], metrics))
@@ -162,7 +205,7 @@ class CrossRank:
         reduced = []
         for k in range(len(items)):
             rows = [metrics[k] for metrics in per_rank]
-            current = reduce_across_ranks(rows, time_keys)
+            current = reduce_across_ranks(rows, time_keys, mean=self.unaligned_steps)
             current.update(self._cross_rank_metrics(rows))
             if self.sampler is not None:
                 current.update(self.sampler.cross_rank(rows))

@@ -53,9 +53,10 @@ class NonFiniteLoss:
     gather_every: int
     """The run's ``gather_every``: losses are checked every this many steps and before a save."""
 
-    def describe(self) -> str:
+    def describe(self, found_at: bool = True) -> str:
         """The one line that names the step and the term (and, when the check came later
-        than the step, where it was found).
+        than the step and ``found_at``, where it was found: a driver that stops on it says why
+        it stopped later; ``profile-step`` stops on nothing and leaves it out).
 
         :Examples:
 
@@ -67,13 +68,13 @@ class NonFiniteLoss:
         where = f" on rank {self.rank}" if self.world_size > 1 else ""
         name = "train_loss" if self.term == "train_loss" else f"loss term {self.term!r}"
         notes = [] if self.term == "train_loss" else [f"train_loss {self.train_loss:.4g}"]
-        if self.checked_at != self.step:
+        if found_at and self.checked_at != self.step:
             notes.append(
                 f"found at step {self.checked_at}: gather_every={self.gather_every} checks the losses "
                 f"every {self.gather_every} steps"
             )
         return f"step {self.step}: {name} is {self.value:g}{where}" + (f" ({'; '.join(notes)})" if notes else "")
 
-    def record(self) -> dict[str, Any]:
+    def record(self, found_at: bool = True) -> dict[str, Any]:
         """The fields and :meth:`describe`'s line as ``message``, for a JSON report."""
-        return {**asdict(self), "message": self.describe()}
+        return {**asdict(self), "message": self.describe(found_at)}
