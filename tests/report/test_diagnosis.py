@@ -387,22 +387,40 @@ def test_host_overhead_leaves_out_regions_too_small_to_matter(tmp_path):
     assert "of optim_step" in found.message
 
 
-def test_a_region_s_part_under_5_percent_of_the_step_bounds_nothing(tmp_path):
-    """Half of an optim_step that is 9 % of the step (4.5 % of it) is no communication-bound and no
-    host-overhead finding; half of one that is 16 % (8 %) is. The validation benchmark's runs
-    without a fault found DeepSpeed's parameter all-gather at half of optim_step and 2-4 % of the
-    step, and ZeRO-3's optim_step host overhead at 4 % (docs/validation.md)."""
-    for region, transfer, found in ((0.003, 0.0015, False), (0.006, 0.003, True)):
-        extra = {"world_size": 2, "bwd_work_sec": 0.02, "optim_step_work_sec": region - transfer}
-        comm = {**extra, "optim_step_comm_transfer_sec": transfer}
-        host = {**extra, "optim_step_compute_sec": region - transfer, "optim_step_host_overhead_sec": transfer}
-        for rule, extra in (("communication-bound", comm), ("host-overhead", host)):
+def test_a_region_s_part_under_its_floor_of_the_step_bounds_nothing(tmp_path):
+    """communication-bound asks the transfer to be 10 % of the step, host-overhead the overhead 5 %:
+    half of an optim_step that is 16 % of the step (8 % of it) bounds the communication nothing
+    and the host does, half of one that is 30 % (15 %) both; half of one that is 9 % (4.5 %)
+    neither. The validation benchmark's runs without a fault found ZeRO-3's parameter all-gather
+    at 2-9 % of the step and ZeRO-3's optim_step host overhead at 4 % (docs/validation.md)."""
+    cases = {
+        "communication-bound": ((0.003, False), (0.006, False), (0.013, True)),
+        "host-overhead": ((0.003, False), (0.006, True), (0.013, True)),
+    }
+    for rule, sizes in cases.items():
+        for region, found in sizes:
+            transfer = region / 2
+            extra = {"world_size": 2, "bwd_work_sec": 0.02, "optim_step_work_sec": region - transfer}
+            if rule == "communication-bound":
+                extra["optim_step_comm_transfer_sec"] = transfer
+            else:
+                extra.update(optim_step_compute_sec=region - transfer, optim_step_host_overhead_sec=transfer)
             name = f"{rule}-{region}"
             seen = of_rule(
                 tmp_path, name, [train({"optim_step": region}, params={"backend": "zero2"}, extra=extra)], rule
             )
             assert bool(seen) is found, (rule, region, seen)
             assert all("of optim_step" in f.message for f in seen)
+
+
+def test_host_overhead_is_not_judged_under_the_memory_tracker(tmp_path):
+    """profiler_memory's tracker runs Python for every operator: host overhead of the suite's own
+    (the validation benchmark's ZeRO-3 runs without a fault found it in 5 of 20 with the tracker)."""
+    extra = {**TRANSFER, "bwd_host_overhead_sec": 0.008}
+    for memory, found in ((False, True), (True, False)):
+        params = {"backend": "zero3", "profiler_memory": memory}
+        seen = of_rule(tmp_path, f"mem-{memory}", [train(params=params, extra=extra)], "host-overhead")
+        assert bool(seen) is found, (memory, seen)
 
 
 def test_host_overhead_names_the_part_the_framework_s_marked_hooks_took(tmp_path):
