@@ -286,6 +286,16 @@ def test_rank_imbalance_names_the_worst_region(tmp_path):
     assert "bwd skew 30.0%" in finding.message and "straggler not measured" in finding.message
 
 
+def test_under_the_memory_tracker_rank_imbalance_judges_the_step_alone(tmp_path):
+    """The tracker's Python per operator makes regions jitter between the ranks: the validation
+    benchmark's runs without a fault found a region's rank-imbalance only with it on."""
+    for step, memory, found in ((2.0, False, True), (2.0, True, False), (30.0, True, True)):
+        extra = {"rank_skew_pct": step, "bwd_rank_skew_pct": 30.0, "world_size": 2}
+        params = {"profiler_memory": memory}
+        seen = of_rule(tmp_path, f"skew-{step}-{memory}", [train(params=params, extra=extra)], "rank-imbalance")
+        assert bool(seen) is found, (step, memory, seen)
+
+
 def test_the_phase_tables_state_the_profiler_s_steady_cost_and_its_start_up(tmp_path):
     from scopebench.report.tables import format_config
 

@@ -44,7 +44,13 @@ from scopebench.report.findings import (
 )
 from scopebench.report.host_rules import contended, gpu_throttled, low_gpu_utilisation
 from scopebench.report.ledger import config_late_rank
-from scopebench.report.ledger_rules import communication_bound, hidden_communication, host_overhead, late_rank
+from scopebench.report.ledger_rules import (
+    communication_bound,
+    hidden_communication,
+    host_overhead,
+    late_rank,
+    tracks_memory,
+)
 from scopebench.report.results import LAYOUT_PARAMS, Configuration
 from scopebench.report.tables import config_kind, throughput
 
@@ -250,12 +256,14 @@ def _skew_beyond_waiting(config: Configuration, region: str | None) -> float | N
 def rank_imbalance(config: Configuration, others: list[Configuration]) -> list[Finding]:
     """Rank skew of the step or of a region of at least :data:`SKEW_REGION_MIN_PCT` of it, above
     :data:`~scopebench.report.findings.SKEW_PCT`, less what the ledger says was waiting for a peer
-    (:func:`_skew_beyond_waiting`)."""
+    (:func:`_skew_beyond_waiting`). With ``profiler_memory`` on, the step's skew alone: the
+    tracker's Python per operator makes each region's time jitter between the ranks
+    (:func:`~scopebench.report.ledger_rules.tracks_memory`)."""
     parts = []
     skew = _skew_beyond_waiting(config, None)
     if skew is not None and skew > SKEW_PCT:
         parts.append(f"step skew {skew:.1f}%")
-    for region in config.regions:
+    for region in () if tracks_memory(config) else config.regions:
         region_skew = _skew_beyond_waiting(config, region)
         share = step_share_pct(config, region)
         if region_skew is not None and region_skew > SKEW_PCT and share is not None and share >= SKEW_REGION_MIN_PCT:

@@ -37,6 +37,7 @@ __all__ = [
     "hidden_communication",
     "host_overhead",
     "late_rank",
+    "tracks_memory",
     "workload",
 ]
 
@@ -107,9 +108,11 @@ def _below_step_share(region_pct: float | None, part_pct: float, floor: float) -
     return region_pct is not None and region_pct * part_pct / 100.0 < floor
 
 
-def _tracks_memory(config: Configuration) -> bool:
+def tracks_memory(config: Configuration) -> bool:
     """Whether the configuration ran with ``profiler_memory`` on (its parameter, as benchopt
-    stored it: a bool, or its text)."""
+    stored it: a bool, or its text): its tracker runs Python for every operator, host overhead
+    and per-region jitter of the suite's own (``host-overhead`` and ``rank-imbalance``'s regions
+    are not judged then)."""
     value = config.param("profiler_memory")
     return str(value).strip().lower() in ("true", "1")
 
@@ -231,7 +234,7 @@ def host_overhead(config: Configuration, others: list[Configuration]) -> list[Fi
     """A training-step region whose host overhead is above :data:`HOST_OVERHEAD_PCT` of it and at
     least :data:`HOST_OVERHEAD_STEP_MIN_PCT` of the step; not judged under ``profiler_memory``
     (its tracker's Python per operator is host overhead of the suite's own)."""
-    if workload(config) not in ("policy", "unrolled") or _tracks_memory(config):
+    if workload(config) not in ("policy", "unrolled") or tracks_memory(config):
         return []
     backend = _backend(config)
     if backend is not None and (config.ranks() > 1 or backend.fully_shards):  # one-rank DDP: no wrapper
