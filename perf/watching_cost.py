@@ -1,8 +1,8 @@
 """What watching costs a small distributed step: ``profile-step``'s own figures on a ~10 ms DDP step.
 
 What it measures: ``scopebench profile-step`` (defaults: the custom profiler with the ledger, the
-host sampler, ``gather_every`` 1) on the example user policy at a size giving a step of about
-``--target-ms`` on this machine, DDP, on 2 local ranks (a spawn) and on 4 ranks through
+host sampler, the losses gathered every 64 steps) on the example user policy (``--hidden``,
+``--batch-size``: a 5-15 ms step on this machine), DDP, on 2 local ranks (a spawn) and on 4 ranks through
 ``torchrun`` (a local spawn is capped at the core count), ``--rounds`` runs each, each run its own
 processes. Per run, from its JSON:
 
