@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,3 +113,51 @@ def test_launcher_reports_name_the_node_of_each_rank_across_nodes(monkeypatch):
     one_node.set("pid/1", "node1 999999001")
     (report,) = launcher_reports(one_node, 2)
     assert report.node is None
+
+
+#: Three groups one after the other in each rank of a torchrun job; rank 0 starts each new group
+#: while rank 1 is still in the previous one (rank 1 leaves it half a second after rank 0's file
+#: says rank 0 left), so rank 0's rendezvous finds rank 1's address of the group before.
+SEQUENTIAL_GROUPS = """
+import os, pathlib, sys, time
+import torch, torch.distributed as dist
+from scopebench.distributed.launch import DistSession
+
+marks, rank = pathlib.Path(sys.argv[1]), int(os.environ["RANK"])
+for k in range(3):
+    with DistSession(2, device="cpu", timeout_sec=20):
+        x = torch.ones(1)
+        dist.all_reduce(x)
+        assert x.item() == 2.0
+        if rank == 1 and k < 2:
+            while not (marks / str(k)).exists():
+                time.sleep(0.01)
+            time.sleep(0.5)
+    if rank == 0:
+        (marks / str(k)).touch()
+print("groups done", rank, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_groups_one_after_the_other_under_torchrun_each_meet_their_own_peers(tmp_path):
+    """torchrun's agent hosts one store for the job: a second group of the same process read the
+    first group's gloo addresses there and waited for peers that were gone (the validation
+    benchmark's torchrun_detect.py hung at its second run). Each group now has its own prefix."""
+    script = tmp_path / "groups.py"
+    script.write_text(SEQUENTIAL_GROUPS)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))}
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**env, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("groups done")) == [
+        "groups done 0",
+        "groups done 1",
+    ]

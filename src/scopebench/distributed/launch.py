@@ -82,6 +82,10 @@ LAUNCHER_TIMEOUT_SEC = 600.0
 #: they saw it fail too (at most the group timeout); a rank that does not is named
 #: unreachable with its node (:func:`scopebench.distributed.faults.launcher_reports`).
 NOTE_WAIT_SEC = 5.0
+#: The environment variable torchrun sets when its agent hosts the job's store for every rank.
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+#: Groups this process created on a launcher's agent store (each under its own prefix).
+_agent_groups = 0
 
 
 def default_backend(device: str = "cpu") -> str:
@@ -300,6 +304,26 @@ class DistSession:
     def _timeout(self) -> datetime.timedelta:
         return datetime.timedelta(seconds=self.timeout_sec)
 
+    def _agent_store(self):
+        """torchrun's agent store under a prefix of this group's own.
+
+        The agent hosts one store for the whole job, and a group's gloo rendezvous keys are the
+        same for every default group a process creates: a second run in the process (the
+        validation cells of ``torchrun_detect.py``, benchopt's cells under torchrun) read the
+        first group's listening addresses there, and its ranks waited for peers that were gone
+        until the group's timeout. Each group this process creates gets the next prefix, the
+        same on every rank (every rank creates the same groups in the same order).
+        """
+        import torch.distributed as dist
+
+        global _agent_groups
+        _agent_groups += 1
+        store = dist.TCPStore(
+            self.info.master_addr, self.info.master_port, self.info.world_size, False, timeout=self._timeout()
+        )
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return dist.PrefixStore(f"/worker/attempt_{attempt}/scopebench_group_{_agent_groups}", store)
+
     def _init_from_launcher(self) -> None:
         import torch.distributed as dist
 
@@ -311,12 +335,11 @@ class DistSession:
         os.environ["MASTER_ADDR"] = self.info.master_addr
         os.environ["MASTER_PORT"] = str(self.info.master_port)
         os.environ.update(socket_interface_env(self.info.master_addr))
+        where: dict = {"init_method": f"tcp://{self.info.master_addr}:{self.info.master_port}"}
+        if os.environ.get(AGENT_STORE_ENV) == "True":
+            where = {"store": self._agent_store()}
         dist.init_process_group(
-            self.backend,
-            init_method=f"tcp://{self.info.master_addr}:{self.info.master_port}",
-            rank=self.info.rank,
-            world_size=self.info.world_size,
-            timeout=self._timeout(),
+            self.backend, rank=self.info.rank, world_size=self.info.world_size, timeout=self._timeout(), **where
         )
         self.created_group = True
         # The rendezvous store carries progress marks, so that a failed run names a rank
