@@ -51,7 +51,7 @@ from scopebench.report.ledger_rules import (
     late_rank,
     tracks_memory,
 )
-from scopebench.report.results import LAYOUT_PARAMS, Configuration
+from scopebench.report.results import LAYOUT_PARAMS, Configuration, is_on
 from scopebench.report.tables import config_kind, throughput
 
 __all__ = ["Finding", "INFORMATIONAL", "RULES", "diagnose", "diagnose_all"]
@@ -71,7 +71,6 @@ OVERHEAD_PCT = 10.0
 #: compile not effective: first call / steady state below this ratio while compiling.
 COMPILE_RATIO = 5.0
 # COMM_PCT (communication-bound) and HOST_OVERHEAD_PCT (host-overhead) are in scopebench.report.ledger_rules.
-_OFF = {"", "none", "false", "off", "eager", "0", "no", "null"}
 
 
 def _ratio(config: Configuration, top: str, bottom: str) -> float | None:
@@ -81,10 +80,6 @@ def _ratio(config: Configuration, top: str, bottom: str) -> float | None:
     if not a or not b or stats.median(b) <= 0:
         return None
     return stats.median(a) / stats.median(b)
-
-
-def _on(value) -> bool:
-    return value is not None and value == value and str(value).strip().lower() not in _OFF
 
 
 def _on_cuda(config: Configuration) -> bool:
@@ -179,7 +174,7 @@ def distributed_overhead(config: Configuration, others: list[Configuration]) -> 
 
 def optimizer_bound(config: Configuration, others: list[Configuration]) -> list[Finding]:
     share = step_share_pct(config, "optim_step")
-    if share is None or share <= OPTIM_PCT or not _on_cuda(config) or _on(config.param("fused_adamw")):
+    if share is None or share <= OPTIM_PCT or not _on_cuda(config) or is_on(config.param("fused_adamw")):
         return []
     return [
         Finding(
@@ -309,7 +304,7 @@ def compile_not_effective(config: Configuration, others: list[Configuration]) ->
     ratios = config.facts("first_call_ratio")
     if not ratios:
         return []
-    compiled = any(_on(v) for k, v in config.params().items() if "compile" in k)
+    compiled = any(is_on(v) for k, v in config.params().items() if "compile" in k)
     compile_time = config.facts("compile_time_sec")
     if not compiled and not (compile_time and max(compile_time) > 0):
         return []

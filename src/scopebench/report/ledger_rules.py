@@ -27,7 +27,7 @@ from scopebench.report.ledger import (
     LateRank,
     config_late_rank,
 )
-from scopebench.report.results import Configuration
+from scopebench.report.results import Configuration, is_on
 from scopebench.report.tables import config_kind
 
 __all__ = [
@@ -113,8 +113,7 @@ def tracks_memory(config: Configuration) -> bool:
     stored it: a bool, or its text): its tracker runs Python for every operator, host overhead
     and per-region jitter of the suite's own (``host-overhead`` and ``rank-imbalance``'s regions
     are not judged then)."""
-    value = config.param("profiler_memory")
-    return str(value).strip().lower() in ("true", "1")
+    return is_on(config.param("profiler_memory"))
 
 
 def _backend(config: Configuration):

@@ -28,6 +28,7 @@ __all__ = [
     "REQUIRED_COLUMNS",
     "configurations",
     "find_result_files",
+    "is_on",
     "load_results",
     "read_results",
     "short_labels",
@@ -292,6 +293,22 @@ def _column_values(frame, column: str) -> list[float]:
         return [float(v) for v in frame[column].dropna().tolist()]
     except (TypeError, ValueError):  # a text column (device name, versions)
         return []
+
+
+#: A parameter's values that mean off (a flag benchopt stored as text, a compile mode).
+_OFF = {"", "none", "false", "off", "eager", "0", "no", "null"}
+
+
+def is_on(value: Any) -> bool:
+    """Whether a parameter's value turns its feature on (``True``, ``"true"``, a compile mode),
+    not off (``None``, NaN, ``False``, ``"eager"``...).
+
+    :Examples:
+
+    >>> is_on(True), is_on("True"), is_on("max-autotune"), is_on(False), is_on("eager"), is_on(None)
+    (True, True, True, False, False, False)
+    """
+    return value is not None and value == value and str(value).strip().lower() not in _OFF
 
 
 def _missing(value: Any) -> bool:
