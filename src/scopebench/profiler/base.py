@@ -151,9 +151,9 @@ class Profiler(CrossRank):
         #: iterations), never on the step path. Until then rank 0's :meth:`get_current_metrics` is
         #: its own iteration's, without the ledger's columns.
         self.defer_exchange = False
-        #: The loop has no barrier between its steps (every rank counts them, :meth:`iterate` with
-        #: an ``every_rank`` callback): rank 0's reduced rows take the ranks' mean of the
-        #: iteration and region times, not their maximum (:func:`reduce_across_ranks`).
+        #: The loop has no barrier between its steps (every rank counts them: :meth:`iterate`'s
+        #: callback is ``every_rank``, set as it starts): rank 0's reduced rows take the ranks'
+        #: mean of the iteration and region times, not their maximum (:func:`reduce_across_ranks`).
         self.unaligned_steps = False
         #: Recorded iterations per gather of an exchange (:data:`EXCHANGE_CHUNK`; the same on
         #: every rank).
@@ -303,6 +303,7 @@ class Profiler(CrossRank):
         ``before_callback``, when given, runs on every rank just before (work all ranks
         must do for the scoring or a checkpoint); its time counts in ``callback_time_sec``.
         """
+        self.unaligned_steps = bool(getattr(callback, "every_rank", False))
         while True:
             start = clock()
             if before_callback is not None:
@@ -329,7 +330,6 @@ class Profiler(CrossRank):
         also be a host-device synchronisation every iteration).
         """
         if getattr(callback, "every_rank", False):
-            self.unaligned_steps = True
             return bool(callback())
         rank, size = self._world or self._read_world()
         go = callback() if (rank == 0 and callback is not None) else (rank == 0 or None)
