@@ -161,3 +161,45 @@ def test_the_one_rank_path_keeps_every_row_and_column(tmp_path):
         dict(m, iter=None, rank=None) for m in prof.reduced_rows
     ]
     assert shown[1:] == prof.reduced_rows
+
+
+def test_short_iterations_share_a_usage_reading_and_the_faults_add_up(monkeypatch):
+    """The process's resource usage is read at an iteration's end only when ``USAGE_PERIOD_SEC``
+    passed since the last reading: iterations of microseconds share one (the faults land on the
+    iteration that reads them, the others show 0), one of a millisecond or more reads its own,
+    and the column's sum over the window is every fault since the window began."""
+    from scopebench.profiler import backends
+
+    faults = {"n": 1000}
+    reads = []
+
+    class Usage:
+        def __init__(self):
+            self.ru_minflt = faults["n"]
+            self.ru_maxrss = 2048
+
+    def fake_getrusage(who):
+        reads.append(faults["n"])
+        return Usage()
+
+    monkeypatch.setattr(backends, "getrusage", fake_getrusage)
+    prof = create_profiler("custom", "cpu", "usage")
+    prof.keep_rows = True
+    short, long = 2000, 3
+    steps = iter(range(short + long + 1))
+    for i in prof.iterate(lambda: next(steps) < short + long):
+        with prof.track_step("a"):
+            faults["n"] += 3  # what the iteration faulted
+            if i >= short:
+                _spin(2 * backends.USAGE_PERIOD_SEC)
+    prof.finalize()
+    counts = [row["minor_faults_count"] for row in prof.rows]
+    assert len(counts) == short + long
+    assert sum(counts) == reads[-1] - reads[0], (sum(counts), reads[0], reads[-1])
+    assert reads[-1] == faults["n"]  # the last (long) iteration read at its end
+    # a long iteration after a long one: exactly its own (the first also carries the short ones' since
+    # their last reading)
+    assert counts[-long + 1 :] == [3] * (long - 1) and counts[-long] >= 3, counts[-long:]
+    assert len(reads) < short / 4, len(reads)  # short ones share readings
+    assert 0 in counts[:short] and max(counts[:short]) > 3, counts[:short]
+    assert {row["max_rss_mb"] for row in prof.rows} == {2048 * backends._RSS_TO_MB}

@@ -8,6 +8,7 @@ from typing import Any
 
 from scopebench.profiler.base import Profiler
 from scopebench.profiler.device import MAXRSS_UNIT, MB
+from scopebench.profiler.regions import clock
 
 __all__ = ["NullProfiler", "CustomProfiler"]
 
@@ -16,6 +17,11 @@ _NULL_CONTEXT = nullcontext()
 RESERVED_REGIONS = frozenset({"total", "step", "callback", "untracked"})
 #: ``getrusage().ru_maxrss`` to MiB.
 _RSS_TO_MB = MAXRSS_UNIT / MB
+#: The custom backend reads the process's resource usage (``max_rss_mb``, ``minor_faults_count``)
+#: at an iteration's end when this long passed since its last reading: a system call of about
+#: 1 µs here, a fifth of the backend's own cost on an iteration of microseconds (issue 47), a
+#: thousandth of one of a millisecond, which therefore always reads.
+USAGE_PERIOD_SEC = 1e-3
 
 
 class NullProfiler(Profiler):
@@ -57,7 +63,10 @@ class CustomProfiler(Profiler):
     faults of the process during the iteration, callback included as in
     ``total_time_sec``: counted from the end of the previous recorded iteration, or from
     the clock's start for the first one; large temporaries mapped afresh on every pass
-    show up here, not in wall time alone),
+    show up here, not in wall time alone; both read at an iteration's end only when
+    :data:`USAGE_PERIOD_SEC` passed since the last reading: an iteration shorter than that may
+    carry the faults of the short ones before it, which then show 0, and the peak RSS of the
+    last reading — the faults' sum over contiguous iterations stays whole),
     ``profiler_overhead_sec`` (this profiler's own time outside the clock),
     ``profiler_inside_sec`` (its region bookkeeping inside it), and per
     region ``<region>_time_sec`` (summed over the region's occurrences) and
@@ -71,11 +80,12 @@ class CustomProfiler(Profiler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: Iteration whose end last read the process's resource usage, its fault count, and the
-        #: fault count the current iteration started from.
+        #: The last recorded iteration, and the process's resource usage at its last reading: when
+        #: (the profiler's clock), the fault count and the peak RSS (MiB).
         self._usage_iter = -2
+        self._usage_at = 0.0
         self._usage_faults = 0
-        self._faults0 = 0
+        self._usage_rss_mb = 0.0
         #: Each region's two column names, made once (not two f-strings per region and iteration).
         self._region_keys: dict[str, tuple[str, str]] = {}
         self._region_mem: dict[str, float] = {}
@@ -85,12 +95,20 @@ class CustomProfiler(Profiler):
         if self._cuda:
             self._region_mem = {}
             self._iter_peak_mb = 0.0
-        # One getrusage per iteration: the previous iteration's closing read starts this
-        # one (the first system call after heavy compute costs ~15 µs here).
-        if self._usage_iter == i - 1:
-            self._faults0 = self._usage_faults
-        else:
-            self._faults0 = getrusage(RUSAGE_SELF).ru_minflt
+        # After the previous recorded iteration, its reading (or the one before) goes on counting;
+        # after a gap, a reading starts this one.
+        if self._usage_iter != i - 1:
+            self._read_usage()
+
+    def _read_usage(self) -> int:
+        """Read the process's resource usage; returns the faults since the previous reading."""
+        usage = getrusage(RUSAGE_SELF)
+        self._usage_at = clock()
+        faults = usage.ru_minflt
+        new = faults - self._usage_faults
+        self._usage_faults = faults
+        self._usage_rss_mb = usage.ru_maxrss * _RSS_TO_MB
+        return new
 
     def _enter_region(self, name: str) -> Any:
         if name in RESERVED_REGIONS:
@@ -117,26 +135,30 @@ class CustomProfiler(Profiler):
         return not self._cuda and (cls._enter_region, cls._exit_region) == _CPU_IDLE_HOOKS
 
     def _add_iteration_metrics(self, i: int, total_sec: float, metrics: dict[str, Any]) -> None:
-        usage = getrusage(RUSAGE_SELF)
         wall = self._region_wall
         callback = self._callback_sec
         metrics["callback_time_sec"] = callback
-        untracked = total_sec - callback - sum(wall.values())
-        metrics["untracked_time_sec"] = untracked if untracked > 0.0 else 0.0
+        metrics["untracked_time_sec"] = 0.0  # its place among the columns; the regions' sum below
         metrics["max_gpu_mb"] = max(self._iter_peak_mb, self.ops.max_memory_mb()) if self._cuda else 0.0
-        metrics["max_rss_mb"] = usage.ru_maxrss * _RSS_TO_MB
-        faults = usage.ru_minflt
-        metrics["minor_faults_count"] = faults - self._faults0
+        # The clock stopped at _t0 + the step; the first system call after heavy compute costs
+        # ~15 µs here: a reading only a period after the last.
+        faults = self._read_usage() if self._t0 + total_sec - callback - self._usage_at >= USAGE_PERIOD_SEC else 0
+        metrics["max_rss_mb"] = self._usage_rss_mb
+        metrics["minor_faults_count"] = faults
         self._usage_iter = i
-        self._usage_faults = faults
         keys = self._region_keys
-        region_mem = self._region_mem
+        region_mem = self._region_mem  # empty off CUDA
+        regions = 0.0
         for name, sec in wall.items():
+            regions += sec
             pair = keys.get(name)
             if pair is None:
                 pair = keys[name] = (f"{name}_time_sec", f"{name}_max_gpu_mb")
             metrics[pair[0]] = sec
-            metrics[pair[1]] = region_mem.get(name, 0.0)
+            metrics[pair[1]] = region_mem.get(name, 0.0) if region_mem else 0.0
+        untracked = total_sec - callback - regions
+        if untracked > 0.0:
+            metrics["untracked_time_sec"] = untracked
 
 
 #: The custom backend's own region hooks, which do nothing off CUDA once a name was checked.

@@ -89,6 +89,8 @@ class Profiler(CrossRank):
 
     def __init__(self, config: ProfilerConfig, device: Any = "cpu", name: str = "run", output_dir: Any = "outputs"):
         self.config = config
+        #: ``config.window()``, read every iteration (the config is frozen).
+        self._window = config.window()
         self.device = device
         self.name = name
         self.output_dir = Path(output_dir)
@@ -249,15 +251,15 @@ class Profiler(CrossRank):
         metrics = {"total_time_sec": total, "step_time_sec": total - callback}
         self._add_iteration_metrics(i, total, metrics)
         record = self._ledger_record(i, stop, metrics) if self._ledger is not None else None
-        sampler = self.sampler
-        if sampler is not None:
-            sampler.window_into(metrics, self._sample_mark, total)
         if self._memory is not None:
             metrics.update(self._memory.iteration_metrics())
-        if self._reports_overhead:
+        reports = self._reports_overhead
+        if reports:
             metrics["profiler_inside_sec"] = self._inside_sec
-            if sampler is not None:
-                sampler.thread_cpu_into(metrics)
+        sampler = self.sampler
+        if sampler is not None:  # its thread's CPU time with the profiler's own costs
+            sampler.window_into(metrics, self._sample_mark, total, reports)
+        if reports:
             metrics["profiler_overhead_sec"] = self._overhead_sec + (clock() - stop)
         self.recorded += 1
         self.last_local = metrics
@@ -303,12 +305,17 @@ class Profiler(CrossRank):
         ``before_callback``, when given, runs on every rank just before (work all ranks
         must do for the scoring or a checkpoint); its time counts in ``callback_time_sec``.
         """
-        self.unaligned_steps = bool(getattr(callback, "every_rank", False))
+        self.unaligned_steps = every = bool(getattr(callback, "every_rank", False))
+        # One rank decides alone (no broadcast): its callback's answer, or go on without one.
+        alone = not every and (self._world or self._read_world())[1] == 1
         while True:
             start = clock()
             if before_callback is not None:
                 before_callback()
-            go = self._should_continue(callback)
+            if every or (alone and callback is not None):
+                go = bool(callback())
+            else:
+                go = alone or self._should_continue(callback)
             called = clock()
             if not go:
                 # every rank stops here together; what the loop left for the exchange crosses
@@ -384,7 +391,8 @@ class Profiler(CrossRank):
         if self._begun:
             return
         self._begun = True
-        self._recording = recording = self.config.in_window(self.iteration)
+        first, end = self._window
+        self._recording = recording = first <= self.iteration < end
         self._callback_sec = 0.0
         if recording:
             if not self._named:  # the window's first iteration: what stays for the run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,12 +159,23 @@ class ProfilerConfig:
             >>> [i for i in range(8) if cfg.in_window(i)]
             [2, 3, 4]
         """
-        if self.mode == "null" or iteration < self.warmup:
-            return False
-        if self.active == 0:
-            return True
+        first, end = self.window()
+        return first <= iteration < end
+
+    def window(self) -> tuple[int, float]:
+        """The recorded iterations as ``(first, end)``: ``first <= iteration < end`` (``end``
+        infinite for an open window; ``(0, 0)`` under ``null``), what :meth:`in_window` tests.
+
+        :Examples:
+            >>> ProfilerConfig(warmup=2, active=3).window()
+            (2, 5)
+        """
+        if self.mode == "null":
+            return 0, 0
         cycles = self.repeat if (self.mode == "torch" and not self.per_step) else 1
-        return cycles == 0 or iteration < self.warmup + self.active * cycles
+        if self.active == 0 or cycles == 0:
+            return self.warmup, math.inf
+        return self.warmup, self.warmup + self.active * cycles
 
 
 #: Solver parameter name -> default (docs/design.md, "Profiler contract"): the fields of

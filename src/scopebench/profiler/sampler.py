@@ -335,8 +335,9 @@ class HostSampler:
         self.window_into(out, mark, wall_sec)
         return out
 
-    def window_into(self, out: dict[str, Any], mark: int, wall_sec: float) -> None:
-        """:meth:`window`, written into ``out`` (the iteration's metrics: no copy)."""
+    def window_into(self, out: dict[str, Any], mark: int, wall_sec: float, thread_cpu: bool = False) -> None:
+        """:meth:`window`, written into ``out`` (the iteration's metrics: no copy); with
+        ``thread_cpu``, :meth:`thread_cpu_into` too (one call per iteration on the hot path)."""
         latest = self.seq
         cache = self._cache
         if latest != mark or cache is None or cache[0] != latest:
@@ -344,6 +345,11 @@ class HostSampler:
         out.update(cache[1])
         if cache[2] is not None:
             out["gpu_energy_j"] = cache[2] * wall_sec
+        if thread_cpu:
+            if latest == self._cpu_read_at:
+                out["profiler_sampler_cpu_sec"] = 0.0
+            else:
+                self.thread_cpu_into(out)
 
     def thread_cpu_into(self, out: dict[str, Any]) -> None:
         """``profiler_sampler_cpu_sec`` into ``out``: this thread's CPU time since the previous
