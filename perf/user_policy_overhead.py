@@ -7,10 +7,10 @@ the suite's period, so a burst of background load hits both sides alike), in rou
 
 * **A, the suite**: the period of one iteration of the ``PolicyTrainRun`` loop that
   ``scopebench profile-step`` runs (accelerate, the custom profiler's seven regions, the
-  loss gather started every step; the profiler's exchange deferred to the loop's end, as
-  ``profile-step`` does); with ``--exchange step`` the loop of ``Pi05Train`` under benchopt
-  instead (the exchange after every iteration, and a callback that collects ``run.metrics()``
-  every step, as benchopt's does);
+  loss gather started every ``GATHER_EVERY`` steps and the profiler's exchange deferred to the
+  loop's end, as ``profile-step`` does); with ``--exchange step`` the loop of ``Pi05Train`` under
+  benchopt instead (the gather every step, the exchange after every iteration, and a callback
+  that collects ``run.metrics()`` every step, as benchopt's does);
 * **B, bare**: the loop a user would write for the same step, on the same model object (two
   separately allocated copies of a model differ by a few percent in speed on their own, from
   where their memory lies), with its own AdamW and its own ``DataLoader`` of the same data:
@@ -58,6 +58,7 @@ import time
 import torch
 from round_conditions import RoundConditions  # perf/ is the script's folder
 
+from scopebench.commands.profile_step import GATHER_EVERY
 from scopebench.policy.calls import make_policy_loader, to_device
 from scopebench.policy.run.steps import BatchStream
 from scopebench.policy.run.train import PolicyTrainRun
@@ -125,11 +126,17 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     clock = CLOCKS[args.clock]
     policy_args = {key.split(".", 1)[1]: value for key, value in policy_flags(None, args.policy_arg)}
+    per_step = args.exchange == "step"
     settings = TrainSettings(
-        policy=args.policy, policy_args=policy_args, batch_size=args.batch_size, learning_rate=1e-4, device="cpu"
+        policy=args.policy,
+        policy_args=policy_args,
+        batch_size=args.batch_size,
+        learning_rate=1e-4,
+        device="cpu",
+        # profile-step gathers the losses every GATHER_EVERY steps; benchopt's loop every step
+        gather_every=1 if per_step else GATHER_EVERY,
     )
     load_start = os.getloadavg()
-    per_step = args.exchange == "step"
     run = PolicyTrainRun(
         settings,
         dataset_root="",
