@@ -50,6 +50,8 @@ FIGURES = ("wall_over_step", "profiler_pct", "sync_gather_pct", "step_ms", "afte
 #: The world of ``--worlds`` that runs one rank on each of two nodes: the namespaces of the
 #: two-node test cluster (``tests/slurm/netns.py``), linked by a bridge, one torchrun each.
 TWO_NODES = "2n"
+#: The rendezvous port of the two-node runs (on node 1's address: nothing else listens there).
+TWO_NODE_PORT = 29611
 
 
 def one_run(world: str, args, network=None) -> dict:
@@ -109,10 +111,6 @@ def _two_node_run(network, command: list[str], env: dict) -> None:
             failed.append(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
     if failed:
         raise RuntimeError("\n".join(failed))
-
-
-#: The rendezvous port of the two-node runs (on node 1's address: nothing else listens there).
-TWO_NODE_PORT = 29611
 
 
 def _network():

@@ -38,10 +38,11 @@ class NullProfiler(Profiler):
         self.iteration += 1
 
     def iterate(self, callback=None, before_callback=None):
+        decide = self._decision(callback)
         while True:
             if before_callback is not None:
                 before_callback()
-            if not self._should_continue(callback):
+            if not decide():
                 return
             yield self.iteration
             self.iteration += 1

@@ -63,6 +63,11 @@ from scopebench.profiler.regions import IdleRegion, Region, clock
 __all__ = ["BUFFER_MAX", "EXCHANGE_CHUNK", "Profiler", "reduce_across_ranks"]
 
 
+def _go_on() -> bool:
+    """The decision of a loop without a callback on one rank."""
+    return True
+
+
 class Profiler(CrossRank):
     """Shared machinery of every backend; use :func:`scopebench.profiler.create_profiler`.
 
@@ -305,17 +310,13 @@ class Profiler(CrossRank):
         ``before_callback``, when given, runs on every rank just before (work all ranks
         must do for the scoring or a checkpoint); its time counts in ``callback_time_sec``.
         """
-        self.unaligned_steps = every = bool(getattr(callback, "every_rank", False))
-        # One rank decides alone (no broadcast): its callback's answer, or go on without one.
-        alone = not every and (self._world or self._read_world())[1] == 1
+        self.unaligned_steps = bool(getattr(callback, "every_rank", False))
+        decide = self._decision(callback)
         while True:
             start = clock()
             if before_callback is not None:
                 before_callback()
-            if every or (alone and callback is not None):
-                go = bool(callback())
-            else:
-                go = alone or self._should_continue(callback)
+            go = decide()
             called = clock()
             if not go:
                 # every rank stops here together; what the loop left for the exchange crosses
@@ -328,19 +329,28 @@ class Profiler(CrossRank):
             yield self.iteration
             self.end_iteration()
 
-    def _should_continue(self, callback: Callable[[], bool] | None) -> bool:
-        """Rank 0's decision (its callback's, or go on without one), on every rank.
+    def _decision(self, callback: Callable[[], bool] | None) -> Callable[[], Any]:
+        """What decides, at the top of each iteration, whether the loop goes on: chosen once, as
+        the loop starts (the process group must exist by then).
 
-        A callback whose ``every_rank`` attribute is true (a fixed count every rank keeps,
-        :attr:`scopebench.harness.run.RankRun.loop_steps`) is called on every rank and gives every
-        rank the same answer by itself: nothing crosses the ranks (on NCCL the broadcast would
-        also be a host-device synchronisation every iteration).
+        Rank 0's callback (or go on without one), its answer broadcast to every rank; alone, the
+        callback itself. A callback whose ``every_rank`` attribute is true (a fixed count every
+        rank keeps, :attr:`scopebench.harness.run.RankRun.loop_steps`) is called on every rank
+        and gives every rank the same answer by itself: nothing crosses the ranks (on NCCL the
+        broadcast would also be a host-device synchronisation every iteration).
         """
-        if getattr(callback, "every_rank", False):
-            return bool(callback())
         rank, size = self._world or self._read_world()
-        go = callback() if (rank == 0 and callback is not None) else (rank == 0 or None)
-        return bool(go) if size == 1 else broadcast_flag(go, str(self.device))
+        if getattr(callback, "every_rank", False) or (size == 1 and callback is not None):
+            return callback
+        if size == 1:
+            return _go_on
+        device = str(self.device)
+
+        def broadcast() -> bool:
+            go = callback() if (rank == 0 and callback is not None) else (rank == 0 or None)
+            return broadcast_flag(go, device)
+
+        return broadcast
 
     def finalize(self, partial: bool = False) -> list[Path]:
         """Stop the backend and write this rank's files (once); returns their paths.
