@@ -203,3 +203,79 @@ def test_short_iterations_share_a_usage_reading_and_the_faults_add_up(monkeypatc
     assert len(reads) < short / 4, len(reads)  # short ones share readings
     assert 0 in counts[:short] and max(counts[:short]) > 3, counts[:short]
     assert {row["max_rss_mb"] for row in prof.rows} == {2048 * backends._RSS_TO_MB}
+
+
+def test_a_row_copied_from_the_last_one_has_exactly_this_iteration_s_regions():
+    """Off CUDA a row starts as a copy of the last row of the same regions: a region that did not
+    run has no column, one that runs again gets its own time, and each row's columns are those a
+    row built afresh has, in the same order (the column order of the run's CSV)."""
+    prof = create_profiler("custom", "cpu", "layout")
+    prof.keep_rows = True
+    plans = [("a", "b"), ("a",), ("a", "b"), ("b", "a"), (), ("a", "b"), ("a", "b", "c"), ("a", "b")]
+    steps = iter(range(len(plans) + 1))
+    spins = {"a": 0.001, "b": 0.003, "c": 0.002}
+    for i in prof.iterate(lambda: next(steps) < len(plans)):
+        for name in plans[i]:
+            with prof.track_step(name):
+                _spin(spins[name])
+    prof.finalize()
+    fixed = [
+        "total_time_sec",
+        "step_time_sec",
+        "callback_time_sec",
+        "untracked_time_sec",
+        "max_gpu_mb",
+        "max_rss_mb",
+        "minor_faults_count",
+    ]
+    tail = ["profiler_inside_sec", "profiler_sampler_cpu_sec", "profiler_overhead_sec"]
+    for plan, row in zip(plans, prof.rows):
+        regions = [
+            f"{name}_{col}"
+            for name in (plan if plan != ("b", "a") else ("a", "b"))
+            for col in ("time_sec", "max_gpu_mb")
+        ]
+        assert list(row)[2:] == fixed + regions + tail, (plan, list(row))
+        for name, sec in spins.items():
+            if name in plan:
+                assert sec <= row[f"{name}_time_sec"] < sec + 0.002, (plan, name, row)
+                assert row[f"{name}_max_gpu_mb"] == 0.0
+        regions_sum = sum(row[f"{name}_time_sec"] for name in plan)
+        assert row["untracked_time_sec"] == max(row["total_time_sec"] - row["callback_time_sec"] - regions_sum, 0.0)
+        assert row["step_time_sec"] == row["total_time_sec"] - row["callback_time_sec"]
+
+
+def test_an_iteration_without_a_new_sample_copies_the_sampler_s_last_columns(monkeypatch):
+    """After an iteration that computed the sampler's columns for its sample, the next ones that
+    begin and end at that sample take them as they are (``HostSampler.steady``) without a call;
+    an iteration during which a sample was taken computes its own, as every one did before."""
+    monkeypatch.setenv("SCOPEBENCH_SAMPLER_PERIOD_SEC", str(HOUR))  # the test takes every sample
+    prof = create_profiler("custom", "cpu", "steady")
+    prof.keep_rows = True
+    computed = []
+    sampled_in = {3, 7}
+    steps = iter(range(11))
+    for i in prof.iterate(lambda: next(steps) < 10):
+        if i == 0:  # the window began: the sampler exists, its first sample taken
+            window_into = prof.sampler.window_into
+            monkeypatch.setattr(
+                prof.sampler,
+                "window_into",
+                lambda out, *a: computed.append(prof.iteration - 1) or window_into(out, *a),  # counted on already
+            )
+        with prof.track_step("a"):
+            _spin(0.06)  # the CPU ticks a share needs, over two iterations
+            if i in sampled_in:
+                prof.sampler.sample()
+    prof.finalize()
+    # computed: the first iteration, each that saw a sample, and the one after it (a new mark)
+    assert computed == [0, 3, 4, 7, 8], computed
+    rows = prof.rows
+    for i, row in enumerate(rows):
+        assert row["profiler_sampler_cpu_sec"] >= 0.0
+        if i not in computed:  # copied: the columns of the last iteration that computed them
+            last = max(k for k in computed if k < i)
+            expected = {k: v for k, v in rows[last].items() if k.startswith("host_")}
+            assert {k: v for k, v in row.items() if k.startswith("host_")} == expected, (i, row)
+            assert row["profiler_sampler_cpu_sec"] == 0.0
+    assert any(k.startswith("host_") for k in rows[5]), rows[5]  # a sample 0.06 s after its last

@@ -126,11 +126,13 @@ class Profiler(CrossRank):
         #: Set when the first recorded iteration begins (instance attributes: the hot path reads
         #: them): whether the device is CUDA, whether regions synchronise on it (``region_sync``
         #: there), whether the backend's region hooks are idle (:meth:`_region_hooks_idle`),
-        #: whether the host sampler was started (or is off).
+        #: whether the host sampler was started (or is off), whether every recorded iteration
+        #: calls ``_start_iteration`` (:meth:`_starts_each_iteration`).
         self._cuda = False
         self._sync_regions = False
         self._idle_hooks = False
         self._sampler_tried = False
+        self._start_each = True
         self._reports_overhead = self.reports_overhead
         #: The host sampler of the window (:mod:`scopebench.profiler.sampler`), ``None`` until
         #: the window begins or when off; the process groups of the ranks on this host.
@@ -253,8 +255,7 @@ class Profiler(CrossRank):
         callback = self._callback_sec
         total = stop - self._t0 + callback
         # The one place step time is derived: consumers read it rather than subtract.
-        metrics = {"total_time_sec": total, "step_time_sec": total - callback}
-        self._add_iteration_metrics(i, total, metrics)
+        metrics = self._iteration_row(i, total, total - callback)
         record = self._ledger_record(i, stop, metrics) if self._ledger is not None else None
         if self._memory is not None:
             metrics.update(self._memory.iteration_metrics())
@@ -263,7 +264,11 @@ class Profiler(CrossRank):
             metrics["profiler_inside_sec"] = self._inside_sec
         sampler = self.sampler
         if sampler is not None:  # its thread's CPU time with the profiler's own costs
-            sampler.window_into(metrics, self._sample_mark, total, reports)
+            steady = sampler.steady
+            if reports and steady[0] == self._sample_mark == sampler.seq:  # no sample since the last
+                metrics.update(steady[1])
+            else:
+                sampler.window_into(metrics, self._sample_mark, total, reports)
         if reports:
             metrics["profiler_overhead_sec"] = self._overhead_sec + (clock() - stop)
         self.recorded += 1
@@ -402,6 +407,7 @@ class Profiler(CrossRank):
             return
         self._begun = True
         first, end = self._window
+        resumed = not self._recording  # the iteration before was not recorded
         self._recording = recording = first <= self.iteration < end
         self._callback_sec = 0.0
         if recording:
@@ -412,6 +418,7 @@ class Profiler(CrossRank):
                 self._cuda = self.ops.is_cuda
                 self._sync_regions = self.region_sync and self._cuda
                 self._idle_hooks = self._region_hooks_idle()
+                self._start_each = self._starts_each_iteration()
                 if self._world[1] > 1:  # every rank names its files after rank 0's run
                     ids = gather_objects((self._run_id, socket.gethostname(), os.getpgrp()))
                     self._run_id = ids[0][0]
@@ -430,7 +437,8 @@ class Profiler(CrossRank):
             if not self._sampler_tried:  # once: off (period 0) stays off without asking again
                 self._sampler_tried = True
                 self._start_sampler()
-            self._start_iteration(self.iteration)
+            if resumed or self._start_each:
+                self._start_iteration(self.iteration)
             if self._memory is not None:
                 self._memory.start_iteration()
             if self._cuda:
@@ -525,7 +533,13 @@ class Profiler(CrossRank):
 
     # -- backend hooks -------------------------------------------------------------------
     def _start_iteration(self, i: int) -> None:
-        """A recorded iteration begins (before its clock starts)."""
+        """A recorded iteration begins (before its clock starts): every one, or where
+        :meth:`_starts_each_iteration` says no, the first after one not recorded."""
+
+    def _starts_each_iteration(self) -> bool:
+        """Whether :meth:`_start_iteration` has work at every recorded iteration (asked when the
+        first begins); no: only where recording resumes (the window's first iteration)."""
+        return True
 
     def _enter_region(self, name: str) -> Any:
         """A region of a recorded iteration opens; the return value reaches ``_exit_region``."""
@@ -544,9 +558,13 @@ class Profiler(CrossRank):
         """Backend metrics of recorded iteration ``i`` (after its clock stopped)."""
         return {}
 
-    def _add_iteration_metrics(self, i: int, total_sec: float, metrics: dict[str, Any]) -> None:
-        """Add :meth:`_iteration_metrics` to ``metrics`` (a backend may write them in directly)."""
-        metrics.update(self._iteration_metrics(i, total_sec))
+    def _iteration_row(self, i: int, total_sec: float, step_sec: float) -> dict[str, Any]:
+        """Recorded iteration ``i``'s row: ``total_time_sec``, ``step_time_sec`` (derived by
+        :meth:`end_iteration`) and :meth:`_iteration_metrics` (a backend may build it whole: the
+        custom backend)."""
+        row = {"total_time_sec": total_sec, "step_time_sec": step_sec}
+        row.update(self._iteration_metrics(i, total_sec))
+        return row
 
     def _discard_iteration(self, i: int) -> None:
         """A begun recorded iteration will never run (the loop stopped)."""

@@ -252,6 +252,12 @@ class HostSampler:
         #: The sample number and this thread's CPU time at the last :meth:`thread_cpu_into`.
         self._cpu_read_at: int | None = None
         self._cpu_sec_at = 0.0
+        #: ``(n, columns)``: what :meth:`window_into` with ``thread_cpu`` writes for an iteration
+        #: that began at sample ``n`` and ended before the next one (``profiler_sampler_cpu_sec``
+        #: 0), once it wrote them; a profiler copies them while :attr:`seq` is still ``n``, one
+        #: comparison instead of a call per iteration. Never set where the columns depend on the
+        #: iteration's length (the energy of a GPU with an energy counter).
+        self.steady: tuple[int, dict[str, float]] = (-2, {})
 
     @property
     def running(self) -> bool:
@@ -350,6 +356,8 @@ class HostSampler:
                 out["profiler_sampler_cpu_sec"] = 0.0
             else:
                 self.thread_cpu_into(out)
+            if latest == mark == self._cpu_read_at and cache[2] is None and self.steady[0] != latest:
+                self.steady = (latest, {**cache[1], "profiler_sampler_cpu_sec": 0.0})
 
     def thread_cpu_into(self, out: dict[str, Any]) -> None:
         """``profiler_sampler_cpu_sec`` into ``out``: this thread's CPU time since the previous
