@@ -39,7 +39,8 @@ What it measures, in one process, one intra-op thread:
    timer, then its median and spread (min-max) over rounds. Goal: at most 8x (issue 47).
    ``--minimal-timer-only`` runs this item alone.
 7. With ``--baseline SRC`` (a ``src/`` folder of another version, e.g. extracted with
-   ``git archive <commit> src | tar -x -C /tmp/base``): items 2-4 for both versions in
+   ``git archive <commit> src | tar -x -C /tmp/base``): items 2-4 and 6 (two rounds of it per
+   subprocess: ``custom_vs_minimal_timer``, ``..._no_sampler``) for both versions in
    subprocesses, alternating A, B, A, B over ``--rounds``; medians per version, the
    spread over rounds (min-max), and the ratio of medians new / baseline.
 
@@ -423,13 +424,17 @@ def torch_phases(repeats: int) -> dict[str, float]:
     return {name: median(values) * 1e3 for name, values in phases.items()}
 
 
-def measure_version(steps: int, workload_ms: float) -> dict[str, float]:
-    """Items 2-4 with whichever ``scopebench`` this interpreter imports (public API only)."""
+def measure_version(steps: int, workload_ms: float, minimal_iterations: int) -> dict[str, float]:
+    """Items 2-4 and 6 (two rounds) with whichever ``scopebench`` this interpreter imports (public
+    API only)."""
     region, _ = make_workload(workload_ms)
     empty = bookkeeping_sec("bare", 20000)
     spent, reported = after_clock(region, steps)
     tiny = torch_tiny(1, steps)
+    minimal = against_minimal_timer(2, minimal_iterations, RoundConditions())
     return {
+        "custom_vs_minimal_timer": minimal["ratio"]["median"],
+        "custom_vs_minimal_timer_no_sampler": minimal["ratio_no_sampler"]["median"],
         "custom_bookkeeping_us": (bookkeeping_sec("custom", 20000) - empty) * 1e6,
         "null_bookkeeping_us": (bookkeeping_sec("null", 20000) - empty) * 1e6,
         "custom_after_clock_us": median(spent) * 1e6,
@@ -439,8 +444,8 @@ def measure_version(steps: int, workload_ms: float) -> dict[str, float]:
     }
 
 
-def compare_with(baseline: Path, rounds: int, steps: int, workload_ms: float) -> dict:
-    """Items 2-4 for this tree and ``baseline`` in alternating subprocesses."""
+def compare_with(baseline: Path, rounds: int, steps: int, workload_ms: float, minimal_iterations: int) -> dict:
+    """Items 2-4 and 6 for this tree and ``baseline`` in alternating subprocesses."""
     here = Path(__file__).resolve()
     trees = {"new": here.parents[1] / "src", "baseline": baseline.resolve()}
     results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
@@ -450,7 +455,10 @@ def compare_with(baseline: Path, rounds: int, steps: int, workload_ms: float) ->
             for name in list(trees) if r % 2 == 0 else list(trees)[::-1]:
                 env = dict(os.environ, PYTHONPATH=str(trees[name]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
                 out = subprocess.run(
-                    [sys.executable, str(here), "--worker", "--steps", str(steps), "--workload-ms", str(workload_ms)],
+                    [
+                        *(sys.executable, str(here), "--worker", "--steps", str(steps)),
+                        *("--workload-ms", str(workload_ms), "--minimal-iterations", str(minimal_iterations)),
+                    ],
                     env=env,
                     capture_output=True,
                     text=True,
@@ -498,7 +506,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.worker:
-        print(json.dumps(measure_version(args.steps, args.workload_ms)))
+        print(json.dumps(measure_version(args.steps, args.workload_ms, args.minimal_iterations)))
         return
     if args.minimal_timer_only:
         conditions = RoundConditions()
@@ -578,7 +586,9 @@ def main() -> None:
         print(f"    {phase:<45s} {ms:8.3f} ms")
     result["baseline"] = None
     if args.baseline is not None:
-        result["baseline"] = cmp = compare_with(args.baseline, args.rounds, args.steps, args.workload_ms)
+        result["baseline"] = cmp = compare_with(
+            args.baseline, args.rounds, args.steps, args.workload_ms, args.minimal_iterations
+        )
         print(f"against {args.baseline} ({args.rounds} alternating rounds; median [min-max] over rounds):")
         for key, ratio in cmp["ratio_new_to_baseline"].items():
             new, old = cmp["versions"]["new"][key], cmp["versions"]["baseline"][key]

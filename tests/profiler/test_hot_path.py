@@ -238,7 +238,7 @@ def test_a_row_copied_from_the_last_one_has_exactly_this_iteration_s_regions():
         assert list(row)[2:] == fixed + regions + tail, (plan, list(row))
         for name, sec in spins.items():
             if name in plan:
-                assert sec <= row[f"{name}_time_sec"] < sec + 0.002, (plan, name, row)
+                assert sec <= row[f"{name}_time_sec"] <= row["step_time_sec"], (plan, name, row)
                 assert row[f"{name}_max_gpu_mb"] == 0.0
         regions_sum = sum(row[f"{name}_time_sec"] for name in plan)
         assert row["untracked_time_sec"] == max(row["total_time_sec"] - row["callback_time_sec"] - regions_sum, 0.0)
