@@ -82,13 +82,15 @@ class CustomProfiler(Profiler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: The last recorded iteration, and the process's resource usage at its last reading: when
-        #: (the profiler's clock), the fault count and the peak RSS (MiB).
+        #: the next is due (the profiler's clock), the fault count and the peak RSS (MiB).
         self._usage_iter = -2
-        self._usage_at = 0.0
+        self._usage_due = 0.0
         self._usage_faults = 0
         self._usage_rss_mb = 0.0
-        #: Each region's two column names, made once (not two f-strings per region and iteration).
+        #: Each region's two column names, made once (not two f-strings per region and iteration),
+        #: and its time column's alone.
         self._region_keys: dict[str, tuple[str, str]] = {}
+        self._time_keys: dict[str, str] = {}
         #: Off CUDA, the names of the last recorded iteration's regions and a copy of its row's
         #: columns up to theirs (:meth:`_iteration_row`), ``None`` before the first.
         self._layout: tuple[set[str], dict[str, Any]] | None = None
@@ -111,7 +113,7 @@ class CustomProfiler(Profiler):
     def _read_usage(self) -> int:
         """Read the process's resource usage; returns the faults since the previous reading."""
         usage = getrusage(RUSAGE_SELF)
-        self._usage_at = clock()
+        self._usage_due = clock() + USAGE_PERIOD_SEC
         faults = usage.ru_minflt
         new = faults - self._usage_faults
         self._usage_faults = faults
@@ -160,7 +162,7 @@ class CustomProfiler(Profiler):
             row["max_gpu_mb"] = max(self._iter_peak_mb, self.ops.max_memory_mb())
         # The clock stopped at _t0 + the step; the first system call after heavy compute costs
         # ~15 µs here: a reading only a period after the last.
-        if self._t0 + step_sec - self._usage_at >= USAGE_PERIOD_SEC:
+        if self._t0 + step_sec >= self._usage_due:
             row["minor_faults_count"] = self._read_usage()
         else:
             row["minor_faults_count"] = 0
@@ -175,12 +177,14 @@ class CustomProfiler(Profiler):
                 pair = keys.get(name)
                 if pair is None:
                     pair = keys[name] = (f"{name}_time_sec", f"{name}_max_gpu_mb")
+                    self._time_keys[name] = pair[0]
                 row[pair[0]] = sec
                 row[pair[1]] = region_mem.get(name, 0.0) if region_mem else 0.0
         else:
+            time_keys = self._time_keys
             for name, sec in wall.items():
                 regions += sec
-                row[keys[name][0]] = sec
+                row[time_keys[name]] = sec
         untracked = total_sec - callback - regions
         row["untracked_time_sec"] = untracked if untracked > 0.0 else 0.0
         if fresh and not cuda:

@@ -239,8 +239,9 @@ class Profiler(CrossRank):
         """Close the current iteration; its metrics become :meth:`get_current_metrics`."""
         if not self._begun:
             self._ensure_begun()
-        i, self._begun = self.iteration, False
-        self.iteration += 1
+        i = self.iteration
+        self.iteration = i + 1
+        self._begun = False
         if not self._recording:
             self._current = {}
             return
@@ -264,8 +265,8 @@ class Profiler(CrossRank):
             metrics["profiler_inside_sec"] = self._inside_sec
         sampler = self.sampler
         if sampler is not None:  # its thread's CPU time with the profiler's own costs
-            steady = sampler.steady
-            if reports and steady[0] == self._sample_mark == sampler.seq:  # no sample since the last
+            steady = sampler.steady  # set only with ``reports`` (its thread's CPU time in it)
+            if steady[0] == self._sample_mark == sampler.seq:  # no sample since the last
                 metrics.update(steady[1])
             else:
                 sampler.window_into(metrics, self._sample_mark, total, reports)
@@ -329,8 +330,7 @@ class Profiler(CrossRank):
                 self.loop_ended_at = time.perf_counter()
                 self._exchange(after_window=True)
                 return
-            self._ensure_begun(called)  # what follows the callback is the profiler's
-            self._callback_sec = called - start
+            self._ensure_begun(called, called - start)  # what follows the callback is the profiler's
             yield self.iteration
             self.end_iteration()
 
@@ -400,16 +400,17 @@ class Profiler(CrossRank):
         self._world = world()
         return self._world
 
-    def _ensure_begun(self, start: float | None = None) -> None:
+    def _ensure_begun(self, start: float | None = None, callback_sec: float = 0.0) -> None:
         """Begin the current iteration if it has not (``start``: when the profiler's work before
-        its clock began, the callback's end in :meth:`iterate`; else now)."""
+        its clock began, the callback's end in :meth:`iterate`, else now; ``callback_sec``: the
+        callback's time, :meth:`iterate`'s)."""
         if self._begun:
             return
         self._begun = True
         first, end = self._window
         resumed = not self._recording  # the iteration before was not recorded
         self._recording = recording = first <= self.iteration < end
-        self._callback_sec = 0.0
+        self._callback_sec = callback_sec
         if recording:
             if not self._named:  # the window's first iteration: what stays for the run
                 self._named = True

@@ -55,7 +55,10 @@ class Region:
             prof._exit_region(name, self.token)
             end = clock()
             wall = prof._region_wall
-            wall[name] = wall.get(name, 0.0) + end - start
+            if name in wall:  # a region run again in the iteration
+                wall[name] += end - start
+            else:
+                wall[name] = end - start
             if prof._spans is not None:
                 prof._spans.append((name, start, end))
             if prof._memory is not None:  # an OOM (exc): the snapshot, then a named error
@@ -90,7 +93,10 @@ class IdleRegion:
             prof = self.prof
             name = self.name
             wall = prof._region_wall
-            wall[name] = wall.get(name, 0.0) + end - start
+            if name in wall:  # a region run again in the iteration
+                wall[name] += end - start
+            else:
+                wall[name] = end - start
             if prof._spans is not None:
                 prof._spans.append((name, start, end))
             prof._inside_sec += clock() - end
