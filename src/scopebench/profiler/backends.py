@@ -87,10 +87,8 @@ class CustomProfiler(Profiler):
         self._usage_due = 0.0
         self._usage_faults = 0
         self._usage_rss_mb = 0.0
-        #: Each region's two column names, made once (not two f-strings per region and iteration),
-        #: and its time column's alone.
+        #: Each region's two column names, made once (not two f-strings per region and iteration).
         self._region_keys: dict[str, tuple[str, str]] = {}
-        self._time_keys: dict[str, str] = {}
         #: Off CUDA, the names of the last recorded iteration's regions and a copy of its row's
         #: columns up to theirs (:meth:`_iteration_row`), ``None`` before the first.
         self._layout: tuple[set[str], dict[str, Any]] | None = None
@@ -152,7 +150,7 @@ class CustomProfiler(Profiler):
         # place and the row's room for those the base adds, written over without the dict growing
         # (a third of this method's cost on an iteration of microseconds, issue 47); otherwise
         # the fixed columns in order, the regions' added.
-        layout = self._layout
+        layout = self._layout  # never set on CUDA: every row there is built afresh
         fresh = layout is None or wall.keys() != layout[0]
         row = (_FIXED_COLUMNS if fresh else layout[1]).copy()
         row["total_time_sec"] = total_sec
@@ -170,21 +168,19 @@ class CustomProfiler(Profiler):
         self._usage_iter = i
         keys = self._region_keys
         regions = 0.0
-        if fresh or cuda:
+        if fresh:
             region_mem = self._region_mem  # empty off CUDA
             for name, sec in wall.items():
                 regions += sec
                 pair = keys.get(name)
                 if pair is None:
                     pair = keys[name] = (f"{name}_time_sec", f"{name}_max_gpu_mb")
-                    self._time_keys[name] = pair[0]
                 row[pair[0]] = sec
                 row[pair[1]] = region_mem.get(name, 0.0) if region_mem else 0.0
-        else:
-            time_keys = self._time_keys
+        else:  # the copy holds the GPU columns (0) already
             for name, sec in wall.items():
                 regions += sec
-                row[time_keys[name]] = sec
+                row[keys[name][0]] = sec
         untracked = total_sec - callback - regions
         row["untracked_time_sec"] = untracked if untracked > 0.0 else 0.0
         if fresh and not cuda:
