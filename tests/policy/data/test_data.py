@@ -189,6 +189,20 @@ def test_cached_dataset_is_written_once_and_a_dead_writers_temporary_is_removed(
     assert (root / "meta" / "info.json").stat().st_mtime_ns == mtime  # reused, not rewritten
 
 
+def test_a_new_encoder_setting_writes_a_new_cached_dataset(tmp_path, monkeypatch):
+    """The AV1 settings changed when PyAV's SVT-AV1 build did: a cache written with the old ones
+    is not the dataset the new settings describe, so the key holds the encoder's settings."""
+    from scopebench.policy.data import video
+    from scopebench.policy.data.synthetic import cached_synthetic_dataset
+
+    config = SyntheticRobotConfig(num_episodes=2, episode_length=4, image_size=32, video=True, codec="av1")
+    root = cached_synthetic_dataset(tmp_path, config)
+    encoder, options = video.CODECS["av1"]
+    monkeypatch.setitem(video.CODECS, "av1", (encoder, {**options, "crf": "30"}))
+    other = cached_synthetic_dataset(tmp_path, config)
+    assert other != root and (other / "meta" / "info.json").is_file()
+
+
 def test_a_folder_of_the_same_name_without_a_dataset_is_refused(tmp_path, data_config):
     from scopebench.policy.data.synthetic import cached_synthetic_dataset
 

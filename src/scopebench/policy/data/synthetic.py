@@ -354,15 +354,19 @@ def write_synthetic_dataset(root: str | Path, config: SyntheticRobotConfig | Non
 def cached_synthetic_dataset(cache_dir: str | Path, config: SyntheticRobotConfig) -> Path:
     """Write the synthetic dataset once per config under ``cache_dir`` and reuse it.
 
-    The folder is ``synthetic_robot_<key>`` (``key``: a hash of the config). It is written
+    The folder is ``synthetic_robot_<key>`` (``key``: a hash of the config, the layout's version
+    and the codec's encoder settings). It is written
     through :func:`scopebench.atomic.atomic_dir`, so an interrupted write never leaves a
     dataset that looks complete, the temporary folder of a process that died mid-write
     (a second Ctrl-C, ``kill -9``) is removed by the next write, and two processes writing
     the same dataset at once (ranks of one run) keep the first complete copy.
     """
     from scopebench.atomic import atomic_dir
+    from scopebench.policy.data.video import CODECS
 
-    described = {**vars(config), "format": CODEBASE_VERSION, "edge": EDGE}  # a new layout or look: a new folder
+    # A new layout, look or encoder setting: a new folder (not a cached copy of the old one).
+    encoder = CODECS[config.codec] if config.video else None
+    described = {**vars(config), "format": CODEBASE_VERSION, "edge": EDGE, "encoder": encoder}
     key = hashlib.sha1(json.dumps(described, sort_keys=True).encode()).hexdigest()[:12]
     root = Path(cache_dir) / f"synthetic_robot_{key}"
     if not (root / "meta" / "info.json").is_file():

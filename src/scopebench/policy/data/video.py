@@ -12,8 +12,10 @@ frames):
 
 * ``h264`` (libx264, CRF 18), the default: every FFmpeg build, torchcodec and browser
   decodes it, and its frames come back at >= 40 dB PSNR at 224 x 224;
-* ``av1`` (libsvtav1 preset 12, CRF 20; LeRobot's own encoder, at CRF 30 there): what
-  recent LeRobot datasets hold, decoded by libdav1d.
+* ``av1`` (libsvtav1 preset 8, CRF 16; LeRobot's own encoder, at CRF 30 there): what
+  recent LeRobot datasets hold, decoded by libdav1d. Preset 8, not the fastest 12: at 12 the
+  worst frame moves with the encoder's build (40.3 dB with the SVT-AV1 4.1 of PyAV 18.1.0,
+  35.7 dB with the 4.3 of 18.1.1, whatever the CRF); at 8 it is 41.5-42.0 dB with both.
 
 Decoding (:class:`VideoFrames`) follows LeRobot's PyAV path: seek to the keyframe at or
 before the timestamp, decode forward, keep the frame whose timestamp is within
@@ -40,7 +42,7 @@ TOLERANCE_SEC = 1e-4
 #: Codec setting -> (FFmpeg encoder, encoder options).
 CODECS = {
     "h264": ("libx264", {"crf": "18", "g": "2"}),
-    "av1": ("libsvtav1", {"crf": "20", "g": "2", "preset": "12"}),
+    "av1": ("libsvtav1", {"crf": "16", "g": "2", "preset": "8"}),
 }
 #: Frame intervals a missed frame's seek goes back, one try each (open GOPs: :meth:`VideoFrames.frame_at`).
 _SEEK_BACK = (0, 1, 2, 4)
@@ -163,6 +165,7 @@ class VideoFrames:
     def __init__(self, max_open: int = OPEN_FILES) -> None:
         self.max_open = max_open
         self._open: OrderedDict[str, object] = OrderedDict()
+        self._reformatter = None  # this process's YUV -> RGB converter (:meth:`_rgb`)
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict:  # sent to spawned workers without open files
@@ -175,7 +178,7 @@ class VideoFrames:
         import av
 
         if self._pid != os.getpid():  # a forked worker: the parent's handles are not ours
-            self._open, self._pid = OrderedDict(), os.getpid()
+            self._open, self._reformatter, self._pid = OrderedDict(), None, os.getpid()
         container = self._open.pop(path, None)
         if container is None:
             try:
@@ -228,7 +231,22 @@ class VideoFrames:
                 f"{path}: no frame at timestamp {timestamp:.4f} s (within {TOLERANCE_SEC} s): {found}, the last "
                 f"decoded at {last} s; the video is shorter than its episodes' timestamps or out of sync with them"
             )
-        return best.to_ndarray(format="rgb24")
+        return self._rgb(best)
+
+    def _rgb(self, frame) -> np.ndarray:
+        """``frame`` as (H, W, 3) uint8 RGB, converted by this process's own converter, one thread.
+
+        Not ``frame.to_ndarray(format="rgb24")``: from PyAV 18.1.1 that converts every frame of a
+        thread through one thread-local swscale context with automatic slice threads. A
+        DataLoader worker forked after the parent converted a frame (a sample read before the
+        loop) inherits that context but not its threads, and its first conversion waits for them
+        forever. One thread: the DataLoader workers are the parallelism (as for the decoder).
+        """
+        if self._reformatter is None:
+            from av.video.reformatter import VideoReformatter
+
+            self._reformatter = VideoReformatter()
+        return self._reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
 
     def close(self) -> None:
         """Close every open file of this process."""
@@ -236,6 +254,7 @@ class VideoFrames:
             for container in self._open.values():
                 container.close()
         self._open.clear()
+        self._reformatter = None
 
 
 def _decode_near(container, stream, target: int, timestamp: float, seek: int):
