@@ -14,8 +14,8 @@ frames):
   decodes it, and its frames come back at >= 40 dB PSNR at 224 x 224;
 * ``av1`` (libsvtav1 preset 8, CRF 16; LeRobot's own encoder, at CRF 30 there): what
   recent LeRobot datasets hold, decoded by libdav1d. Preset 8, not the fastest 12: at 12 the
-  worst frame moves with the encoder's build (40.3 dB with the SVT-AV1 4.1 of PyAV 18.1.0,
-  35.7 dB with the 4.3 of 18.1.1, whatever the CRF); at 8 it is 41.5-42.0 dB with both.
+  worst frame moves with the encoder's build (40.3 dB at CRF 20 with the SVT-AV1 4.1 of PyAV
+  18.1.0; 35.2-38.9 dB at CRF 10-20 with the 4.3 of 18.1.1); at 8 it is 41.5-42.0 dB with both.
 
 Decoding (:class:`VideoFrames`) follows LeRobot's PyAV path: seek to the keyframe at or
 before the timestamp, decode forward, keep the frame whose timestamp is within
