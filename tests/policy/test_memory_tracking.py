@@ -133,13 +133,21 @@ def test_two_ranks_activations_grow_linearly_with_the_batch(two_ranks):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("backend", "tolerance"), [("ddp", 0.10), ("fsdp2", 0.10), ("zero1", 0.15), ("zero2", 0.15), ("zero3", 0.15)]
+    ("backend", "tolerance"), [("ddp", 0.10), ("fsdp2", 0.15), ("zero1", 0.15), ("zero2", 0.15), ("zero3", 0.15)]
 )
 def test_the_estimate_is_within_its_tolerance_of_the_measured_peak(two_ranks, backend, tolerance):
+    """The whole peak, within what the estimate leaves out: one operation's temporaries, which
+    on ``tiny`` under FSDP2 are 9 % of the peak (0.56 of 6.0 MiB; a CI run measured 70 KiB more
+    at the peak than runs here, 10.04 % over the estimate). Under DDP and FSDP2, whose tracker
+    files no bucket as a temporary, the rest of the peak is the estimate's to 3 %."""
     for rank_facts in two_ranks:
         facts = rank_facts[f"{backend}/4"]
-        measured = facts["local"]["mem_peak_mb"] * MB
-        assert abs(facts["estimate"]["peak"] / measured - 1) <= tolerance, (facts["estimate"], facts["local"])
+        local, estimate = facts["local"], facts["estimate"]["peak"]
+        measured = local["mem_peak_mb"] * MB
+        assert abs(estimate / measured - 1) <= tolerance, (facts["estimate"], local)
+        if backend in ("ddp", "fsdp2"):
+            modelled = measured - local["mem_temporaries_mb"] * MB
+            assert abs(estimate / modelled - 1) <= 0.03, (facts["estimate"], local)
 
 
 @pytest.mark.slow
