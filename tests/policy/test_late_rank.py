@@ -148,8 +148,8 @@ def test_busy_gradient_hooks_are_host_overhead_not_communication(tmp_path_factor
     what they logged (on a loaded machine a busy-wait that loses the CPU ends when it gets it back:
     20 x 1 ms took 45-56 ms per step under two busy-loop hogs). 3 ms, not 1: the rest of a step's
     host overhead moves by up to ~7 ms between the medians of its spun and idle steps under two
-    hogs, whatever the hooks take, and with 1 ms hooks (~20-38 ms) that was 24 % of their time
-    here and 28 % once in CI; with 3 ms (~80 ms) it stayed within 9 % on both ranks of five runs
+    hogs, whatever the hooks take, and with 1 ms hooks (~20-38 ms) that was up to 24 % of their
+    time here and 28 % once in CI; with 3 ms (~80 ms) it stayed within 9 % on both ranks of five runs
     under two hogs.
     Waiting for a peer is checked on the rank that waited least in each step: a busy machine that
     stretched one rank's hooks more than the other's (43 against 20 ms in CI) keeps the other
@@ -173,7 +173,10 @@ def test_busy_gradient_hooks_are_host_overhead_not_communication(tmp_path_factor
             return statistics.median(values[i] for i in spun) - statistics.median(values[i] for i in idle)
 
         took = statistics.median(hooks[i] for i in spun) - statistics.median(hooks[i] for i in idle)
-        assert took >= 0.060  # 20 busy-waits of at least 3 ms each
+        # Every spun step: 20 busy-waits of at least 3 ms each, which a busy-wait ensures. Not on
+        # ``took``, which also subtracts the idle steps' hook calls (18-42 us quiet, more where
+        # one lost the CPU) from a margin of 65-230 us over 60 ms (measured quiet here).
+        assert min(hooks[i] for i in spun) >= 0.060, hooks
         # Step by step: each step's host overhead less its own hooks' time is the same with and
         # without them (within 25 % of the hooks' time). Medians of the two columns taken apart
         # may pick different steps: a hook that lost the CPU for 15 ms weighs on one, not both.
